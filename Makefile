@@ -1,0 +1,30 @@
+# `make run` and `make test` set everything up by themselves (see README).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test lint clean-runs
+
+install: $(STAMP)
+
+# Reinstall when the dependency pins change. PIP_FIND_LINKS is cleared so a
+# local CPU-only torch wheel never shadows the pinned build from the index.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	PIP_FIND_LINKS= $(BIN)/python -m pip install --quiet --upgrade pip
+	PIP_FIND_LINKS= $(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+run: install
+	$(BIN)/runner $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check runner tests
+	$(BIN)/ruff format --check runner tests
+
+clean-runs:
+	rm -rf runs

@@ -1,0 +1,157 @@
+"""The run directory: where each artifact lives, and how it is written.
+
+Every finished artifact is written to a temporary name and renamed into place,
+so a reader never sees half a file under the real name. metrics.jsonl is the
+one append-only file; a reader skips a torn last line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of one run's artifacts (see README: "Run directory")."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def env(self) -> Path:
+        return self.root / "env.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.log"
+
+    def error_file(self, rank: int, attempt: int) -> Path:
+        return self.logs / "errors" / f"attempt{attempt}_rank{rank}.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model.pt"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write `data` to `path` so that `path` is either the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path) -> Any | None:
+    """The JSON in `path`, or None if it is missing or not (yet) valid."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """All complete records of a JSON-lines file (a torn last line is skipped)."""
+    records = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of a text file ('' if it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit(cwd: Path) -> dict[str, Any] | None:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
+        )
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment_info() -> dict[str, Any]:
+    """Versions, code revision and host: enough to tell two runs' environments apart.
+
+    Package versions come from metadata, so nothing heavy is imported.
+    """
+    package_root = Path(__file__).resolve().parent.parent
+    return {
+        "python": sys.version.split()[0],
+        "packages": {
+            name: _version(name)
+            for name in ("torch", "torchvision", "deepspeed", "hydra-core", "omegaconf", "numpy", "runner")
+        },
+        "git": {"runner": _git_commit(package_root), "cwd": _git_commit(Path.cwd())},
+        "hosts": [socket.gethostname()],
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "argv": sys.argv,
+        "cwd": str(Path.cwd()),
+    }

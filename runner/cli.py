@@ -1,0 +1,116 @@
+"""The `runner` command: stages 1-4 and 9 of a run, in the parent process.
+
+    compose (Hydra) -> resolve (RunSpec, every check) -> file (config.yaml, env.json)
+    -> launch (agent process, ranks) -> outcome (summary.json, exit code)
+
+The parent never imports torch: `--help`, `--cfg job` and config errors are instant.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from runner.artifacts import RunDir, environment_info, write_json
+from runner.failures import format_error
+from runner.spec import RunSpec, SpecError, resolve_spec, save_spec
+from runner.summary import FAILED, INTERRUPTED, read_summary, write_unfinished_summary
+from runner.supervise import run_agent
+
+log = logging.getLogger("runner")
+
+
+def _conf_dir() -> str:
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "conf", package.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return str(candidate)
+    raise SystemExit(f"runner: cannot find conf/config.yaml next to {package}; reinstall runner")
+
+
+def _resolve(cfg: DictConfig) -> RunSpec:
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "config"
+        raise SpecError([f"{key}: {str(exc).splitlines()[0]}"]) from None
+    return resolve_spec(data)  # type: ignore[arg-type]
+
+
+def _discard(run_dir: Path) -> None:
+    """Remove the directory Hydra made for a run that never started (only Hydra's files in it)."""
+    leftovers = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+    if leftovers <= {".hydra"}:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        try:
+            run_dir.parent.rmdir()  # runs/ itself, if this was its only run
+        except OSError:
+            pass
+
+
+def _report(summary: dict[str, Any], run_dir: RunDir) -> None:
+    status = summary.get("status")
+    final = summary.get("final", {})
+    if status == "completed":
+        shown = [f"{k} {final[k]:.4f}" for k in ("val/accuracy", "val/loss", "train/loss") if k in final]
+        log.info(
+            "runner: completed %s steps on %s rank(s) in %.1fs | %s",
+            summary.get("steps"), summary.get("world_size"), summary.get("wall_time_s", 0), " | ".join(shown),
+        )
+    elif status == "failed" and summary.get("error"):
+        log.error("runner: %s", format_error(summary["error"]))
+    else:
+        log.error("runner: run %s after %s steps", status, summary.get("steps"))
+    log.info("run directory: %s", run_dir.root)
+
+
+def _run(cfg: DictConfig) -> float | None:
+    start_time = time.time()
+    hydra_cfg = HydraConfig.get()
+    run_dir = RunDir(Path(hydra_cfg.runtime.output_dir))
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    try:
+        spec = _resolve(cfg)
+    except SpecError as err:
+        _discard(run_dir.root)
+        count = len(err.problems)
+        lines = "\n".join(f"  - {p}" for p in err.problems)
+        log.error("runner: invalid configuration (%d problem%s):\n%s", count, "s" * (count > 1), lines)
+        if in_sweep:
+            return None
+        sys.exit(2)
+
+    save_spec(spec, run_dir.root)
+    write_json(run_dir.env, environment_info())
+    run_dir.logs.mkdir(parents=True, exist_ok=True)
+
+    code, received = run_agent(run_dir.root, start_time)
+    summary = read_summary(run_dir)
+    if summary is None:  # the agent itself died before it could write one
+        status = INTERRUPTED if received else FAILED
+        error = None if received else {"rank": None, "exitcode": code, "message": f"launcher exited with {code}"}
+        summary = write_unfinished_summary(run_dir, status, spec.world_size, start_time, error)
+    _report(summary, run_dir)
+    if code != 0 and not in_sweep:
+        sys.exit(code)
+    return summary.get("final", {}).get("val/accuracy")
+
+
+def main() -> None:
+    """Console entry point: `runner [overrides]`."""
+    app = hydra.main(version_base="1.3", config_path=_conf_dir(), config_name="config")(_run)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Global batches, cut into per-rank microbatches so every split sees the same samples.
+
+Each epoch shuffles the whole training set with (seed, epoch) only, then cuts the
+permutation into global batches of `global_batch_size`. Rank r takes positions
+r, r+W, r+2W, ... of each global batch and splits them into `grad_accum`
+microbatches. Whatever the world size W and grad_accum, optimizer step k trains
+on exactly the samples of global batch k. Nothing is padded or repeated: the
+last global batch of an epoch may be smaller (unless drop_last), and a
+microbatch that gets no sample is sent as one placeholder index (-1) that the
+loader turns into a zero-weight sample, so every rank still runs every
+forward/backward its collectives expect.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+PLACEHOLDER = -1
+
+
+class GlobalBatchSampler:
+    """A batch sampler for DataLoader(batch_sampler=...): yields this rank's microbatches."""
+
+    def __init__(
+        self,
+        num_samples: int,
+        global_batch_size: int,
+        world_size: int,
+        rank: int,
+        grad_accum: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} outside world_size={world_size}")
+        self.num_samples = num_samples
+        self.global_batch_size = global_batch_size
+        self.world_size = world_size
+        self.rank = rank
+        self.grad_accum = grad_accum
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.start_step = 0
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """Select the epoch's permutation; skip its first `start_step` global batches (resume)."""
+        self.epoch = epoch
+        self.start_step = start_step
+
+    @property
+    def steps_per_epoch(self) -> int:
+        if self.drop_last:
+            return self.num_samples // self.global_batch_size
+        return math.ceil(self.num_samples / self.global_batch_size)
+
+    def global_count(self, step_in_epoch: int) -> int:
+        """Samples in global batch `step_in_epoch` (all ranks together)."""
+        start = step_in_epoch * self.global_batch_size
+        return max(0, min(self.global_batch_size, self.num_samples - start))
+
+    def _permutation(self) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.num_samples)
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
+
+    def microbatches(self, global_batch: np.ndarray) -> list[list[int]]:
+        """This rank's share of one global batch, as `grad_accum` index lists."""
+        mine = global_batch[self.rank :: self.world_size]
+        chunks = np.array_split(mine, self.grad_accum)
+        return [chunk.tolist() if len(chunk) else [PLACEHOLDER] for chunk in chunks]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = self._permutation()
+        g = self.global_batch_size
+        for step in range(self.start_step, self.steps_per_epoch):
+            yield from self.microbatches(order[step * g : (step + 1) * g])
+
+    def __len__(self) -> int:
+        return (self.steps_per_epoch - self.start_step) * self.grad_accum
+
+
+class ShardSampler:
+    """Evaluation batches: rank r takes every W-th sample, in order, no padding."""
+
+    def __init__(self, num_samples: int, batch_size: int, world_size: int, rank: int):
+        self.indices = list(range(rank, num_samples, world_size))
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for start in range(0, len(self.indices), self.batch_size):
+            yield self.indices[start : start + self.batch_size]
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.indices) / self.batch_size)

@@ -1,0 +1,109 @@
+"""DistributedDataParallel, with the three ways to sync gradients across microbatches."""
+
+from __future__ import annotations
+
+import contextlib
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from runner import dist as rdist
+from runner.engines.base import Engine
+from runner.optim import build_optimizer, build_scheduler, optimizer_state_bytes
+from runner.precision import grad_scaler
+from runner.spec import RunSpec, SyncStrategy
+
+
+class DDPEngine(Engine):
+    def __init__(self, spec: RunSpec, module: nn.Module, device: str, total_steps: int):
+        options = spec.parallelism
+        self.module = module
+        self.model = DistributedDataParallel(
+            module,
+            device_ids=[torch.device(device).index] if device.startswith("cuda") else None,
+            find_unused_parameters=options.find_unused_parameters,
+            bucket_cap_mb=options.bucket_cap_mb,
+            gradient_as_bucket_view=options.gradient_as_bucket_view,
+            static_graph=options.static_graph,
+            broadcast_buffers=options.broadcast_buffers,
+        )
+        self.strategy = spec.sync_strategy.name
+        self.grad_clip_norm = spec.grad_clip_norm
+        self.optimizer = build_optimizer(spec.optimizer, module.parameters())
+        self.scheduler = build_scheduler(spec.scheduler, self.optimizer, total_steps)
+        self.scaler = grad_scaler(spec.precision, torch.device(device).type)
+
+    def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
+        last = index == count - 1
+        sync = {
+            SyncStrategy.SINGLE_AUTO_SYNC: last,
+            SyncStrategy.MULTI_AUTO_SYNC: True,
+            SyncStrategy.FORCED_SYNC: False,
+        }[self.strategy]
+        return contextlib.nullcontext() if sync else self.model.no_sync()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self) -> None:
+        if self.strategy is SyncStrategy.FORCED_SYNC:
+            average_gradients(list(self.module.parameters()))
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if self.grad_clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip_norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def optimizer_state_bytes(self) -> int:
+        return optimizer_state_bytes(self.optimizer)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        if rdist.get_global_rank() != 0:
+            return None
+        return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+
+
+def average_gradients(params: list[nn.Parameter]) -> None:
+    """Average gradients across ranks by hand, in one flat all-reduce.
+
+    A parameter that has no gradient on some rank counts as zero there; one
+    that has no gradient on any rank is left alone on all of them, so every
+    rank makes the same decision.
+    """
+    world = rdist.get_world_size()
+    if world == 1:
+        return
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        return
+    device = params[0].device  # nccl reduces device tensors only
+    has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8, device=device)
+    dist.all_reduce(has_grad, op=dist.ReduceOp.MAX)
+    chosen = [p for p, flag in zip(params, has_grad.tolist()) if flag]
+    if not chosen:
+        return
+    for p in chosen:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in chosen])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat.div_(world)
+    offset = 0
+    for p in chosen:
+        n = p.numel()
+        p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+        offset += n

@@ -1,0 +1,104 @@
+"""Which rank's failure caused a run to fail, and how to tell the user.
+
+When one rank dies, its peers usually fail a moment later inside a collective
+("Connection closed by peer"). Those are consequences, not causes: the root
+cause is the earliest failure that is not such a communication error, or the
+earliest failure of all if every one is.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_COMMS_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"}
+_COMMS_PATTERNS = re.compile(
+    r"connection (closed|reset|refused)|broken pipe|gloo|nccl|socket timeout|"
+    r"timed out.*(collective|store|rendezvous)|process group",
+    re.IGNORECASE,
+)
+
+
+def is_comms_error(type_name: str, message: str) -> bool:
+    """True when an exception looks like fallout from a peer going away."""
+    return type_name in _COMMS_TYPES or bool(_COMMS_PATTERNS.search(message))
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One failed rank, as the elastic agent saw it."""
+
+    rank: int
+    exitcode: int
+    time: float
+    host: str = ""
+    error_type: str | None = None
+    message: str = ""
+    traceback: str = ""
+    log: Path | None = None
+    log_tail: str = field(default="", compare=False)
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    @property
+    def is_consequence(self) -> bool:
+        """A communication error that a dead peer would cause."""
+        return self.error_type is not None and is_comms_error(self.error_type, self.message)
+
+    def headline(self) -> str:
+        where = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
+        if self.error_type:
+            return f"{where} raised {self.error_type}: {self.message} (exitcode {self.exitcode})"
+        if self.signal_name:
+            return f"{where} was killed by {self.signal_name} (exitcode {self.exitcode})"
+        return f"{where} exited with code {self.exitcode}"
+
+    def summary_error(self, others: int = 0) -> dict:
+        """The `error` entry of summary.json."""
+        return {
+            "rank": self.rank,
+            "exitcode": self.exitcode,
+            "message": self.headline(),
+            "type": self.error_type,
+            "signal": self.signal_name,
+            "host": self.host,
+            "traceback": self.traceback or None,
+            "log_tail": None if self.traceback else self.log_tail,
+            "log": str(self.log) if self.log else None,
+            "other_failed_ranks": others,
+        }
+
+
+def root_cause(failures: Iterable[RankFailure]) -> RankFailure:
+    """The failure that most likely started it all (see module docstring)."""
+    ordered = sorted(failures, key=lambda f: (f.is_consequence, f.time, f.rank))
+    if not ordered:
+        raise ValueError("root_cause() needs at least one failure")
+    return ordered[0]
+
+
+def format_error(error: dict, traceback_lines: int = 15) -> str:
+    """The multi-line message the user sees for a failed run (from summary.json's `error`)."""
+    lines = [f"run failed: {error.get('message')}"]
+    body = (error.get("traceback") or "").strip()
+    label = "traceback (last lines)"
+    if not body:
+        body, label = (error.get("log_tail") or "").strip(), "last lines of its log"
+    if body:
+        lines.append(f"  {label}:")
+        lines.extend("    " + line for line in body.splitlines()[-traceback_lines:])
+    if error.get("log"):
+        lines.append(f"  full log: {error['log']}")
+    if error.get("other_failed_ranks"):
+        lines.append(f"  ({error['other_failed_ranks']} other rank(s) failed as a consequence)")
+    return "\n".join(lines)

@@ -1,0 +1,31 @@
+"""What this machine offers, probed cheaply: the parent must not import torch for nothing."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (respects taskset/cgroup affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cuda_device_count() -> int:
+    """Visible CUDA devices. Imports torch only when an NVIDIA driver is present."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return 0
+    if not (os.path.exists("/proc/driver/nvidia") or glob.glob("/dev/nvidia[0-9]*")):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def threads_per_rank(local_ranks: int, cores: int | None = None) -> int:
+    """Intra-op threads for each of `local_ranks` ranks sharing this node's cores."""
+    cores = cpu_cores() if cores is None else cores
+    return max(1, cores // max(1, local_ranks))

@@ -1,0 +1,43 @@
+"""metrics.jsonl: one JSON object per logged step, appended and flushed by rank 0."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    def __init__(self, path: Path, enabled: bool):
+        self.records: list[dict[str, Any]] = []
+        self._file = open(path, "a", buffering=1) if enabled else None  # noqa: SIM115
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+class Throughput:
+    """Samples per second between two log points, with evaluation time left out."""
+
+    def __init__(self, samples: int = 0):
+        self._t0 = time.perf_counter()
+        self._samples0 = samples
+        self._paused = 0.0
+
+    def pause(self, seconds: float) -> None:
+        self._paused += seconds
+
+    def rate(self, samples: int) -> float:
+        now = time.perf_counter()
+        elapsed = max(1e-9, now - self._t0 - self._paused)
+        rate = (samples - self._samples0) / elapsed
+        self._t0, self._samples0, self._paused = now, samples, 0.0
+        return rate

@@ -1,0 +1,37 @@
+"""Process plumbing shared by the parent, the agent and the ranks (stdlib only).
+
+A chain parent -> agent -> ranks must never leave orphans: each child asks the
+kernel to signal it when its parent dies (Linux PR_SET_PDEATHSIG), so killing
+any link, even with SIGKILL, takes everything below it down.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: signal.Signals, expected_parent: int | None = None) -> None:
+    """Have the kernel send `sig` to this process when its parent exits (Linux only).
+
+    `expected_parent` closes the race where the parent died before the call.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = expected_parent if expected_parent is not None else os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), sig)
+
+
+def exit_code_for_signal(sig: int) -> int:
+    """The shell convention for 'ended by signal sig'."""
+    return 128 + int(sig)

@@ -1,0 +1,41 @@
+"""What rank 0 shows on the terminal while training: a bar on a TTY, plain lines otherwise."""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+
+def _fmt(record: dict[str, Any]) -> str:
+    parts = [f"loss {record['train/loss']:.4f}", f"lr {record['lr']:.2e}"]
+    if "val/accuracy" in record:
+        parts.append(f"val_acc {record['val/accuracy']:.4f}")
+    parts.append(f"{record['throughput/samples_per_sec']:.0f} samples/s")
+    return " | ".join(parts)
+
+
+class Progress:
+    def __init__(self, total_steps: int, stream: TextIO | None, enabled: bool, initial: int = 0):
+        self.total = total_steps
+        self.stream = stream if enabled else None
+        self.bar = None
+        if self.stream is not None and self.stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total_steps, initial=initial, file=self.stream, unit="step", dynamic_ncols=True,
+                desc="train",
+            )
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def logged(self, record: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(_fmt(record), refresh=False)
+        elif self.stream is not None:
+            print(f"step {record['step']}/{self.total} | {_fmt(record)}", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,240 @@
+"""Turn plain config data (dicts, lists, scalars) into the typed dataclasses of the schema.
+
+Every problem is collected, not just the first, and each one names the full key,
+the bad value and what would be valid. No torch here: this runs in the parent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from enum import Enum
+from typing import Any, Literal, TypeVar, Union
+
+T = TypeVar("T")
+
+
+class SpecError(ValueError):
+    """A run spec that cannot be used. `problems` holds one line per problem."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class _Invalid(Exception):
+    """One bad value; converted into a problem line by the caller."""
+
+
+_NOTHING = object()
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
+    """Build `cls` from `data`, raising SpecError with every problem found."""
+    problems: list[str] = []
+    result = _convert_dataclass(cls, data, path, problems)
+    if problems:
+        raise SpecError(problems)
+    return result
+
+
+def describe(tp: Any) -> str:
+    """A short human description of what a type accepts, for error messages."""
+    origin = typing.get_origin(tp)
+    if tp is type(None):
+        return "null"
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return "one of " + ", ".join(m.value for m in tp)
+    if origin is Literal:
+        return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(describe(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_plural(describe(args[0]))}"
+        return f"a list of {len(args)} values"
+    if origin is dict or tp is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _plural(text: str) -> str:
+    return text.replace("an integer", "integers").replace("a number", "numbers")
+
+
+def _key(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _convert_dataclass(cls: type, data: Any, path: str, problems: list[str]) -> Any:
+    if not isinstance(data, Mapping):
+        problems.append(f"{path or 'config'}={data!r}: expected a mapping")
+        return None
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for extra in sorted(set(data) - set(fields)):
+        problems.append(
+            f"{_key(path, str(extra))}: unknown key; valid keys here: {', '.join(sorted(fields))}"
+        )
+    values: dict[str, Any] = {}
+    for name, f in fields.items():
+        key = _key(path, name)
+        raw = data.get(name, _NOTHING)
+        if raw is _NOTHING:
+            continue  # the dataclass default applies
+        before = len(problems)
+        value = _convert(hints[name], raw, key, problems)
+        if len(problems) == before:
+            bound_problem = _check_bounds(f.metadata, value)
+            if bound_problem:
+                problems.append(f"{key}={raw!r}: {bound_problem}")
+            values[name] = value
+    try:
+        return cls(**values)
+    except TypeError as exc:  # a required field missing: a schema bug or a missing key
+        problems.append(f"{path or 'config'}: {exc}")
+        return None
+
+
+def _convert(tp: Any, raw: Any, key: str, problems: list[str]) -> Any:
+    try:
+        return _convert_value(tp, raw, key, problems)
+    except _Invalid as exc:
+        problems.append(f"{key}={raw!r}: {exc}")
+        return None
+
+
+def _convert_value(tp: Any, raw: Any, key: str, problems: list[str]) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return _convert_union(tp, raw, key, problems)
+    if dataclasses.is_dataclass(tp):
+        return _convert_dataclass(tp, raw, key, problems)
+    if tp is Any:
+        return raw
+    if tp is type(None):
+        if raw is None:
+            return None
+        raise _Invalid("expected null")
+    if tp is bool:
+        if isinstance(raw, bool):
+            return raw
+        raise _Invalid("expected true or false")
+    if tp is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+        raise _Invalid("expected an integer")
+    if tp is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw)
+        raise _Invalid("expected a number")
+    if tp is str:
+        if isinstance(raw, str):
+            return raw
+        raise _Invalid("expected a string")
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        try:
+            return tp(raw)
+        except ValueError:
+            raise _Invalid(f"expected {describe(tp)}") from None
+    if origin is Literal:
+        if raw in typing.get_args(tp) and not isinstance(raw, bool):
+            return raw
+        raise _Invalid(f"expected {describe(tp)}")
+    if origin is tuple:
+        return _convert_tuple(tp, raw, key, problems)
+    if origin is dict or tp is dict:
+        if isinstance(raw, Mapping):
+            return dict(raw)
+        raise _Invalid("expected a mapping")
+    raise TypeError(f"schema type {tp!r} of {key} is not supported")  # a bug, not user input
+
+
+def _convert_tuple(tp: Any, raw: Any, key: str, problems: list[str]) -> tuple:
+    if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
+        raise _Invalid(f"expected {describe(tp)}")
+    args = typing.get_args(tp)
+    if len(args) == 2 and args[1] is Ellipsis:
+        item_types = [args[0]] * len(raw)
+    elif len(args) == len(raw):
+        item_types = list(args)
+    else:
+        raise _Invalid(f"expected {describe(tp)}")
+    before = len(problems)
+    items = tuple(
+        _convert(t, item, f"{key}[{i}]", problems) for i, (t, item) in enumerate(zip(item_types, raw))
+    )
+    if len(problems) != before:
+        raise _Invalid(f"expected {describe(tp)}")
+    return items
+
+
+def _convert_union(tp: Any, raw: Any, key: str, problems: list[str]) -> Any:
+    options = typing.get_args(tp)
+    variants = [o for o in options if dataclasses.is_dataclass(o)]
+    if variants and len(variants) == len([o for o in options if o is not type(None)]):
+        if raw is None and type(None) in options:
+            return None
+        return _convert_tagged(variants, raw, key, problems)
+    for option in options:  # scalars: the first option that accepts the value wins
+        try:
+            return _convert_value(option, raw, key, problems)
+        except _Invalid:
+            continue
+    raise _Invalid(f"expected {describe(tp)}")
+
+
+def _convert_tagged(variants: list[type], raw: Any, key: str, problems: list[str]) -> Any:
+    """Unions of dataclasses are told apart by their `name` field (a config group option)."""
+    by_name: dict[str, type] = {}
+    for variant in variants:
+        name_type = typing.get_type_hints(variant)["name"]
+        for name in typing.get_args(name_type):
+            by_name[name] = variant
+    if not isinstance(raw, Mapping):
+        raise _Invalid("expected a mapping with a `name`")
+    name = raw.get("name")
+    if name not in by_name:
+        problems.append(f"{key}.name={name!r}: expected one of {', '.join(by_name)}")
+        return None
+    return _convert_dataclass(by_name[name], raw, key, problems)
+
+
+def _check_bounds(limits: Mapping[str, float], value: Any) -> str | None:
+    if value is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    if "min" in limits and value < limits["min"]:
+        return f"must be >= {limits['min']:g}"
+    if "gt" in limits and value <= limits["gt"]:
+        return f"must be > {limits['gt']:g}"
+    if "max" in limits and value > limits["max"]:
+        return f"must be <= {limits['max']:g}"
+    if "lt" in limits and value >= limits["lt"]:
+        return f"must be < {limits['lt']:g}"
+    return None
+
+
+def to_dict(obj: Any) -> Any:
+    """The plain-data form of a spec (enums as their values), fit for YAML."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, (tuple, list)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj

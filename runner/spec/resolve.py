@@ -1,0 +1,152 @@
+"""Resolve a composed config into a checked `RunSpec`: stage 2 of a run.
+
+Everything a user can get wrong is caught here, in the parent, before any rank
+starts: types and bounds (via the schema), then the checks between fields and
+against this machine. `auto` values are replaced by what they resolve to, so
+the spec written to the run directory says what actually ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runner import hardware
+from runner.spec.convert import SpecError, from_dict, to_dict
+from runner.spec.schema import (
+    Cifar10Spec,
+    ImageFolderSpec,
+    Precision,
+    RunSpec,
+    SyncStrategy,
+)
+
+CONFIG_FILE = "config.yaml"
+CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+
+
+def resolve_spec(config: Mapping[str, Any], cuda_devices: int | None = None) -> RunSpec:
+    """Check `config` (plain data, interpolations resolved) and resolve its `auto` values.
+
+    Raises SpecError listing every problem found.
+    """
+    spec = from_dict(RunSpec, config)
+    problems: list[str] = []
+    spec = _resolve_hardware(spec, problems, cuda_devices)
+    spec = _resolve_data_root(spec, problems)
+    if problems:  # the checks below need a resolved nproc and device
+        raise SpecError(problems)
+    _check_sizes(spec, problems)
+    _check_cluster(spec, problems)
+    _check_run_control(spec, problems)
+    if problems:
+        raise SpecError(problems)
+    if spec.sync_strategy.name is SyncStrategy.AUTO:
+        chosen = (
+            SyncStrategy.MULTI_AUTO_SYNC
+            if getattr(spec.parallelism, "find_unused_parameters", False)
+            else SyncStrategy.SINGLE_AUTO_SYNC
+        )
+        spec = dataclasses.replace(spec, sync_strategy=dataclasses.replace(spec.sync_strategy, name=chosen))
+    return spec
+
+
+def _resolve_hardware(spec: RunSpec, problems: list[str], cuda_devices: int | None) -> RunSpec:
+    needs_cuda_probe = spec.device in ("auto", "cuda")
+    gpus = cuda_devices if cuda_devices is not None else (hardware.cuda_device_count() if needs_cuda_probe else 0)
+    device = spec.device
+    if device == "auto":
+        device = "cuda" if gpus > 0 else "cpu"
+    elif device == "cuda" and gpus == 0:
+        problems.append("device='cuda': no CUDA device is visible on this machine; valid here: auto, cpu")
+    nproc = spec.nproc
+    if nproc == "auto":
+        nproc = gpus if device == "cuda" and gpus > 0 else hardware.cpu_cores()
+    elif device == "cuda" and 0 < gpus < nproc:
+        problems.append(f"nproc={nproc}: only {gpus} CUDA device(s) visible; use nproc<={gpus} or nproc=auto")
+    if spec.precision.name is Precision.FP16 and device != "cuda":
+        problems.append(
+            f"precision=fp16 needs CUDA (GradScaler), but device={device}; use precision=bf16 or fp32 on CPU"
+        )
+    return dataclasses.replace(spec, device=device, nproc=nproc)
+
+
+def _resolve_data_root(spec: RunSpec, problems: list[str]) -> RunSpec:
+    data = spec.data
+    if not isinstance(data, (ImageFolderSpec, Cifar10Spec)):
+        return spec
+    if data.root is None:
+        problems.append(f"data.root=null: data={data.name} reads local files; set data.root=DIR")
+        return spec
+    root = Path(data.root).expanduser().resolve()
+    if not root.is_dir():
+        problems.append(f"data.root={data.root!r}: directory does not exist")
+    elif isinstance(data, ImageFolderSpec):
+        for split in ("train", "val"):
+            split_dir = root / split
+            if not split_dir.is_dir() or not any(p.is_dir() for p in split_dir.iterdir()):
+                problems.append(
+                    f"data.root={data.root!r}: data=image_folder needs {split}/<class>/<images> "
+                    f"under the root; {split_dir} has no class folders"
+                )
+    else:
+        batches = root / "cifar-10-batches-py"
+        missing = [f for f in CIFAR10_FILES if not (batches / f).is_file()]
+        if missing:
+            problems.append(
+                f"data.root={data.root!r}: data=cifar10 needs the python-pickle files under "
+                f"{batches} (missing: {', '.join(missing)}); runner never downloads data"
+            )
+    return dataclasses.replace(spec, data=dataclasses.replace(data, root=str(root)))
+
+
+def _check_sizes(spec: RunSpec, problems: list[str]) -> None:
+    per_step = spec.world_size * spec.grad_accum
+    if spec.global_batch_size % per_step:
+        problems.append(
+            f"global_batch_size={spec.global_batch_size}: not divisible by world_size x grad_accum = "
+            f"{spec.world_size} x {spec.grad_accum} = {per_step}; pick a multiple of {per_step}"
+        )
+    if spec.max_steps is None and spec.max_epochs is None:
+        problems.append("max_steps=null and max_epochs=null: set at least one of them")
+
+
+def _check_cluster(spec: RunSpec, problems: list[str]) -> None:
+    if spec.node_rank >= spec.nodes:
+        problems.append(f"node_rank={spec.node_rank}: must be in 0..{spec.nodes - 1} for nodes={spec.nodes}")
+    if spec.nodes > 1 and spec.master_port is None:
+        problems.append(f"master_port=null: nodes={spec.nodes} needs a fixed port all nodes agree on")
+    if not spec.master_addr.strip():
+        problems.append("master_addr='': must be a host name or IP address")
+
+
+def _check_run_control(spec: RunSpec, problems: list[str]) -> None:
+    chaos = spec.chaos
+    if (chaos.kill_rank is None) != (chaos.at_step is None):
+        problems.append(
+            f"chaos.kill_rank={chaos.kill_rank}, chaos.at_step={chaos.at_step}: set both or neither"
+        )
+    elif chaos.kill_rank is not None and chaos.kill_rank >= spec.world_size:
+        problems.append(f"chaos.kill_rank={chaos.kill_rank}: must be a rank in 0..{spec.world_size - 1}")
+    if spec.resume not in (None, "auto") and not os.path.exists(spec.resume):
+        problems.append(f"resume={spec.resume!r}: no such file or directory; use null, auto or a PATH")
+
+
+def save_spec(spec: RunSpec, run_dir: str | Path) -> Path:
+    """Write the resolved spec as `config.yaml` (atomically) and return its path."""
+    path = Path(run_dir) / CONFIG_FILE
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(spec), sort_keys=False))
+    os.replace(tmp, path)
+    return path
+
+
+def load_spec(run_dir: str | Path) -> RunSpec:
+    """Read the resolved spec of a run directory (what every rank does first)."""
+    data = yaml.safe_load((Path(run_dir) / CONFIG_FILE).read_text())
+    return from_dict(RunSpec, data)

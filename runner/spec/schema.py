@@ -1,0 +1,263 @@
+"""The typed run spec: one frozen dataclass per config group, one for the run.
+
+The YAML in conf/ is the user-facing default; these classes are the schema it
+must satisfy. `runner.spec.convert` turns a composed config into a `RunSpec`
+and reports every problem at once. Field metadata carries value constraints
+(`min`, `gt`, `max`) so the error for a bad value names the bound.
+
+Groups whose options differ in shape (model, data, optimizer, ...) are unions
+of dataclasses told apart by their `name` field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+
+def _bound(default: Any, **limits: float) -> Any:
+    return field(default=default, metadata=limits)
+
+
+class SyncStrategy(str, Enum):
+    """How DDP synchronises gradients across the microbatches of one step."""
+
+    AUTO = "auto"
+    """Pick for me: multi_auto_sync when unused parameters are expected, else single_auto_sync."""
+    SINGLE_AUTO_SYNC = "single_auto_sync"
+    """All-reduce only in the final microbatch's backward (no_sync before it). Least traffic."""
+    MULTI_AUTO_SYNC = "multi_auto_sync"
+    """All-reduce in every microbatch's backward. Needed when the set of used parameters varies."""
+    FORCED_SYNC = "forced_sync"
+    """Never let DDP sync; average the gradients by hand once after the final microbatch."""
+
+
+class Precision(str, Enum):
+    """Numeric precision of the forward and backward pass."""
+
+    FP32 = "fp32"
+    """Full precision everywhere. The reference for equivalence checks."""
+    BF16 = "bf16"
+    """bfloat16 autocast; fp32 master weights. Works on CPU and on Ampere+ GPUs."""
+    FP16 = "fp16"
+    """float16 autocast with a dynamic GradScaler. CUDA only."""
+
+
+# ----------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    """Flattens any input; no dropout and no batch norm, so every split trains alike."""
+
+    name: Literal["mlp"] = "mlp"
+    hidden_sizes: tuple[int, ...] = (128, 64)
+
+
+@dataclass(frozen=True)
+class ResNetSpec:
+    """A torchvision ResNet, built from scratch (weights are never downloaded)."""
+
+    name: Literal["resnet18", "resnet50"] = "resnet18"
+    small_input_stem: bool = False
+    zero_init_residual: bool = False
+    channels_last: bool = False
+
+
+ModelSpec = MLPSpec | ResNetSpec
+
+# ------------------------------------------------------------------------------ data
+
+
+@dataclass(frozen=True)
+class DigitsSpec:
+    """scikit-learn's bundled 8x8 digits (1797 images), split once with `split_seed`."""
+
+    name: Literal["digits"] = "digits"
+    val_fraction: float = _bound(0.2, gt=0.0, lt=1.0)
+    split_seed: int = 0
+    num_workers: int = _bound(0, min=0)
+    drop_last: bool = False
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """Random images with a class-dependent template: learnable, fixed, no files."""
+
+    name: Literal["synthetic"] = "synthetic"
+    num_train: int = _bound(2048, min=1)
+    num_val: int = _bound(512, min=1)
+    image_size: int = _bound(32, min=8)
+    num_classes: int = _bound(10, min=2)
+    signal: float = _bound(0.5, gt=0.0)
+    num_workers: int = _bound(0, min=0)
+    drop_last: bool = False
+
+
+@dataclass(frozen=True)
+class ImageFolderSpec:
+    """Images on disk: `root/train/<class>/*` and `root/val/<class>/*`."""
+
+    name: Literal["image_folder"] = "image_folder"
+    root: str | None = None
+    image_size: int = _bound(224, min=8)
+    augment: bool = True
+    num_workers: int = _bound(2, min=0)
+    drop_last: bool = False
+
+
+@dataclass(frozen=True)
+class Cifar10Spec:
+    """CIFAR-10 in its python-pickle layout under `root/cifar-10-batches-py`."""
+
+    name: Literal["cifar10"] = "cifar10"
+    root: str | None = None
+    augment: bool = True
+    num_workers: int = _bound(2, min=0)
+    drop_last: bool = False
+
+
+DataSpec = DigitsSpec | SyntheticSpec | ImageFolderSpec | Cifar10Spec
+
+# ------------------------------------------------------------------------- optimizer
+
+
+@dataclass(frozen=True)
+class SGDSpec:
+    name: Literal["sgd"] = "sgd"
+    lr: float = _bound(0.1, gt=0.0)
+    momentum: float = _bound(0.9, min=0.0)
+    nesterov: bool = False
+    weight_decay: float = _bound(0.0, min=0.0)
+
+
+@dataclass(frozen=True)
+class AdamWSpec:
+    name: Literal["adamw"] = "adamw"
+    lr: float = _bound(1e-3, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = _bound(1e-8, gt=0.0)
+    weight_decay: float = _bound(0.01, min=0.0)
+
+
+OptimizerSpec = SGDSpec | AdamWSpec
+
+# ------------------------------------------------------------------------- scheduler
+
+
+@dataclass(frozen=True)
+class ConstantSpec:
+    name: Literal["constant"] = "constant"
+    warmup_steps: int = _bound(0, min=0)
+
+
+@dataclass(frozen=True)
+class CosineSpec:
+    """Linear warmup to the optimizer's lr, then cosine decay to `min_lr_ratio` x lr."""
+
+    name: Literal["cosine"] = "cosine"
+    warmup_steps: int = _bound(0, min=0)
+    min_lr_ratio: float = _bound(0.0, min=0.0, max=1.0)
+
+
+SchedulerSpec = ConstantSpec | CosineSpec
+
+# ----------------------------------------------------------------------- parallelism
+
+
+@dataclass(frozen=True)
+class DDPSpec:
+    """torch DistributedDataParallel; every rank holds the full optimizer state."""
+
+    name: Literal["ddp"] = "ddp"
+    find_unused_parameters: bool = False
+    bucket_cap_mb: float = _bound(25.0, gt=0.0)
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    broadcast_buffers: bool = True
+
+
+ParallelismSpec = DDPSpec
+
+# ------------------------------------------------------------------ small groups
+
+
+@dataclass(frozen=True)
+class SyncStrategySpec:
+    name: SyncStrategy = SyncStrategy.AUTO
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    name: Precision = Precision.FP32
+    init_scale: float = _bound(2.0**16, gt=0.0)
+    growth_interval: int = _bound(2000, min=1)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    interval: int | None = _bound(None, min=1)
+    keep: int = _bound(2, min=1)
+
+
+@dataclass(frozen=True)
+class ChaosSpec:
+    """Fault injection: `kill_rank` fails at step `at_step`, on the first attempt only."""
+
+    kill_rank: int | None = _bound(None, min=0)
+    at_step: int | None = _bound(None, min=1)
+    action: Literal["sigkill", "raise"] = "sigkill"
+
+
+# ------------------------------------------------------------------------------- run
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a rank needs to train, resolved and checked by the parent."""
+
+    model: ModelSpec = field(default_factory=MLPSpec)
+    data: DataSpec = field(default_factory=DigitsSpec)
+    optimizer: OptimizerSpec = field(default_factory=AdamWSpec)
+    scheduler: SchedulerSpec = field(default_factory=ConstantSpec)
+    parallelism: ParallelismSpec = field(default_factory=DDPSpec)
+    sync_strategy: SyncStrategySpec = field(default_factory=SyncStrategySpec)
+    precision: PrecisionSpec = field(default_factory=PrecisionSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    chaos: ChaosSpec = field(default_factory=ChaosSpec)
+
+    nproc: int | Literal["auto"] = _bound(1, min=1)
+    nodes: int = _bound(1, min=1)
+    node_rank: int = _bound(0, min=0)
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = _bound(None, min=1, max=65535)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = _bound(0, min=0)
+
+    global_batch_size: int = _bound(64, min=1)
+    grad_accum: int = _bound(1, min=1)
+    max_steps: int | None = _bound(None, min=1)
+    max_epochs: int | None = _bound(None, min=1)
+    grad_clip_norm: float | None = _bound(None, gt=0.0)
+    label_smoothing: float = _bound(0.0, min=0.0, lt=1.0)
+
+    log_interval: int = _bound(10, min=1)
+    eval_interval: int | None = _bound(None, min=1)
+    progress_bar: bool = True
+
+    resume: str | None = None
+    max_restarts: int = _bound(0, min=0)
+
+    @property
+    def world_size(self) -> int:
+        assert isinstance(self.nproc, int), "nproc is resolved before use"
+        return self.nodes * self.nproc
+
+    @property
+    def per_rank_batch_size(self) -> int:
+        return self.global_batch_size // self.world_size
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.per_rank_batch_size // self.grad_accum

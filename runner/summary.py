@@ -1,0 +1,66 @@
+"""summary.json: the one file that says how a run ended.
+
+Rank 0 writes it when training completes. When a run fails or is interrupted,
+the agent (or, if the agent itself died, the parent) writes it from what the
+run left behind: the last metrics line and the root cause of the failure.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from runner.artifacts import RunDir, read_json, read_jsonl, write_json
+
+COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
+
+
+def build_summary(
+    status: str,
+    world_size: int,
+    start_time: float,
+    metrics: list[dict[str, Any]],
+    optimizer_state_bytes: list[int] | None = None,
+    error: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The summary dict; `final` holds the newest value of every metric logged."""
+    final: dict[str, Any] = {}
+    for record in metrics:
+        final.update(record)
+    summary: dict[str, Any] = {
+        "status": status,
+        "world_size": world_size,
+        "steps": final.get("step", 0),
+        "samples": final.get("samples", 0),
+        "wall_time_s": round(time.time() - start_time, 3),
+        "final": final,
+        "optimizer_state_bytes": optimizer_state_bytes,
+    }
+    summary.update(extra)
+    if error is not None:
+        summary["error"] = error
+    return summary
+
+
+def write_summary(run_dir: RunDir, summary: dict[str, Any]) -> None:
+    write_json(run_dir.summary, summary)
+
+
+def write_unfinished_summary(
+    run_dir: RunDir,
+    status: str,
+    world_size: int,
+    start_time: float,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Record a failed or interrupted run from what it left behind, and return it."""
+    summary = build_summary(
+        status, world_size, start_time, read_jsonl(run_dir.metrics), error=error
+    )
+    write_summary(run_dir, summary)
+    return summary
+
+
+def read_summary(run_dir: RunDir) -> dict[str, Any] | None:
+    return read_json(run_dir.summary)

@@ -1,0 +1,202 @@
+"""Stages 6-8 on one rank: build from the spec, train, evaluate, report.
+
+One optimizer step trains on one global batch. Each rank runs its share as
+`grad_accum` microbatches; every sample's loss is weighted by 1/(samples in the
+global batch), so any split of the batch over ranks and microbatches gives the
+same gradient (see runner.data.sampler).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from runner import chaos
+from runner import dist as rdist
+from runner.artifacts import RunDir, write_atomic
+from runner.data import GlobalBatchSampler, build_datasets, build_eval_loader, build_train_loader
+from runner.engines import build_engine
+from runner.metrics import MetricsLog, Throughput
+from runner.models import build_model
+from runner.precision import autocast
+from runner.progress import Progress
+from runner.spec import RunSpec
+from runner.summary import COMPLETED, build_summary, write_summary
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(self, spec: RunSpec, run_dir: RunDir, device: str, terminal: TextIO | None):
+        self.spec, self.run_dir, self.device = spec, run_dir, device
+        self.device_type = torch.device(device).type
+        self.rank, self.world = rdist.get_global_rank(), rdist.get_world_size()
+        self.is_main = self.rank == 0
+
+        seed_everything(spec.seed)  # same on every rank: identical initial weights
+        data = build_datasets(spec.data)
+        module = build_model(spec.model, data.input_shape, data.num_classes).to(device)
+        self.channels_last = getattr(spec.model, "channels_last", False) and self.device_type == "cuda"
+        if self.channels_last:
+            module = module.to(memory_format=torch.channels_last)
+
+        self.sampler = GlobalBatchSampler(
+            len(data.train), spec.global_batch_size, self.world, self.rank, spec.grad_accum,
+            shuffle=True, seed=spec.seed, drop_last=spec.data.drop_last,
+        )
+        self.steps_per_epoch = self.sampler.steps_per_epoch
+        self.total_steps = self._total_steps()
+        self.engine = build_engine(spec, module, device, self.total_steps)
+        pin = self.device_type == "cuda"
+        self.train_loader = build_train_loader(data.train, self.sampler, spec.data.num_workers, pin)
+        self.val_loader = build_eval_loader(
+            data.val, spec.per_rank_batch_size, self.world, self.rank, spec.data.num_workers, pin
+        )
+        seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
+        self.metrics = MetricsLog(run_dir.metrics, enabled=self.is_main)
+        self.progress = Progress(self.total_steps, terminal, enabled=self.is_main and spec.progress_bar)
+
+    def _total_steps(self) -> int:
+        limits = [self.spec.max_steps or math.inf]
+        if self.spec.max_epochs is not None:
+            limits.append(self.spec.max_epochs * self.steps_per_epoch)
+        total = min(limits)
+        if total < 1:
+            raise ValueError(
+                f"no training steps: the training set has {self.sampler.num_samples} samples, "
+                f"fewer than global_batch_size={self.spec.global_batch_size} with drop_last"
+            )
+        return int(total)
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self, start_time: float) -> dict[str, Any]:
+        spec, step = self.spec, 0
+        samples = 0
+        throughput = Throughput()
+        while step < self.total_steps:
+            epoch, offset = divmod(step, self.steps_per_epoch)
+            self.sampler.set_epoch(epoch, offset)
+            microbatches = iter(self.train_loader)
+            for step_in_epoch in range(offset, self.steps_per_epoch):
+                step += 1
+                chaos.maybe_fail(spec.chaos, self.rank, step)
+                n_global = self.sampler.global_count(step_in_epoch)
+                lr = self.engine.lr
+                batch = [next(microbatches) for _ in range(spec.grad_accum)]
+                loss_sum = self.train_step(batch, n_global)
+                samples += n_global
+                self.progress.advance()
+
+                last = step == self.total_steps
+                evaluate = last or self._is_eval_step(step)
+                if evaluate or step % spec.log_interval == 0:
+                    record = self._train_record(step, samples, loss_sum, n_global, lr, throughput)
+                    if evaluate:
+                        started = time.perf_counter()
+                        record.update(self.evaluate())
+                        throughput.pause(time.perf_counter() - started)
+                    self._log(record)
+                if last:
+                    break
+        return self._finish(start_time)
+
+    def train_step(self, batch: list[tuple[torch.Tensor, ...]], n_global: int) -> torch.Tensor:
+        """Forward and backward every microbatch of this rank, then step. Returns the loss sum."""
+        self.engine.model.train()
+        weight = self.world / n_global  # DDP averages over ranks; this makes it a sample mean
+        loss_sum = torch.zeros((), device=self.device)
+        for i, (inputs, labels, weights) in enumerate(batch):
+            inputs, labels, weights = self._to_device(inputs, labels, weights)
+            with self.engine.microbatch(i, len(batch)):
+                with autocast(self.spec.precision, self.device_type):
+                    logits = self.engine.model(inputs)
+                losses = F.cross_entropy(
+                    logits.float(), labels, reduction="none", label_smoothing=self.spec.label_smoothing
+                )
+                loss = (losses * weights).sum()
+                self.engine.backward(loss * weight)
+            loss_sum += loss.detach()
+        self.engine.step()
+        return loss_sum
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        module = self.engine.module
+        module.eval()
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
+        for inputs, labels, _ in self.val_loader:
+            inputs, labels = self._to_device(inputs, labels)
+            with autocast(self.spec.precision, self.device_type):
+                logits = module(inputs).float()
+            totals[0] += F.cross_entropy(logits, labels, reduction="sum").double()
+            totals[1] += (logits.argmax(dim=1) == labels).sum()
+            totals[2] += labels.numel()
+        rdist.all_reduce(totals)
+        loss, correct, count = totals.tolist()
+        return {"val/loss": loss / count, "val/accuracy": correct / count}
+
+    # ------------------------------------------------------------------ helpers
+
+    def _to_device(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        moved = [t.to(self.device, non_blocking=True) for t in tensors]
+        if self.channels_last and moved[0].dim() == 4:
+            moved[0] = moved[0].contiguous(memory_format=torch.channels_last)
+        return moved
+
+    def _is_eval_step(self, step: int) -> bool:
+        if self.spec.eval_interval is None:
+            return step % self.steps_per_epoch == 0
+        return step % self.spec.eval_interval == 0
+
+    def _train_record(
+        self, step: int, samples: int, loss_sum: torch.Tensor, n_global: int, lr: float, throughput: Throughput
+    ) -> dict[str, Any]:
+        total = rdist.all_reduce(loss_sum.double())  # the only host sync: on log steps
+        return {
+            "step": step,
+            "epoch": round(step / self.steps_per_epoch, 4),
+            "samples": samples,
+            "train/loss": total.item() / n_global,
+            "lr": lr,
+            "throughput/samples_per_sec": throughput.rate(samples),
+        }
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.is_main:
+            self.metrics.write(record)
+            self.progress.logged(record)
+            print(" ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
+
+    def _finish(self, start_time: float) -> dict[str, Any]:
+        self.progress.close()
+        weights = self.engine.full_state_dict()
+        state_bytes = rdist.all_gather_object(self.engine.optimizer_state_bytes())
+        summary: dict[str, Any] = {}
+        if self.is_main:
+            import io
+
+            buffer = io.BytesIO()
+            torch.save(weights, buffer)
+            write_atomic(self.run_dir.model, buffer.getvalue())
+            summary = build_summary(
+                COMPLETED, self.world, start_time, self.metrics.records,
+                optimizer_state_bytes=state_bytes,
+                nodes=self.spec.nodes, nproc=self.spec.nproc, device=self.spec.device,
+                parallelism=self.spec.parallelism.name, precision=self.spec.precision.name.value,
+                attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            )
+            write_summary(self.run_dir, summary)  # last: a summary means the run is complete
+        self.metrics.close()
+        return summary

@@ -1,0 +1,104 @@
+"""Stage 5: one rank. `python -m runner.worker RUN_DIR`, started by the elastic agent.
+
+Reads the resolved spec from the run directory (never Hydra), sends its own
+output to logs/rank{R}.log, joins the process group, trains, and on any
+exception records the root cause where the agent will look for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import TextIO
+
+from runner.artifacts import RunDir, write_atomic
+from runner.procs import die_with_parent
+
+
+def _redirect_output(log_path: Path, rank: int, attempt: int) -> TextIO | None:
+    """Send this process's stdout and stderr to its log (appending: every attempt is kept).
+
+    Returns the original terminal stream for rank 0's progress display.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    terminal = os.fdopen(os.dup(2), "w", buffering=1) if rank == 0 else None
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    header = f"===== rank {rank} attempt {attempt} pid {os.getpid()} {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n"
+    os.write(fd, header.encode())
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return terminal
+
+
+def _record_failure(exc: BaseException, rank: int) -> None:
+    """Write the error file the agent reads (torch elastic's format plus our details)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    now = time.time()
+    tb = traceback.format_exc()
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    data = {
+        "message": {
+            "message": f"{type(exc).__name__}: {message}",
+            "extraInfo": {"py_callstack": tb, "timestamp": str(int(now))},
+        },
+        "runner": {
+            "rank": rank,
+            "time": now,
+            "host": socket.gethostname(),
+            "type": type(exc).__name__,
+            "message": message,
+            "traceback": tb,
+        },
+    }
+    write_atomic(Path(path), json.dumps(data))
+
+
+def run(run_dir: RunDir, terminal: TextIO | None) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from runner import dist as rdist
+    from runner.spec import load_spec
+    from runner.trainer import Trainer
+
+    spec = load_spec(run_dir.root)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    device = rdist.device_for(spec.device, rdist.get_local_rank())
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=rdist.backend_for(spec.device))
+    try:
+        start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
+        Trainer(spec, run_dir, device, terminal).fit(start_time)
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    run_dir = RunDir(Path(sys.argv[1]))
+    rank = int(os.environ.get("RANK", "0"))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    terminal = _redirect_output(run_dir.rank_log(rank), rank, attempt)
+    agent = os.environ.get("RUNNER_AGENT_PID")
+    die_with_parent(signal.SIGKILL, int(agent) if agent else None)
+    try:
+        run(run_dir, terminal)
+    except BaseException as exc:
+        if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            _record_failure(exc, rank)
+        traceback.print_exc()
+        sys.stderr.flush()
+        sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+
+
+if __name__ == "__main__":
+    main()
