@@ -146,7 +146,15 @@ def environment_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "packages": {
             name: _version(name)
-            for name in ("torch", "torchvision", "deepspeed", "hydra-core", "omegaconf", "numpy", "runner")
+            for name in (
+                "torch",
+                "torchvision",
+                "deepspeed",
+                "hydra-core",
+                "omegaconf",
+                "numpy",
+                "runner",
+            )
         },
         "git": {"runner": _git_commit(package_root), "cwd": _git_commit(Path.cwd())},
         "hosts": [socket.gethostname()],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 from runner.spec.schema import ChaosSpec
 
@@ -22,7 +23,10 @@ def maybe_fail(chaos: ChaosSpec, rank: int, step: int) -> None:
         return
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != 0:
         return
-    print(f"chaos: rank {rank} fails at step {step} ({chaos.action})", flush=True)
+    print(
+        f"chaos: rank {rank} fails at step {step} ({chaos.action}) at t={time.time():.3f}",
+        flush=True,
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     if chaos.action == "sigkill":

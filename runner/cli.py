@@ -8,6 +8,7 @@ The parent never imports torch: `--help`, `--cfg job` and config errors are inst
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import sys
@@ -52,26 +53,37 @@ def _discard(run_dir: Path) -> None:
     leftovers = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
     if leftovers <= {".hydra"}:
         shutil.rmtree(run_dir, ignore_errors=True)
-        try:
+        with contextlib.suppress(OSError):
             run_dir.parent.rmdir()  # runs/ itself, if this was its only run
-        except OSError:
-            pass
 
 
 def _report(summary: dict[str, Any], run_dir: RunDir) -> None:
     status = summary.get("status")
     final = summary.get("final", {})
     if status == "completed":
-        shown = [f"{k} {final[k]:.4f}" for k in ("val/accuracy", "val/loss", "train/loss") if k in final]
+        shown = [
+            f"{k} {final[k]:.4f}" for k in ("val/accuracy", "val/loss", "train/loss") if k in final
+        ]
         log.info(
             "runner: completed %s steps on %s rank(s) in %.1fs | %s",
-            summary.get("steps"), summary.get("world_size"), summary.get("wall_time_s", 0), " | ".join(shown),
+            summary.get("steps"),
+            summary.get("world_size"),
+            summary.get("wall_time_s", 0),
+            " | ".join(shown),
         )
     elif status == "failed" and summary.get("error"):
         log.error("runner: %s", format_error(summary["error"]))
     else:
         log.error("runner: run %s after %s steps", status, summary.get("steps"))
-    log.info("run directory: %s", run_dir.root)
+    log.info("run directory: %s", _shown(run_dir.root))
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it lies below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _run(cfg: DictConfig) -> float | None:
@@ -85,7 +97,9 @@ def _run(cfg: DictConfig) -> float | None:
         _discard(run_dir.root)
         count = len(err.problems)
         lines = "\n".join(f"  - {p}" for p in err.problems)
-        log.error("runner: invalid configuration (%d problem%s):\n%s", count, "s" * (count > 1), lines)
+        log.error(
+            "runner: invalid configuration (%d problem%s):\n%s", count, "s" * (count > 1), lines
+        )
         if in_sweep:
             return None
         sys.exit(2)
@@ -98,7 +112,11 @@ def _run(cfg: DictConfig) -> float | None:
     summary = read_summary(run_dir)
     if summary is None:  # the agent itself died before it could write one
         status = INTERRUPTED if received else FAILED
-        error = None if received else {"rank": None, "exitcode": code, "message": f"launcher exited with {code}"}
+        error = (
+            None
+            if received
+            else {"rank": None, "exitcode": code, "message": f"launcher exited with {code}"}
+        )
         summary = write_unfinished_summary(run_dir, status, spec.world_size, start_time, error)
     _report(summary, run_dir)
     if code != 0 and not in_sweep:

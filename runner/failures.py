@@ -52,8 +52,10 @@ class RankFailure:
 
     @property
     def is_consequence(self) -> bool:
-        """A communication error that a dead peer would cause."""
-        return self.error_type is not None and is_comms_error(self.error_type, self.message)
+        """Fallout: a communication error a dead peer causes, or the agent's own stop signal."""
+        if self.error_type is not None:
+            return is_comms_error(self.error_type, self.message)
+        return self.exitcode in (-signal.SIGTERM, -signal.SIGINT)
 
     def headline(self) -> str:
         where = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")

@@ -9,9 +9,11 @@ stops them all and writes summary.json with the root cause.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -38,8 +40,8 @@ def _register_rendezvous() -> None:
         RendezvousInfo,
         RendezvousParameters,
         RendezvousStoreInfo,
+        registry,
     )
-    from torch.distributed.elastic.rendezvous import registry
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import (
         StaticTCPRendezvous,
         create_rdzv_handler,
@@ -58,14 +60,16 @@ def _register_rendezvous() -> None:
     def create(params: RendezvousParameters) -> FreePortStaticRendezvous:
         base = create_rdzv_handler(params)
         return FreePortStaticRendezvous(
-            base.master_addr, base.master_port, base.rank, base.world_size, base.run_id,
+            base.master_addr,
+            base.master_port,
+            base.rank,
+            base.world_size,
+            base.run_id,
             int(base.timeout.total_seconds()),
         )
 
-    try:
+    with contextlib.suppress(ValueError):  # already registered in this process
         registry.handler_registry.register(RENDEZVOUS_BACKEND, create)
-    except ValueError:
-        pass  # already registered in this process
 
 
 def _logs_specs(run_dir: RunDir, nproc: int, node_rank: int):
@@ -88,6 +92,7 @@ def _logs_specs(run_dir: RunDir, nproc: int, node_rank: int):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.unlink(missing_ok=True)
                 error_files[local_rank] = str(path)
+                env["TORCHELASTIC_ERROR_FILE"] = str(path)  # where the rank records its exception
             consoles = dict.fromkeys(envs, "")  # "" = inherit the agent's stdout/stderr
             return LogsDest(stdouts=consoles, stderrs=dict(consoles), error_files=error_files)
 
@@ -112,7 +117,7 @@ def _rank_failures(run_dir: RunDir, failures: dict) -> list[RankFailure]:
                 rank=int(rank),
                 exitcode=int(failure.exitcode),
                 time=float(ours.get("time", failure.timestamp)),
-                host=ours.get("host", ""),
+                host=ours.get("host") or socket.gethostname(),
                 error_type=ours.get("type"),
                 message=ours.get("message", ""),
                 traceback=ours.get("traceback", ""),
@@ -150,7 +155,11 @@ def launch(run_dir: RunDir, spec: RunSpec) -> int:
     )
     log.info(
         "runner: %d rank(s) on this node (world size %d, %s, %d thread(s) per rank) -> %s",
-        spec.nproc, spec.world_size, spec.device, threads, run_dir.root,
+        spec.nproc,
+        spec.world_size,
+        spec.device,
+        threads,
+        run_dir.root,
     )
     try:
         elastic_launch(config, sys.executable)("-u", "-m", "runner.worker", str(run_dir.root))

@@ -31,7 +31,9 @@ def _resnet(spec: ResNetSpec, input_shape: tuple[int, ...], num_classes: int) ->
     from torchvision import models
 
     factory = {"resnet18": models.resnet18, "resnet50": models.resnet50}[spec.name]
-    model = factory(weights=None, num_classes=num_classes, zero_init_residual=spec.zero_init_residual)
+    model = factory(
+        weights=None, num_classes=num_classes, zero_init_residual=spec.zero_init_residual
+    )
     channels = input_shape[0]
     if spec.small_input_stem:
         model.conv1 = nn.Conv2d(channels, 64, kernel_size=3, stride=1, padding=1, bias=False)

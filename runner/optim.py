@@ -10,10 +10,16 @@ import torch
 from runner.spec.schema import AdamWSpec, CosineSpec, OptimizerSpec, SchedulerSpec, SGDSpec
 
 
-def build_optimizer(spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+def build_optimizer(
+    spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]
+) -> torch.optim.Optimizer:
     if isinstance(spec, SGDSpec):
         return torch.optim.SGD(
-            params, lr=spec.lr, momentum=spec.momentum, nesterov=spec.nesterov, weight_decay=spec.weight_decay
+            params,
+            lr=spec.lr,
+            momentum=spec.momentum,
+            nesterov=spec.nesterov,
+            weight_decay=spec.weight_decay,
         )
     if isinstance(spec, AdamWSpec):
         return torch.optim.AdamW(

@@ -22,7 +22,11 @@ class Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(
-                total=total_steps, initial=initial, file=self.stream, unit="step", dynamic_ncols=True,
+                total=total_steps,
+                initial=initial,
+                file=self.stream,
+                unit="step",
+                dynamic_ncols=True,
                 desc="train",
             )
 
@@ -34,7 +38,9 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix_str(_fmt(record), refresh=False)
         elif self.stream is not None:
-            print(f"step {record['step']}/{self.total} | {_fmt(record)}", file=self.stream, flush=True)
+            print(
+                f"step {record['step']}/{self.total} | {_fmt(record)}", file=self.stream, flush=True
+            )
 
     def close(self) -> None:
         if self.bar is not None:

@@ -7,6 +7,7 @@ time, gets SIGKILL; the ranks die with it (they hold PR_SET_PDEATHSIG).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -66,10 +67,8 @@ def run_agent(run_dir: Path, start_time: float) -> tuple[int, int | None]:
 
 
 def _send(proc: subprocess.Popen, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signum)
-    except ProcessLookupError:
-        pass
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -47,13 +47,21 @@ class Trainer:
         seed_everything(spec.seed)  # same on every rank: identical initial weights
         data = build_datasets(spec.data)
         module = build_model(spec.model, data.input_shape, data.num_classes).to(device)
-        self.channels_last = getattr(spec.model, "channels_last", False) and self.device_type == "cuda"
+        self.channels_last = (
+            getattr(spec.model, "channels_last", False) and self.device_type == "cuda"
+        )
         if self.channels_last:
             module = module.to(memory_format=torch.channels_last)
 
         self.sampler = GlobalBatchSampler(
-            len(data.train), spec.global_batch_size, self.world, self.rank, spec.grad_accum,
-            shuffle=True, seed=spec.seed, drop_last=spec.data.drop_last,
+            len(data.train),
+            spec.global_batch_size,
+            self.world,
+            self.rank,
+            spec.grad_accum,
+            shuffle=True,
+            seed=spec.seed,
+            drop_last=spec.data.drop_last,
         )
         self.steps_per_epoch = self.sampler.steps_per_epoch
         self.total_steps = self._total_steps()
@@ -65,7 +73,9 @@ class Trainer:
         )
         seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
         self.metrics = MetricsLog(run_dir.metrics, enabled=self.is_main)
-        self.progress = Progress(self.total_steps, terminal, enabled=self.is_main and spec.progress_bar)
+        self.progress = Progress(
+            self.total_steps, terminal, enabled=self.is_main and spec.progress_bar
+        )
 
     def _total_steps(self) -> int:
         limits = [self.spec.max_steps or math.inf]
@@ -123,7 +133,10 @@ class Trainer:
                 with autocast(self.spec.precision, self.device_type):
                     logits = self.engine.model(inputs)
                 losses = F.cross_entropy(
-                    logits.float(), labels, reduction="none", label_smoothing=self.spec.label_smoothing
+                    logits.float(),
+                    labels,
+                    reduction="none",
+                    label_smoothing=self.spec.label_smoothing,
                 )
                 loss = (losses * weights).sum()
                 self.engine.backward(loss * weight)
@@ -161,7 +174,13 @@ class Trainer:
         return step % self.spec.eval_interval == 0
 
     def _train_record(
-        self, step: int, samples: int, loss_sum: torch.Tensor, n_global: int, lr: float, throughput: Throughput
+        self,
+        step: int,
+        samples: int,
+        loss_sum: torch.Tensor,
+        n_global: int,
+        lr: float,
+        throughput: Throughput,
     ) -> dict[str, Any]:
         total = rdist.all_reduce(loss_sum.double())  # the only host sync: on log steps
         return {
@@ -177,7 +196,12 @@ class Trainer:
         if self.is_main:
             self.metrics.write(record)
             self.progress.logged(record)
-            print(" ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
+            print(
+                " ".join(
+                    f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in record.items()
+                )
+            )
 
     def _finish(self, start_time: float) -> dict[str, Any]:
         self.progress.close()
@@ -191,10 +215,16 @@ class Trainer:
             torch.save(weights, buffer)
             write_atomic(self.run_dir.model, buffer.getvalue())
             summary = build_summary(
-                COMPLETED, self.world, start_time, self.metrics.records,
+                COMPLETED,
+                self.world,
+                start_time,
+                self.metrics.records,
                 optimizer_state_bytes=state_bytes,
-                nodes=self.spec.nodes, nproc=self.spec.nproc, device=self.spec.device,
-                parallelism=self.spec.parallelism.name, precision=self.spec.precision.name.value,
+                nodes=self.spec.nodes,
+                nproc=self.spec.nproc,
+                device=self.spec.device,
+                parallelism=self.spec.parallelism.name,
+                precision=self.spec.precision.name.value,
                 attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
             )
             write_summary(self.run_dir, summary)  # last: a summary means the run is complete

@@ -7,6 +7,8 @@ exception records the root cause where the agent will look for it.
 
 from __future__ import annotations
 
+import faulthandler
+import gc
 import json
 import os
 import signal
@@ -29,7 +31,8 @@ def _redirect_output(log_path: Path, rank: int, attempt: int) -> TextIO | None:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     terminal = os.fdopen(os.dup(2), "w", buffering=1) if rank == 0 else None
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    header = f"===== rank {rank} attempt {attempt} pid {os.getpid()} {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n"
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    header = f"===== rank {rank} attempt {attempt} pid {os.getpid()} {started} =====\n"
     os.write(fd, header.encode())
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -76,11 +79,14 @@ def run(run_dir: RunDir, terminal: TextIO | None) -> None:
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     dist.init_process_group(backend=rdist.backend_for(spec.device))
-    try:
-        start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
-        Trainer(spec, run_dir, device, terminal).fit(start_time)
-    finally:
-        dist.destroy_process_group()
+    start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
+    trainer = Trainer(spec, run_dir, device, terminal)
+    trainer.fit(start_time)
+    # Release DDP, loaders and their threads while the process group still exists.
+    del trainer
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def main() -> None:
@@ -88,6 +94,7 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     terminal = _redirect_output(run_dir.rank_log(rank), rank, attempt)
+    faulthandler.enable()  # a native crash still leaves a Python stack in the log
     agent = os.environ.get("RUNNER_AGENT_PID")
     die_with_parent(signal.SIGKILL, int(agent) if agent else None)
     try:
@@ -96,8 +103,16 @@ def main() -> None:
         if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             _record_failure(exc, rank)
         traceback.print_exc()
-        sys.stderr.flush()
-        sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+        _exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+    _exit(0)
+
+
+def _exit(code: int) -> None:
+    """Leave without interpreter teardown: every artifact is already on disk, and tearing
+    down torch's C++ state at exit can abort ("terminate called without an active exception")."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

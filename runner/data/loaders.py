@@ -20,7 +20,9 @@ class WeightedBatches(Dataset):
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __getitems__(
+        self, indices: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         real = [0 if i == PLACEHOLDER else i for i in indices]
         weights = torch.tensor([0.0 if i == PLACEHOLDER else 1.0 for i in indices])
         if hasattr(self.base, "batch"):

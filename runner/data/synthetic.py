@@ -23,7 +23,9 @@ def make_synthetic(spec: SyntheticSpec) -> Datasets:
     gen = torch.Generator().manual_seed(_DATA_SEED)
     # Smooth templates (upsampled low-resolution noise) so convolutions can pick them up.
     coarse = torch.randn((spec.num_classes, 3, 4, 4), generator=gen)
-    templates = torch.nn.functional.interpolate(coarse, size=shape[1:], mode="bilinear", align_corners=False)
+    templates = torch.nn.functional.interpolate(
+        coarse, size=shape[1:], mode="bilinear", align_corners=False
+    )
     templates = templates / templates.std()
     return Datasets(
         train=_split(spec, templates, spec.num_train, _DATA_SEED + 1),

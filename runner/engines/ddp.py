@@ -29,7 +29,6 @@ class DDPEngine(Engine):
             bucket_cap_mb=options.bucket_cap_mb,
             gradient_as_bucket_view=options.gradient_as_bucket_view,
             static_graph=options.static_graph,
-            broadcast_buffers=options.broadcast_buffers,
         )
         self.strategy = spec.sync_strategy.name
         self.grad_clip_norm = spec.grad_clip_norm
@@ -93,7 +92,7 @@ def average_gradients(params: list[nn.Parameter]) -> None:
     device = params[0].device  # nccl reduces device tensors only
     has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8, device=device)
     dist.all_reduce(has_grad, op=dist.ReduceOp.MAX)
-    chosen = [p for p, flag in zip(params, has_grad.tolist()) if flag]
+    chosen = [p for p, flag in zip(params, has_grad.tolist(), strict=True) if flag]
     if not chosen:
         return
     for p in chosen:

@@ -175,7 +175,8 @@ def _convert_tuple(tp: Any, raw: Any, key: str, problems: list[str]) -> tuple:
         raise _Invalid(f"expected {describe(tp)}")
     before = len(problems)
     items = tuple(
-        _convert(t, item, f"{key}[{i}]", problems) for i, (t, item) in enumerate(zip(item_types, raw))
+        _convert(t, item, f"{key}[{i}]", problems)
+        for i, (t, item) in enumerate(zip(item_types, raw, strict=True))
     )
     if len(problems) != before:
         raise _Invalid(f"expected {describe(tp)}")

@@ -27,7 +27,7 @@ from runner.spec.schema import (
 )
 
 CONFIG_FILE = "config.yaml"
-CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
 
 
 def resolve_spec(config: Mapping[str, Any], cuda_devices: int | None = None) -> RunSpec:
@@ -52,26 +52,37 @@ def resolve_spec(config: Mapping[str, Any], cuda_devices: int | None = None) -> 
             if getattr(spec.parallelism, "find_unused_parameters", False)
             else SyncStrategy.SINGLE_AUTO_SYNC
         )
-        spec = dataclasses.replace(spec, sync_strategy=dataclasses.replace(spec.sync_strategy, name=chosen))
+        spec = dataclasses.replace(
+            spec, sync_strategy=dataclasses.replace(spec.sync_strategy, name=chosen)
+        )
     return spec
 
 
 def _resolve_hardware(spec: RunSpec, problems: list[str], cuda_devices: int | None) -> RunSpec:
     needs_cuda_probe = spec.device in ("auto", "cuda")
-    gpus = cuda_devices if cuda_devices is not None else (hardware.cuda_device_count() if needs_cuda_probe else 0)
+    gpus = (
+        cuda_devices
+        if cuda_devices is not None
+        else (hardware.cuda_device_count() if needs_cuda_probe else 0)
+    )
     device = spec.device
     if device == "auto":
         device = "cuda" if gpus > 0 else "cpu"
     elif device == "cuda" and gpus == 0:
-        problems.append("device='cuda': no CUDA device is visible on this machine; valid here: auto, cpu")
+        problems.append(
+            "device='cuda': no CUDA device is visible on this machine; valid here: auto, cpu"
+        )
     nproc = spec.nproc
     if nproc == "auto":
         nproc = gpus if device == "cuda" and gpus > 0 else hardware.cpu_cores()
     elif device == "cuda" and 0 < gpus < nproc:
-        problems.append(f"nproc={nproc}: only {gpus} CUDA device(s) visible; use nproc<={gpus} or nproc=auto")
+        problems.append(
+            f"nproc={nproc}: only {gpus} CUDA device(s) visible; use nproc<={gpus} or nproc=auto"
+        )
     if spec.precision.name is Precision.FP16 and device != "cuda":
         problems.append(
-            f"precision=fp16 needs CUDA (GradScaler), but device={device}; use precision=bf16 or fp32 on CPU"
+            f"precision=fp16 needs CUDA (GradScaler), but device={device}; "
+            "use precision=bf16 or fp32 on CPU"
         )
     return dataclasses.replace(spec, device=device, nproc=nproc)
 
@@ -109,8 +120,9 @@ def _check_sizes(spec: RunSpec, problems: list[str]) -> None:
     per_step = spec.world_size * spec.grad_accum
     if spec.global_batch_size % per_step:
         problems.append(
-            f"global_batch_size={spec.global_batch_size}: not divisible by world_size x grad_accum = "
-            f"{spec.world_size} x {spec.grad_accum} = {per_step}; pick a multiple of {per_step}"
+            f"global_batch_size={spec.global_batch_size}: not divisible by "
+            f"world_size x grad_accum = {spec.world_size} x {spec.grad_accum} = {per_step}; "
+            f"pick a multiple of {per_step}"
         )
     if spec.max_steps is None and spec.max_epochs is None:
         problems.append("max_steps=null and max_epochs=null: set at least one of them")
@@ -118,9 +130,13 @@ def _check_sizes(spec: RunSpec, problems: list[str]) -> None:
 
 def _check_cluster(spec: RunSpec, problems: list[str]) -> None:
     if spec.node_rank >= spec.nodes:
-        problems.append(f"node_rank={spec.node_rank}: must be in 0..{spec.nodes - 1} for nodes={spec.nodes}")
+        problems.append(
+            f"node_rank={spec.node_rank}: must be in 0..{spec.nodes - 1} for nodes={spec.nodes}"
+        )
     if spec.nodes > 1 and spec.master_port is None:
-        problems.append(f"master_port=null: nodes={spec.nodes} needs a fixed port all nodes agree on")
+        problems.append(
+            f"master_port=null: nodes={spec.nodes} needs a fixed port all nodes agree on"
+        )
     if not spec.master_addr.strip():
         problems.append("master_addr='': must be a host name or IP address")
 
@@ -132,9 +148,13 @@ def _check_run_control(spec: RunSpec, problems: list[str]) -> None:
             f"chaos.kill_rank={chaos.kill_rank}, chaos.at_step={chaos.at_step}: set both or neither"
         )
     elif chaos.kill_rank is not None and chaos.kill_rank >= spec.world_size:
-        problems.append(f"chaos.kill_rank={chaos.kill_rank}: must be a rank in 0..{spec.world_size - 1}")
+        problems.append(
+            f"chaos.kill_rank={chaos.kill_rank}: must be a rank in 0..{spec.world_size - 1}"
+        )
     if spec.resume not in (None, "auto") and not os.path.exists(spec.resume):
-        problems.append(f"resume={spec.resume!r}: no such file or directory; use null, auto or a PATH")
+        problems.append(
+            f"resume={spec.resume!r}: no such file or directory; use null, auto or a PATH"
+        )
 
 
 def save_spec(spec: RunSpec, run_dir: str | Path) -> Path:

@@ -175,7 +175,6 @@ class DDPSpec:
     bucket_cap_mb: float = _bound(25.0, gt=0.0)
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
-    broadcast_buffers: bool = True
 
 
 ParallelismSpec = DDPSpec

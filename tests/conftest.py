@@ -1,0 +1,73 @@
+"""Shared helpers: run the real `runner` command in a subprocess and read what it leaves."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CONF_DIR = REPO / "conf"
+
+# Small, fast runs: the mlp on digits, few steps, no progress bar noise.
+FAST = ["model=mlp", "data=digits", "precision=fp32", "progress_bar=false"]
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    run_dir: Path
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def summary(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def metrics(self) -> list[dict]:
+        return [
+            json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
+
+
+def runner_command(*overrides: str) -> list[str]:
+    return [sys.executable, "-m", "runner.cli", *overrides]
+
+
+def run_cli(tmp_path: Path, *overrides: str, name: str = "run", timeout: float = 240) -> CliResult:
+    """Run `runner OVERRIDES hydra.run.dir=tmp_path/name` to completion."""
+    run_dir = tmp_path / name
+    proc = subprocess.run(
+        runner_command(*overrides, f"hydra.run.dir={run_dir}"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.fixture
+def cli(tmp_path: Path):
+    """`cli(*overrides)` runs the runner command in a fresh temporary directory."""
+
+    def call(*overrides: str, name: str = "run", timeout: float = 240) -> CliResult:
+        return run_cli(tmp_path, *overrides, name=name, timeout=timeout)
+
+    return call

@@ -1,0 +1,100 @@
+"""Every shipped config composes and resolves into a valid RunSpec (no ranks started)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from runner.spec import RunSpec, SyncStrategy, load_spec, resolve_spec, save_spec
+from tests.conftest import CONF_DIR
+
+GROUPS = ["model", "data", "optimizer", "scheduler", "parallelism", "sync_strategy", "precision"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def compose_config(overrides: list[str]) -> dict:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+@pytest.fixture
+def image_roots(tmp_path: Path) -> dict[str, str]:
+    folder = tmp_path / "images"
+    for split in ("train", "val"):
+        (folder / split / "cat").mkdir(parents=True)
+    cifar = tmp_path / "cifar" / "cifar-10-batches-py"
+    cifar.mkdir(parents=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]:
+        (cifar / name).write_bytes(b"")
+    return {"image_folder": str(folder), "cifar10": str(cifar.parent)}
+
+
+def test_every_group_has_options() -> None:
+    for group in GROUPS:
+        assert options(group), f"conf/{group}/ has no options"
+    assert options("parallelism") == ["ddp"]
+    assert options("sync_strategy") == [
+        "auto",
+        "forced_sync",
+        "multi_auto_sync",
+        "single_auto_sync",
+    ]
+    assert options("precision") == ["bf16", "fp16", "fp32"]
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_option_composes_and_resolves(group: str, image_roots: dict[str, str]) -> None:
+    for option in options(group):
+        overrides = [f"{group}={option}", "device=cpu"]
+        if group == "data" and option in image_roots:
+            overrides.append(f"data.root={image_roots[option]}")
+        if group == "precision" and option == "fp16":
+            spec = resolve_spec(compose_config(overrides[:1]), cuda_devices=2)
+            assert spec.device == "cuda"
+            continue
+        spec = resolve_spec(compose_config(overrides))
+        assert isinstance(spec, RunSpec)
+        name = getattr(spec, group).name
+        assert getattr(name, "value", name) == option or (group, option) == (
+            "sync_strategy",
+            "auto",
+        )
+
+
+def test_every_recipe_composes() -> None:
+    recipes = sorted(p.stem for p in (CONF_DIR / "recipe").glob("*.yaml"))
+    assert recipes, "recipes/ is empty"
+    for recipe in recipes:
+        resolve_spec(compose_config([f"+recipe={recipe}", "device=cpu"]))
+
+
+def test_default_config_resolves_autos() -> None:
+    spec = resolve_spec(compose_config([]))
+    assert spec.device in ("cpu", "cuda")
+    assert spec.sync_strategy.name is SyncStrategy.SINGLE_AUTO_SYNC
+    unused = resolve_spec(compose_config(["parallelism.find_unused_parameters=true", "device=cpu"]))
+    assert unused.sync_strategy.name is SyncStrategy.MULTI_AUTO_SYNC
+    auto = resolve_spec(compose_config(["nproc=auto", "device=cpu"]))
+    assert isinstance(auto.nproc, int) and auto.nproc >= 1
+
+
+def test_spec_round_trips_through_config_yaml(tmp_path: Path) -> None:
+    spec = resolve_spec(compose_config(["model=resnet18", "optimizer=sgd", "device=cpu"]))
+    save_spec(spec, tmp_path)
+    text = (tmp_path / "config.yaml").read_text()
+    assert "${" not in text
+    assert load_spec(tmp_path) == spec
+
+
+def test_command_line_beats_recipe() -> None:
+    spec = resolve_spec(
+        compose_config(["+recipe=mlp_digits", "nproc=1", "optimizer=sgd", "device=cpu"])
+    )
+    assert spec.nproc == 1 and spec.optimizer.name == "sgd"

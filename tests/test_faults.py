@@ -1,0 +1,102 @@
+"""A failing rank takes the run down fast and is named; signals stop every process of a run."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import FAST, child_env, runner_command
+
+pytestmark = pytest.mark.slow
+LONG = [*FAST, "max_epochs=null", "max_steps=100000", "log_interval=5"]
+
+
+def chaos_time(run_dir: Path, rank: int) -> float:
+    log = (run_dir / "logs" / f"rank{rank}.log").read_text()
+    return float(
+        re.search(r"chaos: rank \d+ fails at step \d+ \(\w+\) at t=([\d.]+)", log).group(1)
+    )
+
+
+def run_processes(run_dir: Path) -> list[psutil.Process]:
+    """Live processes whose command line names this run directory (agent and ranks)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and str(run_dir) in " ".join(
+                proc.info["cmdline"] or []
+            ):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("action", ["raise", "sigkill"])
+def test_failing_rank_ends_the_run_and_is_named(cli, action: str) -> None:
+    result = cli(*LONG, "chaos.kill_rank=1", "chaos.at_step=3", f"chaos.action={action}")
+    ended = time.time()
+    assert result.returncode == 1, result.output
+    teardown = ended - chaos_time(result.run_dir, 1)
+    assert teardown < 5.0, f"the run took {teardown:.1f}s to end after rank 1 failed"
+
+    summary = result.summary()
+    assert summary["status"] == "failed"
+    error = summary["error"]
+    assert error["rank"] == 1
+    if action == "raise":
+        assert error["exitcode"] == 1
+        assert re.match(
+            r"rank 1 on \S+ raised ChaosError: chaos: rank 1 raised at step 3", error["message"]
+        )
+        assert "ChaosError" in error["traceback"]
+        assert error["message"] in result.stderr
+        assert "traceback (last lines)" in result.stderr and "maybe_fail" in result.stderr
+    else:
+        assert error["exitcode"] == -9
+        assert re.match(r"rank 1 on \S+ was killed by SIGKILL", error["message"])
+        assert error["message"] in result.stderr
+        assert "chaos: rank 1 fails at step 3" in result.stderr  # the tail of its log
+    assert "logs/rank1.log" in result.stderr
+    assert summary["steps"] < 3
+    assert not run_processes(result.run_dir)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_runner_stops_every_rank(tmp_path: Path, sig: signal.Signals) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        runner_command(*LONG, f"hydra.run.dir={run_dir}"),
+        cwd=tmp_path,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 60
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.2)
+    ranks = run_processes(run_dir)
+    assert len(ranks) >= 3, "agent and two ranks should be running"
+
+    sent = time.time()
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=30)
+    assert time.time() - sent < 10
+    assert proc.returncode == 128 + sig
+    assert "Traceback" not in stderr
+    gone, alive = psutil.wait_procs(ranks, timeout=5)
+    assert not alive, f"left behind: {alive}"
+    assert not run_processes(run_dir)
+
+    summary = __import__("json").loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["steps"] >= 10

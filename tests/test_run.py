@@ -1,0 +1,180 @@
+"""End to end from the CLI: real ranks over gloo, every artifact of the run directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from runner.models import build_model
+from runner.spec import load_spec
+from tests.conftest import FAST, REPO, child_env, runner_command
+
+pytestmark = pytest.mark.slow
+METRIC_KEYS = {"step", "samples", "train/loss", "lr", "throughput/samples_per_sec"}
+
+
+def test_default_experiment_fills_the_run_directory(cli) -> None:
+    result = cli("progress_bar=false")
+    assert result.returncode == 0, result.output
+    run = result.run_dir
+
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert "${" not in (run / "config.yaml").read_text()
+    assert config["nproc"] == 2 and config["device"] == "cpu" and config["model"]["name"] == "mlp"
+    assert config["sync_strategy"]["name"] == "single_auto_sync"
+    assert (run / ".hydra" / "config.yaml").is_file() and (
+        run / ".hydra" / "overrides.yaml"
+    ).is_file()
+
+    env = json.loads((run / "env.json").read_text())
+    assert env["packages"]["torch"] == torch.__version__.split("+")[0]
+    assert {"python", "packages", "git", "hosts"} <= set(env)
+
+    for rank in (0, 1):
+        log = (run / "logs" / f"rank{rank}.log").read_text()
+        assert f"rank {rank} attempt 0" in log
+
+    metrics = result.metrics()
+    assert all(set(m) >= METRIC_KEYS for m in metrics)
+    steps = [m["step"] for m in metrics]
+    assert steps == sorted(steps) and steps[0] == 10
+    evals = [m for m in metrics if "val/accuracy" in m]
+    assert len(evals) == 12  # once per epoch
+    assert metrics[-1]["samples"] == 12 * 1438  # every sample of every epoch, nothing padded
+
+    summary = result.summary()
+    assert summary["status"] == "completed"
+    assert summary["world_size"] == 2
+    assert summary["steps"] == metrics[-1]["step"] == 276
+    assert summary["wall_time_s"] > 0
+    assert summary["final"] == metrics[-1]
+    assert summary["final"]["val/accuracy"] >= 0.90
+    sizes = summary["optimizer_state_bytes"]
+    params = 64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10
+    assert sizes == [2 * 4 * params, 2 * 4 * params]  # AdamW: exp_avg + exp_avg_sq in fp32
+
+    state = torch.load(run / "model.pt", weights_only=True)
+    assert not any(k.startswith("module.") for k in state)
+    spec = load_spec(run)
+    model = build_model(spec.model, (1, 8, 8), 10)
+    model.load_state_dict(state, strict=True)
+
+    assert "val/accuracy 0.9" in result.stderr
+    assert str(run.name) in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_same_seed_same_losses(cli) -> None:
+    args = [*FAST, "max_steps=40", "log_interval=5"]
+    first, second = cli(*args, name="a"), cli(*args, name="b")
+    other = cli(*args, "seed=1", name="c")
+    assert first.returncode == second.returncode == other.returncode == 0, first.output
+    losses = [m["train/loss"] for m in first.metrics()]
+    assert losses == [m["train/loss"] for m in second.metrics()]
+    assert losses != [m["train/loss"] for m in other.metrics()]  # the comparison can fail
+    a = torch.load(first.run_dir / "model.pt", weights_only=True)
+    b = torch.load(second.run_dir / "model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resnet18_on_synthetic_images(cli) -> None:
+    result = cli("model=resnet18", "data=synthetic", "nproc=2", "max_steps=5", "progress_bar=false")
+    assert result.returncode == 0, result.output
+    summary = result.summary()
+    assert summary["status"] == "completed" and summary["steps"] == 5
+    state = torch.load(result.run_dir / "model.pt", weights_only=True)
+    spec = load_spec(result.run_dir)
+    build_model(spec.model, (3, 32, 32), 10).load_state_dict(state, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        ("--help", "model: mlp, resnet18, resnet50"),
+        ("--cfg", "global_batch_size: 64"),
+        ("--info", "Config search path"),
+    ],
+)
+def test_hydra_flags(flag: str, expected: str, tmp_path) -> None:
+    args = [flag, "job"] if flag == "--cfg" else [flag]
+    proc = subprocess.run(
+        runner_command(*args), capture_output=True, text=True, cwd=tmp_path, env=child_env()
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert expected in proc.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_parent_process_does_not_import_torch() -> None:
+    code = (
+        "import sys; sys.argv=['runner','--cfg','job']\n"
+        "import runner.cli\n"
+        "try:\n    runner.cli.main()\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('torch', 'torchvision', 'deepspeed') if m in sys.modules]\n"
+        "print('HEAVY', heavy)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=child_env()
+    )
+    assert "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_two_runs_at_once_do_not_clash(tmp_path) -> None:
+    procs = [
+        subprocess.Popen(
+            runner_command(*FAST, "max_steps=20", f"hydra.run.dir={tmp_path / name}"),
+            cwd=tmp_path,
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("a", "b")
+    ]
+    for proc in procs:
+        _, stderr = proc.communicate(timeout=240)
+        assert proc.returncode == 0, stderr
+    for name in ("a", "b"):
+        assert json.loads((tmp_path / name / "summary.json").read_text())["status"] == "completed"
+
+
+def test_default_run_dirs_are_unique_and_under_cwd(tmp_path) -> None:
+    for _ in range(2):
+        proc = subprocess.run(
+            runner_command(*FAST, "max_steps=2", "nproc=1"),
+            cwd=tmp_path,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stderr
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == 2 and all((r / "summary.json").is_file() for r in runs)
+
+
+def test_image_folder_bf16_single_rank(cli, tmp_path) -> None:
+    from tests.test_data import make_image_folder
+
+    root = make_image_folder(tmp_path / "images", classes=2, per_class=8, size=12)
+    result = cli(
+        "data=image_folder",
+        f"data.root={root}",
+        "data.image_size=8",
+        "data.num_workers=1",
+        "model=mlp",
+        "precision=bf16",
+        "nproc=1",
+        "global_batch_size=4",
+        "max_steps=4",
+        "progress_bar=false",
+    )
+    assert result.returncode == 0, result.output
+    summary = result.summary()
+    assert summary["world_size"] == 1 and summary["steps"] == 4
+    assert summary["final"]["val/accuracy"] >= 0.0

@@ -1,0 +1,70 @@
+"""Global batches are the same samples whatever the split over ranks and microbatches."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from runner.data.sampler import PLACEHOLDER, GlobalBatchSampler, ShardSampler
+
+
+def step_samples(
+    num: int, batch: int, world: int, accum: int, epoch: int = 0, drop_last: bool = False
+):
+    """For each optimizer step: the multiset of sample indices trained, over all ranks."""
+    per_rank = []
+    for rank in range(world):
+        sampler = GlobalBatchSampler(num, batch, world, rank, accum, seed=7, drop_last=drop_last)
+        sampler.set_epoch(epoch)
+        micro = list(sampler)
+        assert len(micro) == len(sampler)
+        per_rank.append([micro[i : i + accum] for i in range(0, len(micro), accum)])
+    steps = []
+    for parts in zip(*per_rank, strict=True):
+        samples = sorted(
+            i for rank_micro in parts for mb in rank_micro for i in mb if i != PLACEHOLDER
+        )
+        steps.append(samples)
+    return steps
+
+
+@pytest.mark.parametrize("num", [100, 96, 3])
+def test_every_split_trains_the_same_samples_per_step(num: int) -> None:
+    reference = step_samples(num, 12, 1, 1)
+    for world, accum in [(1, 4), (2, 2), (4, 1), (2, 3), (3, 2), (4, 3)]:
+        assert step_samples(num, 12, world, accum) == reference, (world, accum)
+
+
+def test_epoch_covers_the_dataset_once_and_reshuffles() -> None:
+    first = list(itertools.chain(*step_samples(100, 12, 2, 2, epoch=0)))
+    assert sorted(first) == list(range(100))
+    assert step_samples(100, 12, 2, 2, epoch=1) != step_samples(100, 12, 2, 2, epoch=0)
+
+
+def test_drop_last_and_global_counts() -> None:
+    sampler = GlobalBatchSampler(100, 12, 2, 0, 2, drop_last=True)
+    assert sampler.steps_per_epoch == 8
+    kept = GlobalBatchSampler(100, 12, 2, 0, 2)
+    assert kept.steps_per_epoch == 9
+    assert [kept.global_count(s) for s in (0, 7, 8)] == [12, 12, 4]
+
+
+def test_empty_microbatches_become_placeholders() -> None:
+    # last global batch of 3 samples over 2 ranks x 2 microbatches: one slot is empty
+    micro = list(GlobalBatchSampler(3, 12, 2, 1, 2, seed=1))
+    assert micro[-2:] == [micro[-2], [PLACEHOLDER]]
+    assert all(len(m) >= 1 for m in micro)
+
+
+def test_resume_skips_to_the_exact_step() -> None:
+    full = GlobalBatchSampler(100, 12, 2, 1, 2, seed=3)
+    full.set_epoch(4)
+    resumed = GlobalBatchSampler(100, 12, 2, 1, 2, seed=3)
+    resumed.set_epoch(4, start_step=5)
+    assert list(resumed) == list(full)[5 * 2 :]
+
+
+def test_shards_cover_validation_set_without_padding() -> None:
+    shards = [list(itertools.chain(*ShardSampler(10, 3, 3, r))) for r in range(3)]
+    assert sorted(itertools.chain(*shards)) == list(range(10))
