@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint clean-runs
+.PHONY: install run test lint bench clean-runs
 
 install: $(STAMP)
 
@@ -28,3 +28,8 @@ lint: install
 
 clean-runs:
 	rm -rf runs
+
+# Benchmarks (minutes, not part of `make test`): interleaved runs, medians, ratios
+# against a hand-written PyTorch script. Results land in benchmarks/results/.
+bench: install
+	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)

@@ -48,9 +48,13 @@ class DDPEngine(Engine):
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
-    def step(self) -> None:
+    def sync_gradients(self) -> None:
+        """Finish this step's gradient sync: the manual all-reduce of forced_sync."""
         if self.strategy is SyncStrategy.FORCED_SYNC:
             average_gradients(list(self.module.parameters()))
+
+    def step(self) -> None:
+        self.sync_gradients()
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.grad_clip_norm is not None:

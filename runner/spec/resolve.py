@@ -44,9 +44,10 @@ def resolve_spec(config: Mapping[str, Any], cuda_devices: int | None = None) -> 
     _check_sizes(spec, problems)
     _check_cluster(spec, problems)
     _check_run_control(spec, problems)
+    _check_sync_strategy(spec, problems)
     if problems:
         raise SpecError(problems)
-    if spec.sync_strategy.name is SyncStrategy.AUTO:
+    if spec.sync_strategy.name is SyncStrategy.AUTO and not spec.parallelism.syncs_gradients_itself:
         chosen = (
             SyncStrategy.MULTI_AUTO_SYNC
             if getattr(spec.parallelism, "find_unused_parameters", False)
@@ -126,6 +127,15 @@ def _check_sizes(spec: RunSpec, problems: list[str]) -> None:
         )
     if spec.max_steps is None and spec.max_epochs is None:
         problems.append("max_steps=null and max_epochs=null: set at least one of them")
+
+
+def _check_sync_strategy(spec: RunSpec, problems: list[str]) -> None:
+    strategy = spec.sync_strategy.name
+    if spec.parallelism.syncs_gradients_itself and strategy is not SyncStrategy.AUTO:
+        problems.append(
+            f"sync_strategy={strategy.value}: parallelism={spec.parallelism.name} reduces "
+            "gradients itself; sync strategies apply to ddp only, use sync_strategy=auto"
+        )
 
 
 def _check_cluster(spec: RunSpec, problems: list[str]) -> None:

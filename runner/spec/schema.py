@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 
 def _bound(default: Any, **limits: float) -> Any:
@@ -171,6 +171,7 @@ class DDPSpec:
     """torch DistributedDataParallel; every rank holds the full optimizer state."""
 
     name: Literal["ddp"] = "ddp"
+    syncs_gradients_itself: ClassVar[bool] = False  # True for engines that ignore sync_strategy
     find_unused_parameters: bool = False
     bucket_cap_mb: float = _bound(25.0, gt=0.0)
     gradient_as_bucket_view: bool = False

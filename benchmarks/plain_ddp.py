@@ -1,0 +1,86 @@
+"""The training script a user would write by hand: the baseline runner is measured against.
+
+    torchrun --standalone --nproc-per-node 2 benchmarks/plain_ddp.py --model resnet18 --grad-accum 4
+
+DDP over gloo (nccl on CUDA), a DataLoader over a DistributedSampler, gradient
+accumulation with no_sync, AdamW. Prints one JSON line on rank 0 with the mean
+seconds per optimizer step after `--warmup` steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def build_model(name: str) -> torch.nn.Module:
+    if name == "mlp":
+        return torch.nn.Sequential(
+            torch.nn.Flatten(),
+            torch.nn.Linear(3 * 32 * 32, 128),
+            torch.nn.ReLU(),
+            torch.nn.Linear(128, 64),
+            torch.nn.ReLU(),
+            torch.nn.Linear(64, 10),
+        )
+    import torchvision
+
+    return getattr(torchvision.models, name)(weights=None, num_classes=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--global-batch-size", type=int, default=64)
+    parser.add_argument("--grad-accum", type=int, default=1)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    inputs, labels = torch.randn(2048, 3, 32, 32), torch.randint(0, 10, (2048,))
+    per_rank = args.global_batch_size // world
+    sampler = DistributedSampler(
+        TensorDataset(inputs, labels), shuffle=True, seed=0, drop_last=True
+    )
+    loader = DataLoader(TensorDataset(inputs, labels), batch_size=per_rank, sampler=sampler)
+    model = DistributedDataParallel(build_model(args.model))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+
+    step, epoch, started = 0, 0, 0.0
+    while step < args.steps:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            for i, (mx, my) in enumerate(
+                zip(x.chunk(args.grad_accum), y.chunk(args.grad_accum), strict=True)
+            ):
+                last = i == args.grad_accum - 1
+                with contextlib.nullcontext() if last else model.no_sync():
+                    loss = F.cross_entropy(model(mx), my) / args.grad_accum
+                    loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step == args.warmup:
+                started = time.perf_counter()
+            if step == args.steps:
+                break
+        epoch += 1
+    if rank == 0:
+        seconds = (time.perf_counter() - started) / (args.steps - args.warmup)
+        print(json.dumps({"sec_per_step": seconds, "loss": loss.item()}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

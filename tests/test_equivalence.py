@@ -1,0 +1,104 @@
+"""Space-time equivalence: every (world size, grad_accum) split of one global batch trains the
+same model, with every sync strategy. The yardstick is plain single-process PyTorch training
+on whole global batches; a naive split (unweighted microbatch means) is the negative control.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runner.data import GlobalBatchSampler, build_datasets
+from runner.models import build_model
+from runner.optim import build_optimizer, build_scheduler
+from runner.spec import RunSpec, load_spec, resolve_spec
+from runner.trainer import seed_everything
+from tests.conftest import FAST
+from tests.test_compose import compose_config
+
+pytestmark = pytest.mark.slow
+
+GLOBAL_BATCH = 84  # 1438 digits = 17 x 84 + 10: step 18 trains 10 samples, in uneven microbatches
+STEPS = 20  # crosses the epoch boundary
+ARGS = [
+    *FAST,
+    f"global_batch_size={GLOBAL_BATCH}",
+    f"max_steps={STEPS}",
+    "scheduler=constant",
+    "log_interval=5",
+]
+SPLITS = [(1, 4), (2, 2), (4, 1), (2, 3)]
+STRATEGIES = ["single_auto_sync", "multi_auto_sync", "forced_sync"]
+RTOL = 1e-5
+
+
+def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in a)
+
+
+def train_plain(spec: RunSpec, naive_microbatches: int = 1) -> dict[str, torch.Tensor]:
+    """Plain PyTorch, one process: each step trains on the whole global batch.
+
+    naive_microbatches=K instead averages K per-microbatch mean losses: what a split that
+    ignores microbatch sizes computes. It differs only when a microbatch is uneven.
+    """
+    seed_everything(spec.seed)
+    data = build_datasets(spec.data)
+    model = build_model(spec.model, data.input_shape, data.num_classes)
+    optimizer = build_optimizer(spec.optimizer, model.parameters())
+    sampler = GlobalBatchSampler(len(data.train), spec.global_batch_size, 1, 0, seed=spec.seed)
+    scheduler = build_scheduler(spec.scheduler, optimizer, STEPS)
+    step = 0
+    while step < STEPS:
+        sampler.set_epoch(step // sampler.steps_per_epoch)
+        for (indices,) in zip(sampler, strict=False):
+            inputs, labels = data.train.batch(indices)
+            chunks = np.array_split(np.arange(len(indices)), naive_microbatches)
+            loss = sum(F.cross_entropy(model(inputs[c]), labels[c]) for c in chunks) / len(chunks)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            step += 1
+            if step == STEPS:
+                break
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def reference_spec() -> RunSpec:
+    return resolve_spec(compose_config([*ARGS, "nproc=1", "device=cpu"]))
+
+
+@pytest.fixture(scope="module")
+def reference(reference_spec: RunSpec) -> dict[str, torch.Tensor]:
+    return train_plain(reference_spec)
+
+
+def test_naive_split_is_detected(reference_spec: RunSpec, reference) -> None:
+    naive = train_plain(reference_spec, naive_microbatches=4)
+    assert relative_error(naive, reference) > 100 * RTOL
+    assert relative_error(train_plain(reference_spec), reference) == 0.0  # deterministic
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize(("nproc", "grad_accum"), SPLITS)
+def test_split_trains_the_same_model(
+    cli, reference_spec: RunSpec, reference, nproc: int, grad_accum: int, strategy: str
+) -> None:
+    result = cli(*ARGS, f"nproc={nproc}", f"grad_accum={grad_accum}", f"sync_strategy={strategy}")
+    assert result.returncode == 0, result.output
+    spec = load_spec(result.run_dir)
+    assert (
+        dataclasses.replace(spec, nproc=1, grad_accum=1, sync_strategy=reference_spec.sync_strategy)
+        == reference_spec
+    )
+    assert result.summary()["steps"] == STEPS
+    weights = torch.load(result.run_dir / "model.pt", weights_only=True)
+    error = relative_error(weights, reference)
+    assert error <= RTOL, f"nproc={nproc} grad_accum={grad_accum} {strategy}: {error:.2e}"

@@ -1,0 +1,105 @@
+"""The exact gradients each DDP sync strategy leaves after every microbatch (2 real gloo ranks).
+
+The model has two heads; which head a microbatch uses differs between ranks and
+microbatches, so some parameters are unused by some ranks in some microbatches
+(and, in the first microbatch, by every rank). The expected gradients are
+computed with plain autograd on an undistributed copy of the model.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from runner.engines.ddp import DDPEngine
+from runner.spec.schema import DDPSpec, RunSpec, SGDSpec, SyncStrategy, SyncStrategySpec
+
+WORLD, MICRO = 2, 3
+HEADS = {0: ["left", "left", "right"], 1: ["left", "right", "left"]}  # [rank][microbatch]
+
+
+class TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Linear(4, 4)
+        self.left = nn.Linear(4, 2)
+        self.right = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor, head: str) -> torch.Tensor:
+        h = torch.tanh(self.trunk(x))
+        return (self.left if head == "left" else self.right)(h)
+
+
+def batch(rank: int, micro: int) -> torch.Tensor:
+    return torch.randn(5, 4, generator=torch.Generator().manual_seed(100 * rank + micro))
+
+
+def loss_of(out: torch.Tensor) -> torch.Tensor:
+    return out.pow(2).sum()
+
+
+def grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+        for n, p in model.named_parameters()
+    }
+
+
+def expected_gradients(model: nn.Module) -> tuple[list[list[dict]], list[dict]]:
+    """Cumulative local gradients per [rank][microbatch], and their average over ranks."""
+    local = []
+    for rank in range(WORLD):
+        plain = copy.deepcopy(model)
+        cumulative = []
+        for micro in range(MICRO):
+            loss_of(plain(batch(rank, micro), HEADS[rank][micro])).backward()
+            cumulative.append(grads(plain))
+        local.append(cumulative)
+    average = [
+        {n: sum(local[r][i][n] for r in range(WORLD)) / WORLD for n in local[0][i]}
+        for i in range(MICRO)
+    ]
+    return local, average
+
+
+def assert_grads(actual: dict, expected: dict, what: str) -> None:
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=1e-6, atol=1e-7, msg=f"{what}: {name}")
+
+
+def worker(rank: int, strategy: str, init_file: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        torch.manual_seed(0)
+        model = TwoHeads()
+        local, average = expected_gradients(model)
+        spec = RunSpec(
+            parallelism=DDPSpec(find_unused_parameters=True),
+            sync_strategy=SyncStrategySpec(name=SyncStrategy(strategy)),
+            optimizer=SGDSpec(),
+        )
+        engine = DDPEngine(spec, model, "cpu", total_steps=1)
+        for micro in range(MICRO):
+            with engine.microbatch(micro, MICRO):
+                engine.backward(loss_of(engine.model(batch(rank, micro), HEADS[rank][micro])))
+            last = micro == MICRO - 1
+            where = f"{strategy} rank {rank} after microbatch {micro}"
+            if strategy == "multi_auto_sync" or (strategy == "single_auto_sync" and last):
+                assert_grads(grads(model), average[micro], where + " (averaged)")
+            else:
+                assert_grads(grads(model), local[rank][micro], where + " (local)")
+        engine.sync_gradients()
+        assert_grads(grads(model), average[-1], f"{strategy} rank {rank} after the step's sync")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("strategy", ["single_auto_sync", "multi_auto_sync", "forced_sync"])
+def test_gradients_after_every_microbatch(strategy: str, tmp_path: Path) -> None:
+    mp.spawn(worker, args=(strategy, str(tmp_path / "init")), nprocs=WORLD, join=True)
