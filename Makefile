@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	PIP_FIND_LINKS= $(BIN)/python -m pip install --quiet --upgrade pip
 	PIP_FIND_LINKS= $(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m runner.engines.prebuild
 	touch $(STAMP)
 
 run: install
@@ -23,8 +24,8 @@ test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check runner tests
-	$(BIN)/ruff format --check runner tests
+	$(BIN)/ruff check runner tests benchmarks
+	$(BIN)/ruff format --check runner tests benchmarks
 
 clean-runs:
 	rm -rf runs

@@ -3,8 +3,8 @@
     torchrun --standalone --nproc-per-node 2 benchmarks/plain_ddp.py --model resnet18 --grad-accum 4
 
 DDP over gloo (nccl on CUDA), a DataLoader over a DistributedSampler, gradient
-accumulation with no_sync, AdamW. Prints one JSON line on rank 0 with the mean
-seconds per optimizer step after `--warmup` steps.
+accumulation with no_sync, AdamW. Prints one JSON line on rank 0: mean seconds
+per optimizer step after `--warmup` steps, optimizer state bytes and peak RSS.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import resource
 import time
 
 import torch
@@ -84,7 +85,15 @@ def main() -> None:
         epoch += 1
     if rank == 0:
         seconds = (time.perf_counter() - started) / (args.steps - args.warmup)
-        print(json.dumps({"sec_per_step": seconds, "loss": loss.item()}), flush=True)
+        state_bytes = sum(
+            v.numel() * v.element_size()
+            for state in optimizer.state.values()
+            for k, v in state.items()
+            if torch.is_tensor(v) and k != "step"
+        )
+        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        result = {"sec_per_step": seconds, "optimizer_state_bytes": state_bytes}
+        print(json.dumps({**result, "peak_rss_bytes": peak_rss, "loss": loss.item()}), flush=True)
     dist.destroy_process_group()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import resource
 import time
 from typing import Any, TextIO
 
@@ -29,6 +30,11 @@ from runner.precision import autocast
 from runner.progress import Progress
 from runner.spec import RunSpec
 from runner.summary import COMPLETED, build_summary, write_summary
+
+
+def peak_rss_bytes() -> int:
+    """The most resident memory this process has held (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def seed_everything(seed: int) -> None:
@@ -206,7 +212,7 @@ class Trainer:
     def _finish(self, start_time: float) -> dict[str, Any]:
         self.progress.close()
         weights = self.engine.full_state_dict()
-        state_bytes = rdist.all_gather_object(self.engine.optimizer_state_bytes())
+        per_rank = rdist.all_gather_object((self.engine.optimizer_state_bytes(), peak_rss_bytes()))
         summary: dict[str, Any] = {}
         if self.is_main:
             import io
@@ -219,7 +225,8 @@ class Trainer:
                 self.world,
                 start_time,
                 self.metrics.records,
-                optimizer_state_bytes=state_bytes,
+                optimizer_state_bytes=[state for state, _ in per_rank],
+                peak_rss_bytes=[rss for _, rss in per_rank],
                 nodes=self.spec.nodes,
                 nproc=self.spec.nproc,
                 device=self.spec.device,

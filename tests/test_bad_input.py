@@ -59,6 +59,45 @@ CASES = [
     (["chaos.kill_rank=5", "chaos.at_step=2"], "chaos.kill_rank=5: must be a rank in 0..1"),
     (["chaos.kill_rank=1"], "set both or neither"),
     (["resume=/no/such/checkpoint"], "resume='/no/such/checkpoint': no such file or directory"),
+    (
+        ["parallelism=zero2", "sync_strategy=forced_sync"],
+        "sync_strategy=forced_sync: parallelism=zero2 reduces gradients itself",
+    ),
+    (
+        ["parallelism=zero1", "parallelism.overlap_comm=yes"],
+        "parallelism.overlap_comm='yes': expected",
+    ),
+    (
+        ["parallelism=zero2", "parallelism.reduce_bucket_size=1e3"],
+        "reduce_bucket_size=1000.0: expected an integer",
+    ),
+    (["parallelism=zero2", "parallelism.offload_optimizer=gpu"], "expected one of none, cpu"),
+    (
+        ["parallelism=zero2", "+parallelism.deepspeed_config.train_batch_size=128"],
+        "parallelism.deepspeed_config.train_batch_size=128: conflicts with global_batch_size=64 "
+        "(which gives 64)",
+    ),
+    (
+        ["parallelism=zero2", "+parallelism.deepspeed_config.bf16.enabled=true"],
+        "parallelism.deepspeed_config.bf16.enabled=True: conflicts with precision='fp32'",
+    ),
+    (
+        ["parallelism=zero1", "+parallelism.deepspeed_config.optimizer.type=Adam"],
+        "parallelism.deepspeed_config.optimizer.type='Adam': conflicts with optimizer='adamw' "
+        "(runner sets this itself)",
+    ),
+    (
+        ["parallelism=zero1", "+parallelism.deepspeed_config.scheduler.type=WarmupLR"],
+        "conflicts with scheduler='cosine'",
+    ),
+    (
+        ["parallelism=zero2", "+parallelism.deepspeed_config.gradient_clipping=1.0"],
+        "gradient_clipping=1.0: conflicts with grad_clip_norm=None (which gives 0.0)",
+    ),
+    (
+        ["parallelism=zero2", "+parallelism.deepspeed_config.zero_optimization.stage=3"],
+        "zero_optimization.stage=3: conflicts with parallelism='zero2'",
+    ),
 ]
 
 
@@ -66,6 +105,44 @@ CASES = [
 def test_bad_value_is_named(overrides: list[str], expected: str) -> None:
     found = problems(*overrides)
     assert any(expected in p for p in found), found
+
+
+def test_deepspeed_config_merges_what_runner_does_not_model() -> None:
+    from runner.engines.deepspeed_config import merge_user_config
+
+    spec = resolve_spec(
+        compose_config(
+            [
+                "parallelism=zero2",
+                "+parallelism.deepspeed_config.train_batch_size=64",  # agrees: fine
+                "+parallelism.deepspeed_config.zero_optimization.round_robin_gradients=true",
+                "+parallelism.deepspeed_config.communication_data_type=fp32",
+            ]
+        )
+    )
+    config, problems = merge_user_config(spec)
+    assert problems == []
+    assert config["zero_optimization"]["round_robin_gradients"] is True
+    assert config["zero_optimization"]["stage"] == 2
+    assert config["communication_data_type"] == "fp32"
+    assert (config["train_batch_size"], config["gradient_accumulation_steps"]) == (64, 1)
+    assert config["train_micro_batch_size_per_gpu"] == 32
+    assert (
+        config["gradient_clipping"] == 0.0
+    )  # off unless grad_clip_norm: DeepSpeed's default clips
+
+
+def test_missing_deepspeed_is_named(monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "deepspeed" else real(name, *a),
+    )
+    found = problems("parallelism=zero1")
+    assert any("parallelism=zero1: needs DeepSpeed, which is not installed" in p for p in found)
 
 
 def test_every_problem_is_reported_at_once() -> None:

@@ -86,19 +86,38 @@ def test_naive_split_is_detected(reference_spec: RunSpec, reference) -> None:
     assert relative_error(train_plain(reference_spec), reference) == 0.0  # deterministic
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+ENGINES = [("ddp", s) for s in STRATEGIES] + [("zero1", "auto"), ("zero2", "auto")]
+
+
+@pytest.mark.parametrize(("parallelism", "strategy"), ENGINES, ids=[f"{p}-{s}" for p, s in ENGINES])
 @pytest.mark.parametrize(("nproc", "grad_accum"), SPLITS)
 def test_split_trains_the_same_model(
-    cli, reference_spec: RunSpec, reference, nproc: int, grad_accum: int, strategy: str
+    cli,
+    reference_spec: RunSpec,
+    reference,
+    nproc: int,
+    grad_accum: int,
+    parallelism: str,
+    strategy: str,
 ) -> None:
-    result = cli(*ARGS, f"nproc={nproc}", f"grad_accum={grad_accum}", f"sync_strategy={strategy}")
+    result = cli(
+        *ARGS,
+        f"nproc={nproc}",
+        f"grad_accum={grad_accum}",
+        f"parallelism={parallelism}",
+        f"sync_strategy={strategy}",
+    )
     assert result.returncode == 0, result.output
     spec = load_spec(result.run_dir)
-    assert (
-        dataclasses.replace(spec, nproc=1, grad_accum=1, sync_strategy=reference_spec.sync_strategy)
-        == reference_spec
+    same_otherwise = dataclasses.replace(
+        spec,
+        nproc=1,
+        grad_accum=1,
+        sync_strategy=reference_spec.sync_strategy,
+        parallelism=reference_spec.parallelism,
     )
+    assert same_otherwise == reference_spec
     assert result.summary()["steps"] == STEPS
     weights = torch.load(result.run_dir / "model.pt", weights_only=True)
     error = relative_error(weights, reference)
-    assert error <= RTOL, f"nproc={nproc} grad_accum={grad_accum} {strategy}: {error:.2e}"
+    assert error <= RTOL, f"{parallelism} {strategy} {nproc}x{grad_accum}: {error:.2e}"

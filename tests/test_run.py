@@ -178,3 +178,25 @@ def test_image_folder_bf16_single_rank(cli, tmp_path) -> None:
     summary = result.summary()
     assert summary["world_size"] == 1 and summary["steps"] == 4
     assert summary["final"]["val/accuracy"] >= 0.0
+
+
+def test_zero_runs_hold_half_the_optimizer_state(cli) -> None:
+    """zero1 and zero2 from the CLI: every artifact, and about half of ddp's optimizer state."""
+    args = [*FAST, "nproc=2", "max_steps=12", "log_interval=4"]
+    results = {p: cli(*args, f"parallelism={p}", name=p) for p in ("ddp", "zero1", "zero2")}
+    ddp_bytes = results["ddp"].summary()["optimizer_state_bytes"]
+    for name in ("zero1", "zero2"):
+        result = results[name]
+        assert result.returncode == 0, result.output
+        for artifact in ("config.yaml", "env.json", "metrics.jsonl", "summary.json", "model.pt"):
+            assert (result.run_dir / artifact).is_file(), artifact
+        assert (result.run_dir / "logs" / "rank1.log").is_file()
+        summary = result.summary()
+        assert summary["status"] == "completed" and summary["parallelism"] == name
+        per_rank = summary["optimizer_state_bytes"]
+        assert len(per_rank) == 2
+        assert all(b <= 0.55 * d for b, d in zip(per_rank, ddp_bytes, strict=True)), per_rank
+        state = torch.load(result.run_dir / "model.pt", weights_only=True)
+        build_model(load_spec(result.run_dir).model, (1, 8, 8), 10).load_state_dict(state)
+        reference = torch.load(results["ddp"].run_dir / "model.pt", weights_only=True)
+        assert all(torch.allclose(state[k], reference[k], rtol=1e-5, atol=1e-7) for k in state)

@@ -1,17 +1,18 @@
 """Engines own the model's distribution: how gradients are synced and the optimizer steps.
 
-`build_engine` picks one by `parallelism.name`; the trainer only sees `Engine`.
+`build_engine` picks one by `parallelism.name`; the trainer only sees `Engine`
+(runner.engines.base). Nothing here imports torch until an engine is built, so
+the parent can use `runner.engines.deepspeed_config`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runner.engines.base import Engine
-
 if TYPE_CHECKING:
     from torch import nn
 
+    from runner.engines.base import Engine
     from runner.spec import RunSpec
 
 
@@ -20,7 +21,8 @@ def build_engine(spec: RunSpec, module: nn.Module, device: str, total_steps: int
         from runner.engines.ddp import DDPEngine
 
         return DDPEngine(spec, module, device, total_steps)
+    if spec.parallelism.name in ("zero1", "zero2"):
+        from runner.engines.deepspeed import DeepSpeedEngine
+
+        return DeepSpeedEngine(spec, module, device, total_steps)
     raise ValueError(f"parallelism.name={spec.parallelism.name!r} has no engine")
-
-
-__all__ = ["Engine", "build_engine"]

@@ -9,6 +9,7 @@ the spec written to the run directory says what actually ran.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +25,7 @@ from runner.spec.schema import (
     Precision,
     RunSpec,
     SyncStrategy,
+    ZeroSpec,
 )
 
 CONFIG_FILE = "config.yaml"
@@ -45,6 +47,7 @@ def resolve_spec(config: Mapping[str, Any], cuda_devices: int | None = None) -> 
     _check_cluster(spec, problems)
     _check_run_control(spec, problems)
     _check_sync_strategy(spec, problems)
+    _check_deepspeed(spec, problems)
     if problems:
         raise SpecError(problems)
     if spec.sync_strategy.name is SyncStrategy.AUTO and not spec.parallelism.syncs_gradients_itself:
@@ -136,6 +139,19 @@ def _check_sync_strategy(spec: RunSpec, problems: list[str]) -> None:
             f"sync_strategy={strategy.value}: parallelism={spec.parallelism.name} reduces "
             "gradients itself; sync strategies apply to ddp only, use sync_strategy=auto"
         )
+
+
+def _check_deepspeed(spec: RunSpec, problems: list[str]) -> None:
+    if not isinstance(spec.parallelism, ZeroSpec):
+        return
+    if importlib.util.find_spec("deepspeed") is None:
+        problems.append(
+            f"parallelism={spec.parallelism.name}: needs DeepSpeed, which is not installed "
+            "(make install installs it; or pip install deepspeed)"
+        )
+    from runner.engines.deepspeed_config import merge_user_config
+
+    problems.extend(merge_user_config(spec)[1])
 
 
 def _check_cluster(spec: RunSpec, problems: list[str]) -> None:

@@ -178,7 +178,25 @@ class DDPSpec:
     static_graph: bool = False
 
 
-ParallelismSpec = DDPSpec
+@dataclass(frozen=True)
+class ZeroSpec:
+    """DeepSpeed ZeRO: stage 1 partitions optimizer state, stage 2 also gradients."""
+
+    name: Literal["zero1", "zero2"] = "zero2"
+    syncs_gradients_itself: ClassVar[bool] = True
+    overlap_comm: bool = False
+    contiguous_gradients: bool = True
+    reduce_bucket_size: int = _bound(500_000_000, min=1)
+    allgather_bucket_size: int = _bound(500_000_000, min=1)
+    offload_optimizer: Literal["none", "cpu"] = "none"
+    deepspeed_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def stage(self) -> int:
+        return int(self.name[-1])
+
+
+ParallelismSpec = DDPSpec | ZeroSpec
 
 # ------------------------------------------------------------------ small groups
 

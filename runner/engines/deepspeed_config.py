@@ -1,0 +1,140 @@
+"""The DeepSpeed config a run spec implies, and the user's `deepspeed_config` merged over it.
+
+Pure data, no DeepSpeed import: the parent checks for conflicts before any rank
+starts, and each rank builds the same dict. Batch sizes, precision, optimizer,
+scheduler and clipping come from the spec (our optimizer and scheduler are passed
+to DeepSpeed as client objects), so a sweep over `parallelism` changes nothing
+else. A user key that disagrees with the spec is an error naming both values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from runner.spec.schema import Precision, RunSpec, ZeroSpec
+
+# Dotted keys the spec owns -> (the spec key to change instead, its value in a spec).
+OWNED: dict[str, tuple[str, Callable[[RunSpec], Any]]] = {
+    "train_batch_size": ("global_batch_size", lambda s: s.global_batch_size),
+    "train_micro_batch_size_per_gpu": (
+        "global_batch_size / (world_size x grad_accum)",
+        lambda s: s.micro_batch_size,
+    ),
+    "gradient_accumulation_steps": ("grad_accum", lambda s: s.grad_accum),
+    "bf16": ("precision", lambda s: s.precision.name.value),
+    "fp16": ("precision", lambda s: s.precision.name.value),
+    "optimizer": ("optimizer", lambda s: s.optimizer.name),
+    "scheduler": ("scheduler", lambda s: s.scheduler.name),
+    "gradient_clipping": ("grad_clip_norm", lambda s: s.grad_clip_norm),
+    "zero_optimization.stage": ("parallelism", lambda s: s.parallelism.name),
+    "zero_optimization.overlap_comm": (
+        "parallelism.overlap_comm",
+        lambda s: s.parallelism.overlap_comm,
+    ),
+    "zero_optimization.contiguous_gradients": (
+        "parallelism.contiguous_gradients",
+        lambda s: s.parallelism.contiguous_gradients,
+    ),
+    "zero_optimization.reduce_bucket_size": (
+        "parallelism.reduce_bucket_size",
+        lambda s: s.parallelism.reduce_bucket_size,
+    ),
+    "zero_optimization.allgather_bucket_size": (
+        "parallelism.allgather_bucket_size",
+        lambda s: s.parallelism.allgather_bucket_size,
+    ),
+    "zero_optimization.offload_optimizer": (
+        "parallelism.offload_optimizer",
+        lambda s: s.parallelism.offload_optimizer,
+    ),
+}
+
+
+def generated_config(spec: RunSpec) -> dict[str, Any]:
+    zero = spec.parallelism
+    assert isinstance(zero, ZeroSpec)
+    precision = spec.precision
+    config: dict[str, Any] = {
+        "train_batch_size": spec.global_batch_size,
+        "train_micro_batch_size_per_gpu": spec.micro_batch_size,
+        "gradient_accumulation_steps": spec.grad_accum,
+        "zero_optimization": {
+            "stage": zero.stage,
+            "overlap_comm": zero.overlap_comm,
+            "contiguous_gradients": zero.contiguous_gradients,
+            "reduce_bucket_size": zero.reduce_bucket_size,
+            "allgather_bucket_size": zero.allgather_bucket_size,
+        },
+        "bf16": {"enabled": precision.name is Precision.BF16},
+        "fp16": {"enabled": precision.name is Precision.FP16},
+        "zero_allow_untested_optimizer": True,  # our torch optimizers, passed as client objects
+        "steps_per_print": 2**31 - 1,  # runner logs its own metrics
+        "wall_clock_breakdown": False,
+    }
+    if precision.name is Precision.FP16:
+        config["fp16"].update(
+            initial_scale_power=int(math.log2(precision.init_scale)),
+            loss_scale_window=precision.growth_interval,
+        )
+    if zero.offload_optimizer == "cpu":
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    # Explicit even when off: DeepSpeed 0.19 clips at 1.0 by default, which silently
+    # changed steps with a large gradient (caught by the equivalence tests).
+    config["gradient_clipping"] = spec.grad_clip_norm if spec.grad_clip_norm is not None else 0.0
+    return config
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, path + "."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def _set(data: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    for key in parents:
+        child = data.get(key)
+        if not isinstance(child, dict):
+            child = data[key] = {}
+        data = child
+    data[leaf] = value
+
+
+def _owner(path: str) -> tuple[str, Callable[[RunSpec], Any]] | None:
+    for key, owner in OWNED.items():
+        if path == key or path.startswith(key + "."):
+            return owner
+    return None
+
+
+def merge_user_config(spec: RunSpec) -> tuple[dict[str, Any], list[str]]:
+    """The generated config with `parallelism.deepspeed_config` merged over it.
+
+    Returns (config, problems); a problem names the user's key and value and the
+    spec key and value it contradicts.
+    """
+    zero = spec.parallelism
+    assert isinstance(zero, ZeroSpec)
+    config = generated_config(spec)
+    ours = _flatten(config)
+    problems = []
+    for path, value in _flatten(zero.deepspeed_config).items():
+        owner = _owner(path)
+        mine = ours.get(path)
+        if owner is not None and mine != value:
+            key, getter = owner
+            effect = "runner sets this itself" if mine is None else f"which gives {mine!r}"
+            problems.append(
+                f"parallelism.deepspeed_config.{path}={value!r}: conflicts with "
+                f"{key}={getter(spec)!r} ({effect}); change {key} instead"
+            )
+            continue
+        _set(config, path, value)
+    return config, problems

@@ -1,0 +1,34 @@
+"""Build DeepSpeed's CPU shared-memory comm op ahead of time (`make install` runs this).
+
+DeepSpeed JIT-compiles this op the first time a CPU run initialises its comm
+backend (about 45 s here) and caches it under ~/.cache/torch_extensions. Doing
+it at install time means no run and no test pays for it by surprise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def main() -> None:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        from deepspeed.accelerator import get_accelerator
+    except ImportError:
+        print("prebuild: DeepSpeed is not installed; nothing to build", file=sys.stderr)
+        return
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None:
+        print("prebuild: this DeepSpeed accelerator needs no shared-memory op", file=sys.stderr)
+        return
+    started = time.time()
+    builder.load(verbose=False)
+    print(
+        f"prebuild: {builder.absolute_name()} ready ({time.time() - started:.0f}s)", file=sys.stderr
+    )
+
+
+if __name__ == "__main__":
+    main()
