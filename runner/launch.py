@@ -72,7 +72,7 @@ def _register_rendezvous() -> None:
         registry.handler_registry.register(RENDEZVOUS_BACKEND, create)
 
 
-def _logs_specs(run_dir: RunDir, nproc: int, node_rank: int):
+def _logs_specs(run_dir: RunDir):
     """Ranks write their own logs/rank{R}.log; the agent only assigns error files."""
     from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 
@@ -150,7 +150,7 @@ def launch(run_dir: RunDir, spec: RunSpec) -> int:
         max_restarts=spec.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
-        logs_specs=_logs_specs(run_dir, spec.nproc, spec.node_rank),  # type: ignore[arg-type]
+        logs_specs=_logs_specs(run_dir),
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
     log.info(

@@ -8,6 +8,7 @@ same gradient (see runner.data.sampler).
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import random
@@ -215,8 +216,6 @@ class Trainer:
         per_rank = rdist.all_gather_object((self.engine.optimizer_state_bytes(), peak_rss_bytes()))
         summary: dict[str, Any] = {}
         if self.is_main:
-            import io
-
             buffer = io.BytesIO()
             torch.save(weights, buffer)
             write_atomic(self.run_dir.model, buffer.getvalue())

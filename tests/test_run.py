@@ -181,9 +181,14 @@ def test_image_folder_bf16_single_rank(cli, tmp_path) -> None:
 
 
 def test_zero_runs_hold_half_the_optimizer_state(cli) -> None:
-    """zero1 and zero2 from the CLI: every artifact, and about half of ddp's optimizer state."""
+    """zero1 and zero2 (this one offloading to CPU) from the CLI: every artifact, about half
+    of ddp's optimizer state, and ddp's weights."""
     args = [*FAST, "nproc=2", "max_steps=12", "log_interval=4"]
-    results = {p: cli(*args, f"parallelism={p}", name=p) for p in ("ddp", "zero1", "zero2")}
+    results = {
+        "ddp": cli(*args, "parallelism=ddp", name="ddp"),
+        "zero1": cli(*args, "parallelism=zero1", name="zero1"),
+        "zero2": cli(*args, "parallelism=zero2", "parallelism.offload_optimizer=cpu", name="zero2"),
+    }
     ddp_bytes = results["ddp"].summary()["optimizer_state_bytes"]
     for name in ("zero1", "zero2"):
         result = results[name]

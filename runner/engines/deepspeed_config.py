@@ -80,6 +80,8 @@ def generated_config(spec: RunSpec) -> dict[str, Any]:
         )
     if zero.offload_optimizer == "cpu":
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+        # Our optimizer is a plain torch one (same numbers as ddp), not DeepSpeedCPUAdam.
+        config["zero_force_ds_cpu_optimizer"] = False
     # Explicit even when off: DeepSpeed 0.19 clips at 1.0 by default, which silently
     # changed steps with a large gradient (caught by the equivalence tests).
     config["gradient_clipping"] = spec.grad_clip_norm if spec.grad_clip_norm is not None else 0.0
