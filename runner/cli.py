@@ -53,8 +53,9 @@ def _discard(run_dir: Path) -> None:
     leftovers = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
     if leftovers <= {".hydra"}:
         shutil.rmtree(run_dir, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            run_dir.parent.rmdir()  # runs/ itself, if this was its only run
+        if run_dir.parent.resolve() == (Path.cwd() / "runs").resolve():
+            with contextlib.suppress(OSError):
+                run_dir.parent.rmdir()  # the default runs/ itself, if this was its only run
 
 
 def _report(summary: dict[str, Any], run_dir: RunDir) -> None:

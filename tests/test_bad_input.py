@@ -194,3 +194,19 @@ def test_cli_unknown_option_or_key(cli, overrides: list[str], expected: str) -> 
     assert expected in result.stderr
     assert "Traceback" not in result.output
     assert not result.run_dir.exists()
+
+
+def test_rejected_run_leaves_no_default_runs_dir(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.conftest import child_env, runner_command
+
+    proc = subprocess.run(
+        runner_command("grad_accum=0"),
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "grad_accum=0: must be >= 1" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
