@@ -1,0 +1,67 @@
+"""Checkpoints become visible atomically; damaged ones are never picked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runner.checkpoint_store import CheckpointStore, is_valid, step_of
+
+
+def save(store: CheckpointStore, step: int, payload: bytes = b"x" * 100) -> Path:
+    partial = store.begin(step)
+    (partial / "state.pt").write_bytes(payload)
+    (partial / "rank1").mkdir()
+    (partial / "rank1" / "optim.pt").write_bytes(payload[:10])
+    return store.commit(step)
+
+
+def test_commit_moves_latest_and_keeps_the_newest(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints", keep=2)
+    for step in (2, 4, 6):
+        save(store, step)
+    assert [p.name for p in store.finished()] == ["step_00000004", "step_00000006"]
+    assert store.latest() == tmp_path / "checkpoints" / "step_00000006"
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_00000006"
+    assert step_of(store.latest()) == 6
+
+
+def test_half_written_checkpoint_is_never_latest(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=3)
+    save(store, 2)
+    partial = store.begin(4)  # a crash while writing step 4
+    (partial / "state.pt").write_bytes(b"partial")
+    assert store.latest().name == "step_00000002"
+
+
+def test_truncated_file_falls_back_to_the_previous_checkpoint(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=3)
+    save(store, 2)
+    newest = save(store, 4)
+    with open(newest / "state.pt", "r+b") as f:
+        f.truncate(50)
+    assert not is_valid(newest)
+    assert store.latest().name == "step_00000002"
+
+
+def test_directory_without_manifest_is_ignored(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=3)
+    save(store, 2)
+    copied = tmp_path / "step_00000008"  # e.g. a copy interrupted before the manifest
+    copied.mkdir()
+    (copied / "state.pt").write_bytes(b"x" * 100)
+    assert store.latest().name == "step_00000002"
+
+
+def test_resaving_a_step_replaces_it(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=2)
+    save(store, 2, b"a" * 10)
+    save(store, 2, b"b" * 20)
+    assert (store.latest() / "state.pt").read_bytes() == b"b" * 20
+
+
+def test_empty_store_and_bad_keep(tmp_path: Path) -> None:
+    assert CheckpointStore(tmp_path / "none", keep=1).latest() is None
+    with pytest.raises(ValueError, match="checkpoint.keep=0"):
+        CheckpointStore(tmp_path, keep=0)
