@@ -110,3 +110,14 @@ def step_of(checkpoint: Path) -> int:
     if not match:
         raise ValueError(f"{checkpoint} is not a checkpoint directory (step_NNNNNNNN)")
     return int(match.group(1))
+
+
+def resolve_checkpoint_path(path: Path) -> Path | None:
+    """A checkpoint directory itself, or the latest valid checkpoint of a run directory."""
+    if is_valid(path):
+        return path
+    for root in (path / "checkpoints", path):
+        latest = CheckpointStore(root, keep=1).latest()
+        if latest is not None:
+            return latest
+    return None

@@ -25,7 +25,13 @@ from omegaconf.errors import OmegaConfBaseException
 from runner.artifacts import RunDir, environment_info, write_json
 from runner.failures import format_error
 from runner.spec import RunSpec, SpecError, resolve_spec, save_spec
-from runner.summary import FAILED, INTERRUPTED, read_summary, write_unfinished_summary
+from runner.summary import (
+    FAILED,
+    INTERRUPTED,
+    archive_previous,
+    read_summary,
+    write_unfinished_summary,
+)
 from runner.supervise import run_agent
 
 log = logging.getLogger("runner")
@@ -108,6 +114,7 @@ def _run(cfg: DictConfig) -> float | None:
     save_spec(spec, run_dir.root)
     write_json(run_dir.env, environment_info())
     run_dir.logs.mkdir(parents=True, exist_ok=True)
+    archive_previous(run_dir)  # resuming in an earlier run's directory keeps its story
 
     code, received = run_agent(run_dir.root, start_time)
     summary = read_summary(run_dir)

@@ -9,7 +9,6 @@ stops them all and writes summary.json with the root cause.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -18,58 +17,15 @@ import sys
 import time
 from pathlib import Path
 
-from runner import hardware
+from runner import hardware, rendezvous
 from runner.artifacts import RunDir, read_json, tail
 from runner.failures import RankFailure, root_cause
 from runner.procs import die_with_parent, exit_code_for_signal
 from runner.spec import RunSpec, load_spec
 from runner.summary import FAILED, INTERRUPTED, read_summary, write_unfinished_summary
 
-RENDEZVOUS_BACKEND = "runner-static"
 SHUTDOWN_TIMEOUT_S = 10
 log = logging.getLogger("runner")
-
-
-def _register_rendezvous() -> None:
-    """A static TCP rendezvous that may bind port 0 and tells the ranks the real port.
-
-    torch's own "static" backend needs the port up front; on a single node we
-    let the OS pick a free one, so two runs on one machine never clash.
-    """
-    from torch.distributed.elastic.rendezvous import (
-        RendezvousInfo,
-        RendezvousParameters,
-        RendezvousStoreInfo,
-        registry,
-    )
-    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import (
-        StaticTCPRendezvous,
-        create_rdzv_handler,
-    )
-
-    class FreePortStaticRendezvous(StaticTCPRendezvous):
-        def get_backend(self) -> str:
-            return RENDEZVOUS_BACKEND
-
-        def next_rendezvous(self) -> RendezvousInfo:
-            info = super().next_rendezvous()
-            port = self._store.port if self.master_port == 0 else self.master_port
-            store_info = RendezvousStoreInfo(self.master_addr, port)
-            return RendezvousInfo(info.store, info.rank, info.world_size, store_info)
-
-    def create(params: RendezvousParameters) -> FreePortStaticRendezvous:
-        base = create_rdzv_handler(params)
-        return FreePortStaticRendezvous(
-            base.master_addr,
-            base.master_port,
-            base.rank,
-            base.world_size,
-            base.run_id,
-            int(base.timeout.total_seconds()),
-        )
-
-    with contextlib.suppress(ValueError):  # already registered in this process
-        registry.handler_registry.register(RENDEZVOUS_BACKEND, create)
 
 
 def _logs_specs(run_dir: RunDir):
@@ -134,7 +90,7 @@ def launch(run_dir: RunDir, spec: RunSpec) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    _register_rendezvous()
+    rendezvous.register()
     threads = _set_thread_env(spec)
     start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
     os.environ["RUNNER_AGENT_PID"] = str(os.getpid())
@@ -144,7 +100,7 @@ def launch(run_dir: RunDir, spec: RunSpec) -> int:
         max_nodes=spec.nodes,
         nproc_per_node=spec.nproc,  # type: ignore[arg-type]
         run_id="runner",
-        rdzv_backend=RENDEZVOUS_BACKEND,
+        rdzv_backend=rendezvous.BACKEND,
         rdzv_endpoint=f"{spec.master_addr}:{port}",
         rdzv_configs={"rank": spec.node_rank, "timeout": 900},
         max_restarts=spec.max_restarts,

@@ -7,11 +7,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runner.artifacts import read_jsonl, write_atomic
+
 
 class MetricsLog:
-    def __init__(self, path: Path, enabled: bool):
+    """Appends records; on (re)start keeps only earlier records up to step `keep_until`,
+    so a resumed run does not repeat the steps it trains again."""
+
+    def __init__(self, path: Path, enabled: bool, keep_until: int = 0):
         self.records: list[dict[str, Any]] = []
-        self._file = open(path, "a", buffering=1) if enabled else None  # noqa: SIM115
+        self._file = None
+        if enabled:
+            self.records = [r for r in read_jsonl(path) if r.get("step", 0) <= keep_until]
+            write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
+            self._file = open(path, "a", buffering=1)  # noqa: SIM115
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)

@@ -15,6 +15,28 @@ from runner.artifacts import RunDir, read_json, read_jsonl, write_json
 COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
 
 
+HISTORY_KEYS = ("status", "steps", "wall_time_s", "restarts", "resumed_from")
+
+
+def archive_previous(run_dir: RunDir) -> None:
+    """Before a new launch in an existing run directory, set its summary aside as history."""
+    previous = read_summary(run_dir)
+    if previous is not None:
+        write_json(run_dir.logs / "previous_summary.json", previous)
+        run_dir.summary.unlink()
+
+
+def history(run_dir: RunDir) -> list[dict[str, Any]]:
+    """How earlier launches in this run directory ended, oldest first."""
+    previous = read_json(run_dir.logs / "previous_summary.json")
+    if not previous:
+        return []
+    entry = {k: previous.get(k) for k in HISTORY_KEYS}
+    if previous.get("error"):
+        entry["error"] = previous["error"].get("message")
+    return [*previous.get("history", []), entry]
+
+
 def build_summary(
     status: str,
     world_size: int,
@@ -36,6 +58,7 @@ def build_summary(
         "wall_time_s": round(time.time() - start_time, 3),
         "final": final,
         "optimizer_state_bytes": optimizer_state_bytes,
+        "history": [],
     }
     summary.update(extra)
     if error is not None:
@@ -56,7 +79,12 @@ def write_unfinished_summary(
 ) -> dict[str, Any]:
     """Record a failed or interrupted run from what it left behind, and return it."""
     summary = build_summary(
-        status, world_size, start_time, read_jsonl(run_dir.metrics), error=error
+        status,
+        world_size,
+        start_time,
+        read_jsonl(run_dir.metrics),
+        error=error,
+        history=history(run_dir),
     )
     write_summary(run_dir, summary)
     return summary

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from runner import chaos
+from runner import chaos, checkpointing
 from runner import dist as rdist
 from runner.artifacts import RunDir, write_atomic
+from runner.checkpoint_store import CheckpointStore
 from runner.data import GlobalBatchSampler, build_datasets, build_eval_loader, build_train_loader
 from runner.engines import build_engine
 from runner.metrics import MetricsLog, Throughput
@@ -30,7 +31,7 @@ from runner.models import build_model
 from runner.precision import autocast
 from runner.progress import Progress
 from runner.spec import RunSpec
-from runner.summary import COMPLETED, build_summary, write_summary
+from runner.summary import COMPLETED, build_summary, history, write_summary
 
 
 def peak_rss_bytes() -> int:
@@ -79,9 +80,21 @@ class Trainer:
             data.val, spec.per_rank_batch_size, self.world, self.rank, spec.data.num_workers, pin
         )
         seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
-        self.metrics = MetricsLog(run_dir.metrics, enabled=self.is_main)
+
+        self.step, self.samples, self.resumed_from = 0, 0, None
+        self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
+        start = checkpointing.find_resume_point(self.store, spec.resume)
+        if start is not None:
+            client = checkpointing.load(start, self.engine)
+            self.step, self.samples = client["step"], client["samples"]
+            self.resumed_from = self.step
+            print(f"resumed from {start} (step {self.step})", flush=True)
+        self.metrics = MetricsLog(run_dir.metrics, enabled=self.is_main, keep_until=self.step)
         self.progress = Progress(
-            self.total_steps, terminal, enabled=self.is_main and spec.progress_bar
+            self.total_steps,
+            terminal,
+            enabled=self.is_main and spec.progress_bar,
+            initial=self.step,
         )
 
     def _total_steps(self) -> int:
@@ -99,9 +112,8 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def fit(self, start_time: float) -> dict[str, Any]:
-        spec, step = self.spec, 0
-        samples = 0
-        throughput = Throughput()
+        spec, step, samples = self.spec, self.step, self.samples
+        throughput = Throughput(samples)
         while step < self.total_steps:
             epoch, offset = divmod(step, self.steps_per_epoch)
             self.sampler.set_epoch(epoch, offset)
@@ -125,6 +137,8 @@ class Trainer:
                         record.update(self.evaluate())
                         throughput.pause(time.perf_counter() - started)
                     self._log(record)
+                if last or (spec.checkpoint.interval and step % spec.checkpoint.interval == 0):
+                    checkpointing.save(self.store, self.engine, spec, step, samples)
                 if last:
                     break
         return self._finish(start_time)
@@ -231,7 +245,9 @@ class Trainer:
                 device=self.spec.device,
                 parallelism=self.spec.parallelism.name,
                 precision=self.spec.precision.name.value,
-                attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                resumed_from=self.resumed_from,
+                history=history(self.run_dir),
             )
             write_summary(self.run_dir, summary)  # last: a summary means the run is complete
         self.metrics.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,3 +48,11 @@ class Engine(ABC):
     @abstractmethod
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Consolidated model weights on rank 0 (None elsewhere). Every rank must call it."""
+
+    @abstractmethod
+    def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
+        """Write the training state and `client_state` into `directory`. Every rank calls it."""
+
+    @abstractmethod
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        """Restore the training state from `directory`; return the client state saved with it."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,6 +17,8 @@ from runner.engines.base import Engine
 from runner.optim import build_optimizer, build_scheduler, optimizer_state_bytes
 from runner.precision import grad_scaler
 from runner.spec import RunSpec, SyncStrategy
+
+STATE_FILE = "state.pt"
 
 
 class DDPEngine(Engine):
@@ -78,6 +81,28 @@ class DDPEngine(Engine):
         if rdist.get_global_rank() != 0:
             return None
         return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+
+    def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
+        if rdist.get_global_rank() != 0:
+            return  # every rank holds the same state: one copy, independent of world size
+        state = {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "client": client_state,
+        }
+        torch.save(state, directory / STATE_FILE)
+
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        device = next(self.module.parameters()).device
+        state = torch.load(directory / STATE_FILE, map_location=device, weights_only=False)
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        return state["client"]
 
 
 def average_gradients(params: list[nn.Parameter]) -> None:

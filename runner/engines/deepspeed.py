@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +22,8 @@ from runner.engines.base import Engine
 from runner.engines.deepspeed_config import merge_user_config
 from runner.optim import build_optimizer, build_scheduler, optimizer_state_bytes
 from runner.spec import Precision, RunSpec
+
+DEEPSPEED_TAG = "state"
 
 
 def _import_deepspeed(name: str, device: str) -> Any:
@@ -74,6 +77,17 @@ class DeepSpeedEngine(Engine):
     def optimizer_state_bytes(self) -> int:
         inner = getattr(self.optimizer, "optimizer", self.optimizer)  # ZeRO wraps the client
         return optimizer_state_bytes(inner)
+
+    def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
+        # DeepSpeed's own layout (directory/latest + directory/state/...), so its tools
+        # such as zero_to_fp32.py work on a runner checkpoint directory.
+        self.model.save_checkpoint(str(directory), tag=DEEPSPEED_TAG, client_state=client_state)
+
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        path, client_state = self.model.load_checkpoint(str(directory), tag=DEEPSPEED_TAG)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint in {directory}")
+        return client_state
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Every rank holds the full (16- or 32-bit) weights in ZeRO 1/2; fp32 masters are

@@ -177,9 +177,18 @@ def _check_run_control(spec: RunSpec, problems: list[str]) -> None:
         problems.append(
             f"chaos.kill_rank={chaos.kill_rank}: must be a rank in 0..{spec.world_size - 1}"
         )
-    if spec.resume not in (None, "auto") and not os.path.exists(spec.resume):
+    if spec.resume in (None, "auto"):
+        return
+    from runner.checkpoint_store import resolve_checkpoint_path
+
+    if not os.path.exists(spec.resume):
         problems.append(
             f"resume={spec.resume!r}: no such file or directory; use null, auto or a PATH"
+        )
+    elif resolve_checkpoint_path(Path(spec.resume)) is None:
+        problems.append(
+            f"resume={spec.resume!r}: holds no complete checkpoint (a checkpoints/step_N "
+            "directory, or a run directory with checkpoints/)"
         )
 
 

@@ -1,0 +1,87 @@
+"""Saving and resuming a run from the ranks' side (the on-disk protocol is checkpoint_store).
+
+A checkpoint holds what a resumed run needs to continue exactly where it left
+off: the engine's state (model, optimizer, schedule, loss scaler; DeepSpeed's
+own files for ZeRO), the step and sample counters (the sampler's position
+follows from the step), every rank's RNG states and the spec it was made with.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from runner import dist as rdist
+from runner.checkpoint_store import CheckpointStore, resolve_checkpoint_path
+from runner.engines.base import Engine
+from runner.spec import RunSpec, to_dict
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save(store: CheckpointStore, engine: Engine, spec: RunSpec, step: int, samples: int) -> None:
+    """Write a checkpoint of `step` (every rank calls this)."""
+    client = {
+        "step": step,
+        "samples": samples,
+        "world_size": rdist.get_world_size(),
+        "spec": to_dict(spec),
+        "rng": rdist.all_gather_object(rng_state()),
+    }
+    if rdist.get_global_rank() == 0:
+        store.begin(step)
+    rdist.barrier()
+    engine.save_checkpoint(store.partial_dir(step), client)
+    rdist.barrier()
+    if rdist.get_global_rank() == 0:
+        store.commit(step)
+    rdist.barrier()
+
+
+def find_resume_point(store: CheckpointStore, resume: str | None) -> Path | None:
+    """The checkpoint this attempt starts from, or None for a fresh start.
+
+    A restarted attempt (the elastic agent's restart after a failure) always
+    continues from the run's latest checkpoint; otherwise `resume` decides:
+    auto = this run directory's latest, PATH = a checkpoint or a run directory.
+    Rank 0 decides and tells the others.
+    """
+    choice = None
+    if rdist.get_global_rank() == 0:
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        if restarted or resume == "auto":
+            choice = store.latest()
+        elif resume:
+            choice = resolve_checkpoint_path(Path(resume))
+    choice = rdist.broadcast_object(str(choice) if choice else None)
+    return Path(choice) if choice else None
+
+
+def load(path: Path, engine: Engine) -> dict[str, Any]:
+    """Restore the engine from `path` and this rank's RNG streams; return the client state."""
+    client = engine.load_checkpoint(path)
+    if client["world_size"] == rdist.get_world_size():
+        set_rng_state(client["rng"][rdist.get_global_rank()])
+    return client

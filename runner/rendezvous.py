@@ -1,0 +1,120 @@
+"""runner's rendezvous backend for torch elastic: static membership, a fresh store per attempt.
+
+Membership is fixed (nodes, node_rank, master_addr, master_port), like torch's
+"static" backend, with two differences that matter to runner:
+
+- The port may be 0 on a single node: the OS picks a free one, so runs on one
+  machine never clash, and the ranks are told the real port.
+- Every attempt (the first start and each restart after a failure) gets a new,
+  empty key-value store for its ranks. torch's static backend hands every
+  attempt the same store, so restarted ranks read the previous attempt's gloo
+  addresses and fail to connect ("Connection refused").
+
+The store on master_port lives as long as the agents and only tells the other
+nodes where each attempt's store listens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+
+BACKEND = "runner-static"
+
+
+def register() -> None:
+    """Make the backend available to torch elastic's rendezvous registry."""
+    from torch.distributed import PrefixStore, TCPStore
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousHandler,
+        RendezvousInfo,
+        RendezvousParameters,
+        RendezvousStoreInfo,
+        registry,
+    )
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    class StaticFreshStoreRendezvous(RendezvousHandler):
+        def __init__(self, addr: str, port: int, rank: int, nodes: int, run_id: str, timeout: int):
+            self.addr, self.port, self.rank, self.nodes = addr, port, rank, nodes
+            self.run_id = run_id
+            self.timeout = timedelta(seconds=timeout)
+            self._base: TCPStore | None = None
+            self._attempt_store: TCPStore | None = None
+            self._round = 0
+
+        def get_backend(self) -> str:
+            return BACKEND
+
+        @property
+        def use_agent_store(self) -> bool:
+            return True
+
+        def _base_store(self) -> TCPStore:
+            if self._base is None:
+                self._base = TCPStore(
+                    self.addr,
+                    self.port,
+                    self.nodes,
+                    self.rank == 0,
+                    self.timeout,
+                    multi_tenant=True,
+                )
+            return self._base
+
+        def next_rendezvous(self) -> RendezvousInfo:
+            base = self._base_store()
+            self._round += 1
+            key = f"{self.run_id}/round{self._round}/port"
+            if self.rank == 0:
+                store = TCPStore(
+                    self.addr,
+                    0,
+                    self.nodes,
+                    True,
+                    self.timeout,
+                    wait_for_workers=False,
+                    multi_tenant=True,
+                )
+                base.set(key, str(store.port))
+            else:
+                port = int(base.get(key).decode())
+                store = TCPStore(self.addr, port, self.nodes, False, self.timeout)
+            self._attempt_store = store  # the previous attempt's store is released
+            return RendezvousInfo(
+                PrefixStore(self.run_id, store),
+                self.rank,
+                self.nodes,
+                RendezvousStoreInfo(self.addr, store.port),
+            )
+
+        def is_closed(self) -> bool:
+            return False
+
+        def set_closed(self) -> None:
+            pass
+
+        def num_nodes_waiting(self) -> int:
+            return 0
+
+        def get_run_id(self) -> str:
+            return self.run_id
+
+        def shutdown(self) -> bool:
+            return True
+
+    def create(params: RendezvousParameters) -> StaticFreshStoreRendezvous:
+        addr, port = parse_rendezvous_endpoint(params.endpoint, -1)
+        if port < 0:
+            raise ValueError(f"rendezvous endpoint {params.endpoint!r} has no port")
+        return StaticFreshStoreRendezvous(
+            addr,
+            port,
+            int(params.config["rank"]),
+            params.max_nodes,
+            params.run_id,
+            int(params.config.get("timeout", 900)),
+        )
+
+    with contextlib.suppress(ValueError):  # already registered in this process
+        registry.handler_registry.register(BACKEND, create)
