@@ -7,6 +7,7 @@ run left behind: the last metrics line and the root cause of the failure.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -16,6 +17,7 @@ COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
 
 
 HISTORY_KEYS = ("status", "steps", "wall_time_s", "restarts", "resumed_from")
+ATTEMPTS = "attempts.jsonl"
 
 
 def archive_previous(run_dir: RunDir) -> None:
@@ -24,6 +26,18 @@ def archive_previous(run_dir: RunDir) -> None:
     if previous is not None:
         write_json(run_dir.logs / "previous_summary.json", previous)
         run_dir.summary.unlink()
+    (run_dir.logs / ATTEMPTS).unlink(missing_ok=True)
+
+
+def record_attempt(run_dir: RunDir, attempt: int, resumed_from: int | None) -> None:
+    """Note that an attempt of this launch started (rank 0, once per attempt)."""
+    with open(run_dir.logs / ATTEMPTS, "a") as f:
+        f.write(json.dumps({"attempt": attempt, "resumed_from": resumed_from}) + "\n")
+
+
+def attempts(run_dir: RunDir) -> list[dict[str, Any]]:
+    """Every attempt of this launch: the elastic restarts and the step each resumed from."""
+    return read_jsonl(run_dir.logs / ATTEMPTS)
 
 
 def history(run_dir: RunDir) -> list[dict[str, Any]]:
@@ -85,6 +99,7 @@ def write_unfinished_summary(
         read_jsonl(run_dir.metrics),
         error=error,
         history=history(run_dir),
+        attempts=attempts(run_dir),
     )
     write_summary(run_dir, summary)
     return summary

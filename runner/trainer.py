@@ -31,7 +31,14 @@ from runner.models import build_model
 from runner.precision import autocast
 from runner.progress import Progress
 from runner.spec import RunSpec
-from runner.summary import COMPLETED, build_summary, history, write_summary
+from runner.summary import (
+    COMPLETED,
+    attempts,
+    build_summary,
+    history,
+    record_attempt,
+    write_summary,
+)
 
 
 def peak_rss_bytes() -> int:
@@ -82,6 +89,7 @@ class Trainer:
         seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
 
         self.step, self.samples, self.resumed_from = 0, 0, None
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
         start = checkpointing.find_resume_point(self.store, spec.resume)
         if start is not None:
@@ -89,6 +97,8 @@ class Trainer:
             self.step, self.samples = client["step"], client["samples"]
             self.resumed_from = self.step
             print(f"resumed from {start} (step {self.step})", flush=True)
+        if self.is_main:
+            record_attempt(run_dir, self.attempt, self.resumed_from)
         self.metrics = MetricsLog(run_dir.metrics, enabled=self.is_main, keep_until=self.step)
         self.progress = Progress(
             self.total_steps,
@@ -245,8 +255,9 @@ class Trainer:
                 device=self.spec.device,
                 parallelism=self.spec.parallelism.name,
                 precision=self.spec.precision.name.value,
-                restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                restarts=self.attempt,
                 resumed_from=self.resumed_from,
+                attempts=attempts(self.run_dir),
                 history=history(self.run_dir),
             )
             write_summary(self.run_dir, summary)  # last: a summary means the run is complete

@@ -39,6 +39,10 @@ def test_killed_rank_restarts_and_ends_bit_for_bit(cli, parallelism: str) -> Non
     assert same_weights(reference.run_dir, killed.run_dir)
     summary = killed.summary()
     assert (summary["status"], summary["restarts"], summary["resumed_from"]) == ("completed", 1, 4)
+    assert summary["attempts"] == [
+        {"attempt": 0, "resumed_from": None},
+        {"attempt": 1, "resumed_from": 4},
+    ]
     assert [m["train/loss"] for m in killed.metrics()] == [
         m["train/loss"] for m in reference.metrics()
     ]
