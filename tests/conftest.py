@@ -71,3 +71,25 @@ def cli(tmp_path: Path):
         return run_cli(tmp_path, *overrides, name=name, timeout=timeout)
 
     return call
+
+
+def start_runner(tmp_path: Path, run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """Start `runner` in the background (for tests that signal it mid-run)."""
+    return subprocess.Popen(
+        runner_command(*overrides, f"hydra.run.dir={run_dir}"),
+        cwd=tmp_path,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_until(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
+    """Poll `ready()` while `proc` runs; fail with its output if it exits or time runs out."""
+    import time
+
+    deadline = time.time() + timeout
+    while not ready():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.1)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import FAST, child_env, runner_command
+from tests.conftest import FAST, start_runner, wait_until
 
 pytestmark = pytest.mark.slow
 LONG = [*FAST, "max_epochs=null", "max_steps=100000", "log_interval=5"]
@@ -71,19 +70,9 @@ def test_failing_rank_ends_the_run_and_is_named(cli, action: str) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_to_runner_stops_every_rank(tmp_path: Path, sig: signal.Signals) -> None:
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        runner_command(*LONG, f"hydra.run.dir={run_dir}"),
-        cwd=tmp_path,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_runner(tmp_path, run_dir, *LONG)
     metrics = run_dir / "metrics.jsonl"
-    deadline = time.time() + 60
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.2)
+    wait_until(proc, lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 60)
     ranks = run_processes(run_dir)
     assert len(ranks) >= 3, "agent and two ranks should be running"
 

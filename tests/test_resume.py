@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import FAST, child_env, runner_command
+from tests.conftest import FAST, start_runner, wait_until
 
 pytestmark = pytest.mark.slow
 ARGS = [*FAST, "max_epochs=null", "max_steps=12", "log_interval=2", "checkpoint.interval=2"]
@@ -56,18 +54,8 @@ def test_sigterm_then_resume_auto_ends_bit_for_bit(cli, tmp_path: Path) -> None:
     args = [*FAST, "max_epochs=null", "max_steps=300", "log_interval=10", "checkpoint.interval=40"]
     reference = cli(*args, name="reference")
     run_dir = tmp_path / "interrupted"
-    proc = subprocess.Popen(
-        runner_command(*args, f"hydra.run.dir={run_dir}"),
-        cwd=tmp_path,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 120
-    while not (run_dir / "checkpoints" / "latest").exists():
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.1)
+    proc = start_runner(tmp_path, run_dir, *args)
+    wait_until(proc, (run_dir / "checkpoints" / "latest").exists)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGTERM
