@@ -8,6 +8,7 @@ follows from the step), every rank's RNG states and the spec it was made with.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -17,9 +18,12 @@ import numpy as np
 import torch
 
 from runner import dist as rdist
+from runner.artifacts import write_atomic
 from runner.checkpoint_store import CheckpointStore, resolve_checkpoint_path
 from runner.engines.base import Engine
+from runner.resume_check import META_FILE, checkpoint_meta
 from runner.spec import RunSpec, to_dict
+from runner.state_shapes import state_shapes
 
 
 def rng_state() -> dict[str, Any]:
@@ -53,9 +57,14 @@ def save(store: CheckpointStore, engine: Engine, spec: RunSpec, step: int, sampl
     if rdist.get_global_rank() == 0:
         store.begin(step)
     rdist.barrier()
-    engine.save_checkpoint(store.partial_dir(step), client)
+    partial = store.partial_dir(step)
+    engine.save_checkpoint(partial, client)
     rdist.barrier()
     if rdist.get_global_rank() == 0:
+        meta = checkpoint_meta(
+            spec, step, samples, client["world_size"], state_shapes(engine.module)
+        )
+        write_atomic(partial / META_FILE, json.dumps(meta, indent=1))
         store.commit(step)
     rdist.barrier()
 

@@ -45,13 +45,13 @@ def _conf_dir() -> str:
     raise SystemExit(f"runner: cannot find conf/config.yaml next to {package}; reinstall runner")
 
 
-def _resolve(cfg: DictConfig) -> RunSpec:
+def _resolve(cfg: DictConfig, run_dir: Path) -> RunSpec:
     try:
         data = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "config"
         raise SpecError([f"{key}: {str(exc).splitlines()[0]}"]) from None
-    return resolve_spec(data)  # type: ignore[arg-type]
+    return resolve_spec(data, run_dir=run_dir)  # type: ignore[arg-type]
 
 
 def _discard(run_dir: Path) -> None:
@@ -99,7 +99,7 @@ def _run(cfg: DictConfig) -> float | None:
     run_dir = RunDir(Path(hydra_cfg.runtime.output_dir))
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        spec = _resolve(cfg)
+        spec = _resolve(cfg, run_dir.root)
     except SpecError as err:
         _discard(run_dir.root)
         count = len(err.problems)

@@ -12,6 +12,7 @@ from PIL import Image
 
 from runner.data import GlobalBatchSampler, build_datasets, build_train_loader
 from runner.data.sampler import PLACEHOLDER
+from runner.data.shapes import data_shape
 from runner.spec.schema import Cifar10Spec, DigitsSpec, ImageFolderSpec, SyntheticSpec
 
 
@@ -95,3 +96,17 @@ def test_loader_marks_placeholders_with_zero_weight(tmp_path: Path, kind: str) -
         assert len(inputs) == len(labels) == len(weights) == len(idx)
         assert weights.tolist() == [0.0 if i == PLACEHOLDER else 1.0 for i in idx]
     assert any(PLACEHOLDER in idx for idx in indices)
+
+
+def test_data_shape_agrees_with_the_loaders(tmp_path: Path) -> None:
+    """The parent's resume check relies on data_shape() without loading any data."""
+    specs = [
+        DigitsSpec(),
+        SyntheticSpec(num_train=8, num_val=4, image_size=12, num_classes=5),
+        ImageFolderSpec(root=str(make_image_folder(tmp_path / "f")), image_size=16),
+        Cifar10Spec(root=str(make_cifar10(tmp_path / "c")), num_workers=0),
+    ]
+    for spec in specs:
+        data = build_datasets(spec)
+        assert data_shape(spec) == (data.input_shape, data.num_classes), spec.name
+        assert tuple(data.train[0][0].shape) == data.input_shape, spec.name

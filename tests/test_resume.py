@@ -91,3 +91,29 @@ def test_resume_path_without_checkpoint_is_rejected(cli, tmp_path: Path) -> None
     result = cli(*FAST, f"resume={empty}")
     assert result.returncode == 2
     assert f"resume='{empty}': holds no complete checkpoint" in result.stderr
+
+
+def max_relative_difference(a: Path, b: Path) -> float:
+    x = torch.load(a / "model.pt", weights_only=True)
+    y = torch.load(b / "model.pt", weights_only=True)
+    return max(((x[k] - y[k]).norm() / y[k].norm()).item() for k in y)
+
+
+def test_ddp_checkpoint_resumes_at_another_world_size(cli) -> None:
+    """2 ranks train 6 steps; 1 rank with grad_accum=2 continues from their checkpoint to 12.
+
+    Same samples in the same order, so the result matches 12 steps on 2 ranks up to float
+    summation order; a wrong sample position would be off by orders of magnitude more.
+    """
+    args = [*ARGS, "scheduler=constant"]
+    reference = cli(*args, name="reference")
+    first = cli(*args, "max_steps=6", name="first")
+    assert first.returncode == 0, first.output
+    second = cli(*args, "nproc=1", "grad_accum=2", f"resume={first.run_dir}", name="second")
+    assert second.returncode == 0, second.output
+    assert second.summary()["resumed_from"] == 6 and second.summary()["world_size"] == 1
+    assert max_relative_difference(second.run_dir, reference.run_dir) < 1e-5
+    expected = {m["step"]: m["train/loss"] for m in reference.metrics()}
+    for record in second.metrics():
+        assert record["step"] > 6
+        assert record["train/loss"] == pytest.approx(expected[record["step"]], rel=1e-5)

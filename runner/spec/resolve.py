@@ -32,9 +32,14 @@ CONFIG_FILE = "config.yaml"
 CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
 
 
-def resolve_spec(config: Mapping[str, Any], cuda_devices: int | None = None) -> RunSpec:
+def resolve_spec(
+    config: Mapping[str, Any],
+    cuda_devices: int | None = None,
+    run_dir: str | Path | None = None,
+) -> RunSpec:
     """Check `config` (plain data, interpolations resolved) and resolve its `auto` values.
 
+    `run_dir` is where the run will write (resume=auto reads its checkpoints).
     Raises SpecError listing every problem found.
     """
     spec = from_dict(RunSpec, config)
@@ -48,6 +53,7 @@ def resolve_spec(config: Mapping[str, Any], cuda_devices: int | None = None) -> 
     _check_run_control(spec, problems)
     _check_sync_strategy(spec, problems)
     _check_deepspeed(spec, problems)
+    _check_resume(spec, problems, Path(run_dir) if run_dir is not None else None)
     if problems:
         raise SpecError(problems)
     if spec.sync_strategy.name is SyncStrategy.AUTO and not spec.parallelism.syncs_gradients_itself:
@@ -177,19 +183,38 @@ def _check_run_control(spec: RunSpec, problems: list[str]) -> None:
         problems.append(
             f"chaos.kill_rank={chaos.kill_rank}: must be a rank in 0..{spec.world_size - 1}"
         )
-    if spec.resume in (None, "auto"):
-        return
-    from runner.checkpoint_store import resolve_checkpoint_path
 
-    if not os.path.exists(spec.resume):
+
+def _check_resume(spec: RunSpec, problems: list[str], run_dir: Path | None) -> None:
+    """Find the checkpoint this run starts from and check that it fits the spec."""
+    from runner.checkpoint_store import CheckpointStore, resolve_checkpoint_path
+    from runner.resume_check import check_resume
+
+    own = CheckpointStore(run_dir / "checkpoints", keep=1).latest() if run_dir else None
+    if spec.resume is None:
+        if own is not None:
+            problems.append(
+                f"resume=null: the run directory {run_dir} already holds a run (checkpoint "
+                f"{own.name}); use resume=auto to continue it, or another hydra.run.dir"
+            )
+        return
+    if spec.resume == "auto":
+        checkpoint = own  # none yet: a fresh start
+    elif not os.path.exists(spec.resume):
         problems.append(
             f"resume={spec.resume!r}: no such file or directory; use null, auto or a PATH"
         )
-    elif resolve_checkpoint_path(Path(spec.resume)) is None:
-        problems.append(
-            f"resume={spec.resume!r}: holds no complete checkpoint (a checkpoints/step_N "
-            "directory, or a run directory with checkpoints/)"
-        )
+        return
+    else:
+        checkpoint = resolve_checkpoint_path(Path(spec.resume))
+        if checkpoint is None:
+            problems.append(
+                f"resume={spec.resume!r}: holds no complete checkpoint (a checkpoints/step_N "
+                "directory, or a run directory with checkpoints/)"
+            )
+            return
+    if checkpoint is not None and not problems:  # comparing needs an otherwise valid spec
+        problems.extend(check_resume(spec, checkpoint))
 
 
 def save_spec(spec: RunSpec, run_dir: str | Path) -> Path:

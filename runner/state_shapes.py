@@ -1,0 +1,37 @@
+"""Names and shapes of a model's state: what a checkpoint must match to be resumed.
+
+The parent never imports torch, so when it has to compare a checkpoint with a
+model configured differently it runs `python -m runner.state_shapes` with the
+run spec (YAML) on stdin; the model is built on the meta device (no memory, no
+init cost) and its state's names and shapes are printed as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import yaml
+from torch import nn
+
+from runner.data.shapes import data_shape
+from runner.models import build_model
+from runner.spec import RunSpec, from_dict
+
+
+def state_shapes(module: nn.Module) -> list[tuple[str, list[int]]]:
+    """(name, shape) of every entry of `module.state_dict()`, in its order."""
+    return [(name, list(value.shape)) for name, value in module.state_dict().items()]
+
+
+def configured_state_shapes(spec: RunSpec) -> list[tuple[str, list[int]]]:
+    import torch
+
+    input_shape, num_classes = data_shape(spec.data)
+    with torch.device("meta"):
+        return state_shapes(build_model(spec.model, input_shape, num_classes))
+
+
+if __name__ == "__main__":
+    run_spec = from_dict(RunSpec, yaml.safe_load(sys.stdin.read()))
+    json.dump(configured_state_shapes(run_spec), sys.stdout)

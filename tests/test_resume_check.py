@@ -1,0 +1,122 @@
+"""A checkpoint that cannot continue this run is rejected in the parent, naming what differs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from runner.checkpoint_store import CheckpointStore
+from runner.data.shapes import data_shape
+from runner.models import build_model
+from runner.resume_check import META_FILE, checkpoint_meta
+from runner.spec import SpecError, resolve_spec
+from runner.state_shapes import configured_state_shapes, state_shapes
+from tests.test_compose import compose_config
+
+MLP = ["model=mlp", "data=digits", "device=cpu"]
+RESNET = ["model=resnet18", "data=synthetic", "device=cpu"]
+
+
+def save_checkpoint(run_dir: Path, overrides: list[str], world_size: int = 2) -> Path:
+    """A checkpoint's metadata as rank 0 writes it, for the model `overrides` configure."""
+    spec = resolve_spec(compose_config(overrides))
+    with torch.device("meta"):
+        module = build_model(spec.model, *data_shape(spec.data))
+    store = CheckpointStore(run_dir / "checkpoints", keep=2)
+    partial = store.begin(4)
+    meta = checkpoint_meta(spec, 4, 256, world_size, state_shapes(module))
+    (partial / META_FILE).write_text(json.dumps(meta))
+    return store.commit(4)
+
+
+def resume_problems(checkpoint: Path, overrides: list[str]) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        resolve_spec(compose_config([*overrides, f"resume={checkpoint}"]))
+    return info.value.problems
+
+
+def test_ddp_checkpoint_resumes_at_another_world_size_and_split(tmp_path: Path) -> None:
+    checkpoint = save_checkpoint(tmp_path / "run", MLP)
+    for split in (["nproc=1", "grad_accum=2"], ["nproc=4", "grad_accum=1"]):
+        spec = resolve_spec(compose_config([*MLP, *split, f"resume={checkpoint}"]))
+        assert spec.resume == str(checkpoint)
+
+
+def test_zero_checkpoint_resumes_only_at_its_world_size(tmp_path: Path) -> None:
+    checkpoint = save_checkpoint(tmp_path / "run", [*MLP, "parallelism=zero2"])
+    resolve_spec(compose_config([*MLP, "parallelism=zero2", "nproc=2", f"resume={checkpoint}"]))
+    (problem,) = resume_problems(checkpoint, [*MLP, "parallelism=zero2", "nproc=1"])
+    assert problem.startswith("nproc=1 (world size 1): the checkpoint")
+    assert "zero2 resumes only at world size 2" in problem
+
+
+def test_settings_the_state_depends_on_must_match(tmp_path: Path) -> None:
+    checkpoint = save_checkpoint(tmp_path / "run", MLP)
+    found = resume_problems(
+        checkpoint, [*MLP, "parallelism=zero1", "optimizer=sgd", "global_batch_size=128"]
+    )
+    assert [p.split(":")[0] for p in found] == [
+        "parallelism=zero1",
+        "optimizer=sgd",
+        "global_batch_size=128",
+    ]
+    assert "written with global_batch_size=64; resume with global_batch_size=64" in found[2]
+
+
+@pytest.mark.parametrize(
+    ("saved", "configured", "mismatch"),
+    [
+        (
+            MLP,
+            [*MLP, "model.hidden_sizes=[32,64]"],
+            "'1.weight': checkpoint [128, 64], configured [32, 64]",
+        ),
+        (
+            MLP,
+            [*MLP, "model.hidden_sizes=[128]"],
+            "'3.weight': checkpoint [64, 128], configured [10, 128]",
+        ),
+        (
+            RESNET,
+            [*RESNET, "data.num_classes=5"],
+            "'fc.weight': checkpoint [10, 512], configured [5, 512]",
+        ),
+        (MLP, RESNET, "'1.weight': in the checkpoint, not in the configured model"),
+    ],
+)
+def test_a_different_model_names_the_first_mismatching_parameter(
+    tmp_path: Path, saved: list[str], configured: list[str], mismatch: str
+) -> None:
+    checkpoint = save_checkpoint(tmp_path / "run", saved)
+    (problem,) = resume_problems(checkpoint, configured)
+    assert problem.endswith(f"first mismatching parameter {mismatch}"), problem
+
+
+def test_same_shapes_from_another_spec_are_accepted(tmp_path: Path) -> None:
+    checkpoint = save_checkpoint(tmp_path / "run", [*RESNET, "model.zero_init_residual=false"])
+    resolve_spec(compose_config([*RESNET, "model.zero_init_residual=true", f"resume={checkpoint}"]))
+
+
+def test_run_directory_with_checkpoints_needs_resume(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    save_checkpoint(run_dir, MLP)
+    with pytest.raises(SpecError) as info:
+        resolve_spec(compose_config(MLP), run_dir=run_dir)
+    (problem,) = info.value.problems
+    assert problem.startswith(f"resume=null: the run directory {run_dir} already holds a run")
+    assert "use resume=auto to continue it" in problem
+    spec = resolve_spec(compose_config([*MLP, "resume=auto"]), run_dir=run_dir)
+    assert spec.resume == "auto"
+    with pytest.raises(SpecError, match="first mismatching parameter '1.weight'"):
+        resolve_spec(
+            compose_config([*MLP, "resume=auto", "model.hidden_sizes=[8]"]), run_dir=run_dir
+        )
+
+
+def test_meta_device_shapes_match_a_real_model() -> None:
+    spec = resolve_spec(compose_config(RESNET))
+    real = build_model(spec.model, *data_shape(spec.data))
+    assert configured_state_shapes(spec) == state_shapes(real)
