@@ -24,7 +24,9 @@ from runner import chaos, checkpointing
 from runner import dist as rdist
 from runner.artifacts import RunDir, write_atomic
 from runner.checkpoint_store import CheckpointStore
-from runner.data import GlobalBatchSampler, build_datasets, build_eval_loader, build_train_loader
+from runner.data.datasets import build_datasets
+from runner.data.loaders import build_eval_loader, build_train_loader
+from runner.data.sampler import GlobalBatchSampler
 from runner.engines import build_engine
 from runner.metrics import MetricsLog, Throughput
 from runner.models import build_model

@@ -10,8 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-from runner.data import GlobalBatchSampler, build_datasets, build_train_loader
-from runner.data.sampler import PLACEHOLDER
+from runner.data.datasets import build_datasets
+from runner.data.loaders import build_train_loader
+from runner.data.sampler import PLACEHOLDER, GlobalBatchSampler
 from runner.data.shapes import data_shape
 from runner.spec.schema import Cifar10Spec, DigitsSpec, ImageFolderSpec, SyntheticSpec
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runner.data import GlobalBatchSampler, build_datasets
+from runner.data.datasets import build_datasets
+from runner.data.sampler import GlobalBatchSampler
 from runner.models import build_model
 from runner.optim import build_optimizer, build_scheduler
 from runner.spec import RunSpec, load_spec, resolve_spec

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,17 +111,37 @@ def test_hydra_flags(flag: str, expected: str, tmp_path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
-def test_parent_process_does_not_import_torch() -> None:
-    code = (
-        "import sys; sys.argv=['runner','--cfg','job']\n"
-        "import runner.cli\n"
-        "try:\n    runner.cli.main()\nexcept SystemExit:\n    pass\n"
-        "heavy = [m for m in ('torch', 'torchvision', 'deepspeed') if m in sys.modules]\n"
-        "print('HEAVY', heavy)"
-    )
+def test_parent_process_does_not_import_torch(tmp_path: Path) -> None:
+    """Everything the parent does before the agent starts: compose, resolve (with a resume
+    checkpoint to check, same model and a different one), write the run files."""
+    from tests.test_resume_check import save_checkpoint
+
+    checkpoint = save_checkpoint(tmp_path / "old", ["model=mlp", "data=digits", "device=cpu"])
+    code = f"""
+import sys
+sys.argv = ['runner', '--cfg', 'job']
+import runner.cli
+try:
+    runner.cli.main()
+except SystemExit:
+    pass
+from runner.artifacts import environment_info
+from runner.spec import SpecError, resolve_spec, save_spec
+from tests.test_compose import compose_config
+base = ['model=mlp', 'data=digits', 'device=cpu', 'resume={checkpoint}']
+save_spec(resolve_spec(compose_config(base), run_dir='{tmp_path / "new"}'), '{tmp_path}')
+environment_info()
+try:
+    resolve_spec(compose_config([*base, 'model.hidden_sizes=[8]']))
+except SpecError as err:
+    print(err.problems)
+heavy = [m for m in ('torch', 'torchvision', 'deepspeed', 'sklearn') if m in sys.modules]
+print('HEAVY', heavy)
+"""
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=child_env()
     )
+    assert "first mismatching parameter '1.weight'" in proc.stdout, proc.stdout + proc.stderr
     assert "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
 
 

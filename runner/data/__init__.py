@@ -1,13 +1,5 @@
-"""Datasets and the loaders that cut them into global batches and microbatches."""
+"""Datasets, the sampler that cuts them into global batches and microbatches, and loaders.
 
-from runner.data.datasets import Datasets, build_datasets
-from runner.data.loaders import build_eval_loader, build_train_loader
-from runner.data.sampler import GlobalBatchSampler
-
-__all__ = [
-    "Datasets",
-    "GlobalBatchSampler",
-    "build_datasets",
-    "build_eval_loader",
-    "build_train_loader",
-]
+Import the submodules directly: `runner.data.shapes` is used by the parent, which
+must not import torch.
+"""
