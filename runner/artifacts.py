@@ -56,6 +56,10 @@ class RunDir:
         return self.root / "model.pt"
 
     @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import shutil
 import sys
 import time
@@ -28,11 +29,13 @@ from runner.spec import RunSpec, SpecError, resolve_spec, save_spec
 from runner.summary import (
     FAILED,
     INTERRUPTED,
+    INVALID,
     archive_previous,
     read_summary,
     write_unfinished_summary,
 )
 from runner.supervise import run_agent
+from runner.sweep import SweepTable, write_sweep_table
 
 log = logging.getLogger("runner")
 
@@ -101,15 +104,23 @@ def _run(cfg: DictConfig) -> float | None:
     try:
         spec = _resolve(cfg, run_dir.root)
     except SpecError as err:
-        _discard(run_dir.root)
         count = len(err.problems)
         lines = "\n".join(f"  - {p}" for p in err.problems)
         log.error(
             "runner: invalid configuration (%d problem%s):\n%s", count, "s" * (count > 1), lines
         )
-        if in_sweep:
-            return None
-        sys.exit(2)
+        if not in_sweep:
+            _discard(run_dir.root)
+            sys.exit(2)
+        # In a sweep the job stays visible: its directory says why it never started.
+        error = {
+            "rank": None,
+            "exitcode": 2,
+            "message": "invalid configuration: " + "; ".join(err.problems),
+        }
+        write_unfinished_summary(run_dir, INVALID, 0, start_time, error)
+        _update_sweep_table(hydra_cfg)
+        return math.nan
 
     save_spec(spec, run_dir.root)
     write_json(run_dir.env, environment_info())
@@ -127,15 +138,29 @@ def _run(cfg: DictConfig) -> float | None:
         )
         summary = write_unfinished_summary(run_dir, status, spec.world_size, start_time, error)
     _report(summary, run_dir)
-    if code != 0 and not in_sweep:
-        sys.exit(code)
-    return summary.get("final", {}).get("val/accuracy")
+    if not in_sweep:
+        if code != 0:
+            sys.exit(code)
+        return None
+    _update_sweep_table(hydra_cfg)
+    # The job's value for sweepers such as Optuna (which maximise or minimise it); NaN marks
+    # a job that failed, which Optuna records as a failed trial.
+    return summary.get("final", {}).get("val/accuracy", math.nan)
+
+
+def _update_sweep_table(hydra_cfg: Any) -> None:
+    try:
+        write_sweep_table(Path(hydra_cfg.sweep.dir))
+    except OSError as exc:  # the table is a convenience; never fail a finished job over it
+        log.warning("runner: could not update the sweep table: %s", exc)
 
 
 def main() -> None:
     """Console entry point: `runner [overrides]`."""
     app = hydra.main(version_base="1.3", config_path=_conf_dir(), config_name="config")(_run)
     app()
+    if SweepTable.failed:  # a sweep ran every job; its exit code says whether all completed
+        sys.exit(1)
 
 
 if __name__ == "__main__":

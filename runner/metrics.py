@@ -8,29 +8,42 @@ from pathlib import Path
 from typing import Any
 
 from runner.artifacts import read_jsonl, write_atomic
+from runner.tensorboard import EventWriter
 
 
 class MetricsLog:
-    """Appends records; on (re)start keeps only earlier records up to step `keep_until`,
-    so a resumed run does not repeat the steps it trains again."""
+    """Appends records to metrics.jsonl (and TensorBoard's event file, if given a directory).
 
-    def __init__(self, path: Path, enabled: bool, keep_until: int = 0):
+    On (re)start it keeps only earlier records up to step `keep_until`, so a resumed run
+    does not repeat the steps it trains again.
+    """
+
+    def __init__(
+        self, path: Path, enabled: bool, keep_until: int = 0, tensorboard: Path | None = None
+    ):
         self.records: list[dict[str, Any]] = []
         self._file = None
+        self._events: EventWriter | None = None
         if enabled:
             self.records = [r for r in read_jsonl(path) if r.get("step", 0) <= keep_until]
             write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
             self._file = open(path, "a", buffering=1)  # noqa: SIM115
+            if tensorboard is not None:
+                self._events = EventWriter(tensorboard, self.records)
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+        if self._events is not None:
+            self._events.add(record)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+        if self._events is not None:
+            self._events.close()
 
 
 class Throughput:

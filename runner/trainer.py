@@ -101,7 +101,12 @@ class Trainer:
             print(f"resumed from {start} (step {self.step})", flush=True)
         if self.is_main:
             record_attempt(run_dir, self.attempt, self.resumed_from)
-        self.metrics = MetricsLog(run_dir.metrics, enabled=self.is_main, keep_until=self.step)
+        self.metrics = MetricsLog(
+            run_dir.metrics,
+            enabled=self.is_main,
+            keep_until=self.step,
+            tensorboard=run_dir.tensorboard if spec.tensorboard else None,
+        )
         self.progress = Progress(
             self.total_steps,
             terminal,

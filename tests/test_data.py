@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from runner.data.datasets import build_datasets
+from runner.data.digits import read_digits
 from runner.data.loaders import build_train_loader
 from runner.data.sampler import PLACEHOLDER, GlobalBatchSampler
 from runner.data.shapes import data_shape
@@ -111,3 +112,11 @@ def test_data_shape_agrees_with_the_loaders(tmp_path: Path) -> None:
         data = build_datasets(spec)
         assert data_shape(spec) == (data.input_shape, data.num_classes), spec.name
         assert tuple(data.train[0][0].shape) == data.input_shape, spec.name
+
+
+def test_digits_read_directly_match_scikit_learn() -> None:
+    from sklearn.datasets import load_digits
+
+    images, labels = read_digits()
+    bunch = load_digits()
+    assert np.array_equal(images, bunch.images) and np.array_equal(labels, bunch.target)

@@ -54,6 +54,11 @@ def test_default_experiment_fills_the_run_directory(cli) -> None:
     assert summary["steps"] == metrics[-1]["step"] == 276
     assert summary["wall_time_s"] > 0
     assert summary["final"] == metrics[-1]
+    from tests.test_tensorboard import scalars
+
+    curves = scalars(run / "tensorboard")  # `tensorboard --logdir runs/` sees every step
+    assert [step for step, _ in curves["train/loss"]] == steps
+    assert [step for step, _ in curves["val/accuracy"]] == [m["step"] for m in evals]
     assert summary["final"]["val/accuracy"] >= 0.90
     sizes = summary["optimizer_state_bytes"]
     params = 64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10

@@ -263,6 +263,7 @@ class RunSpec:
     log_interval: int = _bound(10, min=1)
     eval_interval: int | None = _bound(None, min=1)
     progress_bar: bool = True
+    tensorboard: bool = True
 
     resume: str | None = None
     max_restarts: int = _bound(0, min=0)

@@ -1,0 +1,200 @@
+"""`runner-report RUN_OR_SWEEP_DIR...`: compare runs side by side, and plot their losses.
+
+Prints one table row per run: the config values that differ between the runs,
+then status, steps, wall time and final metrics. Writes a PNG with the train
+and validation loss curves next to the runs (inside the directory given, or in
+the common parent of several). A sweep directory stands for all of its jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runner.artifacts import read_json, read_jsonl
+
+METRICS = ("val/accuracy", "val/loss", "train/loss")
+REPORT_PNG = "report.png"
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run directories among `paths`: each path is a run, or a directory of runs (a sweep)."""
+    runs: list[Path] = []
+    for path in paths:
+        if _is_run(path):
+            runs.append(path)
+        elif path.is_dir():
+            children = [p for p in path.iterdir() if p.is_dir() and _is_run(p)]
+            runs += sorted(children, key=job_order)
+    return runs
+
+
+def job_order(path: Path) -> tuple[int, int, str]:
+    """Sweep jobs by number (0, 1, ..., 10), other names after them alphabetically."""
+    return (0, int(path.name), "") if path.name.isdigit() else (1, 0, path.name)
+
+
+def _is_run(path: Path) -> bool:
+    return (path / "summary.json").is_file() or (path / "config.yaml").is_file()
+
+
+def run_config(run: Path) -> dict[str, Any]:
+    """The run's resolved config, flattened to dotted keys (a rejected sweep job has only
+    Hydra's composed config)."""
+    for candidate in (run / "config.yaml", run / ".hydra" / "config.yaml"):
+        if candidate.is_file():
+            return _flatten(yaml.safe_load(candidate.read_text()) or {})
+    return {}
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict) or (prefix and not tree):
+        return {prefix: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}{key}."))
+    return {k.rstrip("."): v for k, v in flat.items()}
+
+
+def differing_keys(runs: list[Path], configs: list[dict[str, Any]]) -> list[str]:
+    """Config keys whose values differ between runs. A rejected sweep job only has its
+    unresolved config: its missing keys and `auto` values are not a difference."""
+    resolved = [(run / "config.yaml").is_file() for run in runs]
+    differing = []
+    for key in sorted({k for c in configs for k in c}):
+        values: list[Any] = []
+        for config, is_resolved in zip(configs, resolved, strict=True):
+            if is_resolved:
+                values.append(config.get(key))
+            elif key in config and config[key] != "auto":
+                values.append(config[key])
+        if any(v != values[0] for v in values[1:]):
+            differing.append(key)
+    return differing
+
+
+def label(run: Path, base: Path) -> str:
+    try:
+        return str(run.relative_to(base)) or run.name
+    except ValueError:
+        return str(run)
+
+
+def rows(runs: list[Path], base: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """(columns, one row per run) for the comparison table."""
+    configs = [run_config(run) for run in runs]
+    keys = differing_keys(runs, configs) if len(runs) > 1 else []
+    table = []
+    for run, config in zip(runs, configs, strict=True):
+        summary = read_json(run / "summary.json") or {}
+        final = summary.get("final") or {}
+        row = {"run": label(run, base), **{k: config.get(k, "") for k in keys}}
+        row.update(
+            status=summary.get("status", "running"),
+            steps=summary.get("steps", ""),
+            wall_time_s=summary.get("wall_time_s", ""),
+        )
+        row.update({m: final.get(m, "") for m in METRICS})
+        table.append(row)
+    columns = ["run", *keys, "status", "steps", "wall_time_s", *METRICS]
+    return columns, table
+
+
+def print_table(columns: list[str], table: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    view = Table(show_lines=False)
+    for column in columns:
+        numeric = column in METRICS or column in ("steps", "wall_time_s")
+        view.add_column(column, justify="right" if numeric else "left")
+    for row in table:
+        view.add_row(*(_cell(column, row[column]) for column in columns))
+    # On a terminal rich fits the table to its width; piped, keep every column whole.
+    Console(width=None if sys.stdout.isatty() else 10_000).print(view)
+
+
+def _cell(column: str, value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.1f}" if column == "wall_time_s" else f"{value:.4g}"
+    if value is None:
+        return "null"
+    return str(value)
+
+
+def plot_losses(runs: list[Path], base: Path, out: Path) -> Path:
+    """Train loss (line) and validation loss (line with markers) per run, against step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    for run in runs:
+        records = read_jsonl(run / "metrics.jsonl")
+        name = label(run, base)
+        train = [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
+        val = [(r["step"], r["val/loss"]) for r in records if "val/loss" in r]
+        if train:
+            marker = "." if len(train) < 30 else None  # a short run is still visible
+            train_ax.plot(*zip(*train, strict=True), marker=marker, label=name)
+        if val:
+            val_ax.plot(*zip(*val, strict=True), marker="o", markersize=3, label=name)
+    for ax, title in ((train_ax, "train/loss"), (val_ax, "val/loss")):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    val_ax.legend(fontsize="small", loc="upper right")
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="runner-report",
+        description="Compare runs (or the jobs of sweeps): a table of the config values "
+        "that differ and the final metrics, and a PNG of their loss curves.",
+    )
+    parser.add_argument("dirs", nargs="+", type=Path, help="run or sweep directories")
+    parser.add_argument(
+        "--out", type=Path, help=f"the PNG to write (default: {REPORT_PNG} next to the runs)"
+    )
+    args = parser.parse_args(argv)
+
+    missing = [str(p) for p in args.dirs if not p.is_dir()]
+    if missing:
+        print(f"runner-report: no such directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    paths = [p.resolve() for p in args.dirs]
+    runs = find_runs(paths)
+    if not runs:
+        shown = ", ".join(str(p) for p in args.dirs)
+        print(
+            f"runner-report: no runs in {shown} (a run directory holds summary.json or "
+            "config.yaml; a sweep directory holds such directories)",
+            file=sys.stderr,
+        )
+        return 2
+    if len(paths) == 1:  # one run or one sweep: the PNG goes inside it
+        base = paths[0].parent if _is_run(paths[0]) else paths[0]
+        out = args.out or paths[0] / REPORT_PNG
+    else:  # several: next to them, in their common parent
+        base = Path(os.path.commonpath(paths))
+        out = args.out or base / REPORT_PNG
+    columns, table = rows(runs, base)
+    print_table(columns, table)
+    print(f"loss curves: {plot_losses(runs, base, out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

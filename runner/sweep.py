@@ -1,0 +1,131 @@
+"""The sweep table: one row per job of a `runner -m` sweep, in sweep.csv and sweep.md.
+
+Every job rewrites the table when it ends (under a lock, so jobs that a parallel
+launcher runs at once never lose each other's rows), and Hydra's end-of-sweep
+callback writes it a last time and prints it. A job is a directory of the sweep
+holding `.hydra/overrides.yaml`; its row comes from that and its summary.json,
+so jobs that failed or were rejected are listed like the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import fcntl
+import io
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from runner.artifacts import read_json, write_atomic
+from runner.report import job_order
+
+SWEEP_CSV, SWEEP_MD = "sweep.csv", "sweep.md"
+METRICS = ("val/accuracy", "val/loss", "train/loss")
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """The sweep's job directories, in job order."""
+    jobs = [p for p in sweep_dir.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()]
+    return sorted(jobs, key=job_order)
+
+
+def overrides_of(job_dir: Path) -> list[str]:
+    try:
+        return list(yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text()) or [])
+    except (OSError, yaml.YAMLError):
+        return []
+
+
+def sweep_rows(sweep_dir: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """(overrides shared by every job, one row per job)."""
+    jobs = [(job, overrides_of(job)) for job in job_dirs(sweep_dir)]
+    shared = [o for o in jobs[0][1] if all(o in overrides for _, overrides in jobs)] if jobs else []
+    rows = []
+    for job, overrides in jobs:
+        summary = read_json(job / "summary.json") or {}
+        final = summary.get("final") or {}
+        error = summary.get("error") or {}
+        rows.append(
+            {
+                "job": job.name,
+                "overrides": " ".join(o for o in overrides if o not in shared),
+                "status": summary.get("status", "running"),
+                "steps": summary.get("steps", ""),
+                "wall_time_s": summary.get("wall_time_s", ""),
+                **{m: final.get(m, "") for m in METRICS},
+                "error": (error.get("message") or "").splitlines()[0] if error else "",
+            }
+        )
+    return shared, rows
+
+
+def write_sweep_table(sweep_dir: Path) -> str:
+    """Rewrite sweep.csv and sweep.md from the job directories; return the markdown."""
+    with _locked(sweep_dir):
+        shared, rows = sweep_rows(sweep_dir)
+        columns = ["job", "overrides", "status", "steps", "wall_time_s", *METRICS, "error"]
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+        write_atomic(sweep_dir / SWEEP_CSV, buffer.getvalue())
+        markdown = _markdown(shared, rows, columns)
+        write_atomic(sweep_dir / SWEEP_MD, markdown)
+    return markdown
+
+
+def _markdown(shared: list[str], rows: list[dict[str, Any]], columns: list[str]) -> str:
+    def cell(column: str, value: Any) -> str:
+        if isinstance(value, float):
+            text = f"{value:.1f}" if column == "wall_time_s" else f"{value:.4f}"
+        else:
+            text = str(value)
+        return text.replace("|", "\\|")
+
+    common = " ".join(shared) or "(none)"
+    lines = [f"Sweep of {len(rows)} job(s); overrides of every job: {common}", ""]
+    lines.append("| " + " | ".join(columns) + " |")
+    lines.append("|" + "---|" * len(columns))
+    lines += ["| " + " | ".join(cell(c, row[c]) for c in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def _locked(sweep_dir: Path) -> Iterator[None]:
+    with open(sweep_dir / ".sweep.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def failed_jobs(sweep_dir: Path) -> list[str]:
+    return [row["job"] for row in sweep_rows(sweep_dir)[1] if row["status"] != "completed"]
+
+
+class SweepTable(Callback):
+    """Hydra callback (conf/config.yaml): the final sweep table, printed at the sweep's end."""
+
+    failed: list[str] | None = None  # read by runner.cli.main for the exit code
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        markdown = write_sweep_table(sweep_dir)
+        SweepTable.failed = failed_jobs(sweep_dir)
+        print(f"\n{markdown}\nsweep table: {sweep_dir / SWEEP_MD} (and {SWEEP_CSV})", flush=True)
+        if SweepTable.failed:
+            jobs = ", ".join(SweepTable.failed)
+            print(
+                f"runner: {len(SweepTable.failed)} job(s) did not complete: {jobs}",
+                file=sys.stderr,
+                flush=True,
+            )

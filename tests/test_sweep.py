@@ -1,0 +1,101 @@
+"""`runner -m`: every job runs, failures stay visible, the sweep root gets its table."""
+
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import FAST, child_env, runner_command
+
+pytestmark = pytest.mark.slow
+TINY = [*FAST, "max_epochs=null", "max_steps=2", "log_interval=1"]
+
+
+def sweep(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, Path]:
+    root = tmp_path / "sweep"
+    proc = subprocess.run(
+        runner_command("-m", *overrides, f"hydra.sweep.dir={root}"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=child_env(),
+    )
+    return proc, root
+
+
+def table(root: Path) -> list[dict[str, str]]:
+    with open(root / "sweep.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_failing_jobs_do_not_stop_the_sweep_and_are_listed(tmp_path: Path) -> None:
+    # job 0 completes, 1 and 3 are rejected (63 is odd), 2 loses rank 1 at step 2
+    proc, root = sweep(
+        tmp_path, *TINY, "chaos.kill_rank=1", "chaos.at_step=5,2", "global_batch_size=64,63"
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = table(root)
+    assert [r["status"] for r in rows] == ["completed", "invalid", "failed", "invalid"]
+    assert rows[0]["overrides"] == "chaos.at_step=5 global_batch_size=64"
+    assert float(rows[0]["val/accuracy"]) > 0 and rows[0]["steps"] == "2"
+    assert "global_batch_size=63: not divisible" in rows[1]["error"]
+    assert rows[2]["error"].startswith("rank 1")
+    assert "runner: 3 job(s) did not complete: 1, 2, 3" in proc.stderr
+    markdown = (root / "sweep.md").read_text()
+    assert "overrides of every job: " in markdown and "chaos.kill_rank=1" in markdown
+    assert "| 2 | chaos.at_step=2 global_batch_size=64 | failed |" in markdown
+    assert markdown in proc.stdout  # printed at the end, too
+
+    report = subprocess.run(
+        [sys.executable, "-m", "runner.report", str(root)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+    )
+    assert report.returncode == 0, report.stderr
+    header = report.stdout.splitlines()[1]
+    for column in ("run", "chaos.at_step", "global_batch_size", "status", "val/accuracy"):
+        assert column in header
+    assert "seed" not in header  # the same in every job: not a difference
+    assert (root / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    missing = subprocess.run(
+        [sys.executable, "-m", "runner.report", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+    )
+    assert missing.returncode == 2 and "no such directory" in missing.stderr
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_launcher_plugins_run_jobs_side_by_side(tmp_path: Path, launcher: str) -> None:
+    proc, root = sweep(tmp_path, *TINY, f"hydra/launcher={launcher}", "seed=1,2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = table(root)
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "completed"), ("1", "completed")]
+    assert rows[0]["train/loss"] != rows[1]["train/loss"]  # different seeds really ran
+    for job in ("0", "1"):
+        assert (root / job / "model.pt").is_file()
+
+
+def test_optuna_maximises_the_returned_validation_accuracy(tmp_path: Path) -> None:
+    proc, root = sweep(
+        tmp_path,
+        *TINY,
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.direction=maximize",
+        "optimizer.lr=interval(0.0001,0.01)",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    accuracies = [float(r["val/accuracy"]) for r in table(root)]
+    result = yaml.safe_load((root / "optimization_results.yaml").read_text())
+    assert len(accuracies) == 2 and not any(math.isnan(a) for a in accuracies)
+    assert result["best_value"] == pytest.approx(max(accuracies))
