@@ -8,16 +8,19 @@ The parent never imports torch: `--help`, `--cfg job` and config errors are inst
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import math
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import hydra
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -155,8 +158,53 @@ def _update_sweep_table(hydra_cfg: Any) -> None:
         log.warning("runner: could not update the sweep table: %s", exc)
 
 
+GROUPS = ("model", "data", "optimizer", "scheduler", "parallelism", "sync_strategy", "precision")
+
+
+def rerun_config(run_dir: Path, conf_dir: Path) -> str:
+    """A primary config that reproduces the run in `run_dir` from its resolved config.yaml.
+
+    Its defaults pick the options the run used and its own values are the run's resolved
+    values, so later edits of the config files or recipes change nothing. The run starts
+    fresh (resume=null) in a new run directory.
+    """
+    spec = yaml.safe_load((run_dir / "config.yaml").read_text())
+    spec["resume"] = None
+    primary = yaml.safe_load((conf_dir / "config.yaml").read_text())
+    defaults = [{group: spec[group]["name"]} for group in GROUPS]
+    hydra_defaults = [  # runner's help text and log format
+        d for d in primary["defaults"] if isinstance(d, dict) and "override hydra/" in str(d)
+    ]
+    document = {
+        "defaults": [*defaults, "_self_", *hydra_defaults],
+        **spec,
+        "hydra": primary["hydra"],
+    }
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def _rerun_argv(argv: list[str]) -> list[str]:
+    """`runner rerun RUN_DIR [KEY=VALUE ...]` as Hydra arguments."""
+    if len(argv) < 1 or argv[0].startswith("-") or "=" in argv[0]:
+        sys.exit("usage: runner rerun RUN_DIR [KEY=VALUE ...]")
+    run_dir = Path(argv[0])
+    if not (run_dir / "config.yaml").is_file():
+        print(
+            f"runner rerun: {run_dir} has no config.yaml; give a run directory "
+            "(runs/<timestamp>, or a sweep job's directory)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    config_dir = Path(tempfile.mkdtemp(prefix="runner-rerun-"))
+    atexit.register(shutil.rmtree, config_dir, ignore_errors=True)
+    (config_dir / "rerun.yaml").write_text(rerun_config(run_dir, Path(_conf_dir())))
+    return [f"--config-dir={config_dir}", "--config-name=rerun", *argv[1:]]
+
+
 def main() -> None:
-    """Console entry point: `runner [overrides]`."""
+    """Console entry point: `runner [overrides]`, or `runner rerun RUN_DIR [overrides]`."""
+    if sys.argv[1:2] == ["rerun"]:
+        sys.argv = [sys.argv[0], *_rerun_argv(sys.argv[2:])]
     app = hydra.main(version_base="1.3", config_path=_conf_dir(), config_name="config")(_run)
     app()
     if SweepTable.failed:  # a sweep ran every job; its exit code says whether all completed

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
+import subprocess
 
 
 def cpu_cores() -> int:
@@ -29,3 +31,29 @@ def threads_per_rank(local_ranks: int, cores: int | None = None) -> int:
     """Intra-op threads for each of `local_ranks` ranks sharing this node's cores."""
     cores = cpu_cores() if cores is None else cores
     return max(1, cores // max(1, local_ranks))
+
+
+def cuda_compute_capabilities() -> list[float]:
+    """Compute capability of each visible GPU from nvidia-smi (no torch); [] if unknown."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        return [float(line) for line in out.split()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
+
+
+def auto_precision(device: str, capabilities: list[float]) -> str:
+    """precision=auto: bf16 on CPU and on GPUs with native bf16 (compute capability >= 8.0,
+    Ampere and newer), fp16 with loss scaling on older or unknown GPUs."""
+    if device != "cuda":
+        return "bf16"
+    return "bf16" if capabilities and min(capabilities) >= 8.0 else "fp16"

@@ -3,16 +3,37 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 from runner.spec.schema import AdamWSpec, CosineSpec, OptimizerSpec, SchedulerSpec, SGDSpec
 
+NORM_LAYERS = (
+    torch.nn.modules.batchnorm._BatchNorm,
+    torch.nn.GroupNorm,
+    torch.nn.LayerNorm,
+    torch.nn.modules.instancenorm._InstanceNorm,
+)
 
-def build_optimizer(
-    spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]
-) -> torch.optim.Optimizer:
+
+def parameter_groups(spec: OptimizerSpec, module: torch.nn.Module) -> list[dict[str, Any]]:
+    """One group, or two when norm layers get their own weight decay (norm_weight_decay)."""
+    if spec.norm_weight_decay is None:
+        return [{"params": list(module.parameters())}]
+    norm_ids = {
+        id(p) for m in module.modules() if isinstance(m, NORM_LAYERS) for p in m.parameters()
+    }
+    norm = [p for p in module.parameters() if id(p) in norm_ids]
+    other = [p for p in module.parameters() if id(p) not in norm_ids]
+    groups: list[dict[str, Any]] = [{"params": other}]
+    if norm:
+        groups.append({"params": norm, "weight_decay": spec.norm_weight_decay})
+    return groups
+
+
+def build_optimizer(spec: OptimizerSpec, module: torch.nn.Module) -> torch.optim.Optimizer:
+    params = parameter_groups(spec, module)
     if isinstance(spec, SGDSpec):
         return torch.optim.SGD(
             params,

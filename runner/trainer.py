@@ -8,6 +8,7 @@ same gradient (see runner.data.sampler).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import os
@@ -82,7 +83,7 @@ class Trainer:
         )
         self.steps_per_epoch = self.sampler.steps_per_epoch
         self.total_steps = self._total_steps()
-        self.engine = build_engine(spec, module, device, self.total_steps)
+        self.engine = build_engine(self._with_warmup_steps(spec), module, device, self.total_steps)
         pin = self.device_type == "cuda"
         self.train_loader = build_train_loader(data.train, self.sampler, spec.data.num_workers, pin)
         self.val_loader = build_eval_loader(
@@ -113,6 +114,15 @@ class Trainer:
             enabled=self.is_main and spec.progress_bar,
             initial=self.step,
         )
+
+    def _with_warmup_steps(self, spec: RunSpec) -> RunSpec:
+        """scheduler.warmup_epochs in optimizer steps, now that an epoch's length is known."""
+        epochs = spec.scheduler.warmup_epochs
+        if epochs is None:
+            return spec
+        steps = round(epochs * self.steps_per_epoch)
+        scheduler = dataclasses.replace(spec.scheduler, warmup_steps=steps, warmup_epochs=None)
+        return dataclasses.replace(spec, scheduler=scheduler)
 
     def _total_steps(self) -> int:
         limits = [self.spec.max_steps or math.inf]

@@ -51,7 +51,7 @@ def train_plain(spec: RunSpec, naive_microbatches: int = 1) -> dict[str, torch.T
     seed_everything(spec.seed)
     data = build_datasets(spec.data)
     model = build_model(spec.model, data.input_shape, data.num_classes)
-    optimizer = build_optimizer(spec.optimizer, model.parameters())
+    optimizer = build_optimizer(spec.optimizer, model)
     sampler = GlobalBatchSampler(len(data.train), spec.global_batch_size, 1, 0, seed=spec.seed)
     scheduler = build_scheduler(spec.scheduler, optimizer, STEPS)
     step = 0

@@ -35,7 +35,7 @@ class DDPEngine(Engine):
         )
         self.strategy = spec.sync_strategy.name
         self.grad_clip_norm = spec.grad_clip_norm
-        self.optimizer = build_optimizer(spec.optimizer, module.parameters())
+        self.optimizer = build_optimizer(spec.optimizer, module)
         self.scheduler = build_scheduler(spec.scheduler, self.optimizer, total_steps)
         self.scaler = grad_scaler(spec.precision, torch.device(device).type)
 

@@ -43,7 +43,7 @@ class DeepSpeedEngine(Engine):
         name = spec.parallelism.name
         deepspeed = _import_deepspeed(name, device)
         config, _ = merge_user_config(spec)  # conflicts were rejected by the parent
-        optimizer = build_optimizer(spec.optimizer, module.parameters())
+        optimizer = build_optimizer(spec.optimizer, module)
         scheduler = build_scheduler(spec.scheduler, optimizer, total_steps)
         try:
             self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(

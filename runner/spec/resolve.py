@@ -89,12 +89,17 @@ def _resolve_hardware(spec: RunSpec, problems: list[str], cuda_devices: int | No
         problems.append(
             f"nproc={nproc}: only {gpus} CUDA device(s) visible; use nproc<={gpus} or nproc=auto"
         )
-    if spec.precision.name is Precision.FP16 and device != "cuda":
+    precision = spec.precision
+    if precision.name is Precision.AUTO:
+        capabilities = hardware.cuda_compute_capabilities() if device == "cuda" else []
+        chosen = Precision(hardware.auto_precision(device, capabilities))
+        precision = dataclasses.replace(precision, name=chosen)
+    if precision.name is Precision.FP16 and device != "cuda":
         problems.append(
             f"precision=fp16 needs CUDA (GradScaler), but device={device}; "
             "use precision=bf16 or fp32 on CPU"
         )
-    return dataclasses.replace(spec, device=device, nproc=nproc)
+    return dataclasses.replace(spec, device=device, nproc=nproc, precision=precision)
 
 
 def _resolve_data_root(spec: RunSpec, problems: list[str]) -> RunSpec:
@@ -136,6 +141,12 @@ def _check_sizes(spec: RunSpec, problems: list[str]) -> None:
         )
     if spec.max_steps is None and spec.max_epochs is None:
         problems.append("max_steps=null and max_epochs=null: set at least one of them")
+    warmup = spec.scheduler
+    if warmup.warmup_epochs is not None and warmup.warmup_steps:
+        problems.append(
+            f"scheduler.warmup_epochs={warmup.warmup_epochs}: scheduler.warmup_steps="
+            f"{warmup.warmup_steps} is set too; set one of them (scheduler.warmup_steps=0)"
+        )
 
 
 def _check_sync_strategy(spec: RunSpec, problems: list[str]) -> None:

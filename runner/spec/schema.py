@@ -42,6 +42,8 @@ class Precision(str, Enum):
     """bfloat16 autocast; fp32 master weights. Works on CPU and on Ampere+ GPUs."""
     FP16 = "fp16"
     """float16 autocast with a dynamic GradScaler. CUDA only."""
+    AUTO = "auto"
+    """Pick for the device: bf16 on CPU and on GPUs that support it (Ampere+), else fp16."""
 
 
 # ----------------------------------------------------------------------------- model
@@ -130,6 +132,7 @@ class SGDSpec:
     momentum: float = _bound(0.9, min=0.0)
     nesterov: bool = False
     weight_decay: float = _bound(0.0, min=0.0)
+    norm_weight_decay: float | None = _bound(None, min=0.0)  # for norm layers; None = weight_decay
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,7 @@ class AdamWSpec:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = _bound(1e-8, gt=0.0)
     weight_decay: float = _bound(0.01, min=0.0)
+    norm_weight_decay: float | None = _bound(None, min=0.0)  # for norm layers; None = weight_decay
 
 
 OptimizerSpec = SGDSpec | AdamWSpec
@@ -150,6 +154,7 @@ OptimizerSpec = SGDSpec | AdamWSpec
 class ConstantSpec:
     name: Literal["constant"] = "constant"
     warmup_steps: int = _bound(0, min=0)
+    warmup_epochs: float | None = _bound(None, min=0.0)  # instead of warmup_steps
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,7 @@ class CosineSpec:
 
     name: Literal["cosine"] = "cosine"
     warmup_steps: int = _bound(0, min=0)
+    warmup_epochs: float | None = _bound(None, min=0.0)  # instead of warmup_steps
     min_lr_ratio: float = _bound(0.0, min=0.0, max=1.0)
 
 
