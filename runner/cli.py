@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import logging
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -201,10 +202,30 @@ def _rerun_argv(argv: list[str]) -> list[str]:
     return [f"--config-dir={config_dir}", "--config-name=rerun", *argv[1:]]
 
 
+USER_CONFIG_ENV = "RUNNER_CONFIG_DIR"
+
+
+def _user_config_argv(directory: str) -> list[str]:
+    """RUNNER_CONFIG_DIR=DIR: the user's own recipes (DIR/recipe/NAME.yaml) and group options
+    (DIR/model/NAME.yaml, ...) next to runner's, like `runner --config-dir DIR`."""
+    if not Path(directory).is_dir():
+        print(
+            f"runner: {USER_CONFIG_ENV}={directory!r}: no such directory "
+            "(it should hold recipe/NAME.yaml files)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    return [f"--config-dir={directory}"]
+
+
 def main() -> None:
     """Console entry point: `runner [overrides]`, or `runner rerun RUN_DIR [overrides]`."""
     if sys.argv[1:2] == ["rerun"]:
         sys.argv = [sys.argv[0], *_rerun_argv(sys.argv[2:])]
+    elif os.environ.get(USER_CONFIG_ENV) and not any(
+        a.startswith(("--config-dir", "-cd")) for a in sys.argv[1:]
+    ):
+        sys.argv = [sys.argv[0], *_user_config_argv(os.environ[USER_CONFIG_ENV]), *sys.argv[1:]]
     app = hydra.main(version_base="1.3", config_path=_conf_dir(), config_name="config")(_run)
     app()
     if SweepTable.failed:  # a sweep ran every job; its exit code says whether all completed

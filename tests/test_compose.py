@@ -46,7 +46,7 @@ def test_every_group_has_options() -> None:
         "multi_auto_sync",
         "single_auto_sync",
     ]
-    assert options("precision") == ["bf16", "fp16", "fp32"]
+    assert options("precision") == ["auto", "bf16", "fp16", "fp32"]
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -62,17 +62,18 @@ def test_every_option_composes_and_resolves(group: str, image_roots: dict[str, s
         spec = resolve_spec(compose_config(overrides))
         assert isinstance(spec, RunSpec)
         name = getattr(spec, group).name
-        assert getattr(name, "value", name) == option or (group, option) == (
-            "sync_strategy",
-            "auto",
-        )
+        resolved_elsewhere = (group, option) in (("sync_strategy", "auto"), ("precision", "auto"))
+        assert getattr(name, "value", name) == option or resolved_elsewhere
 
 
-def test_every_recipe_composes() -> None:
+def test_every_recipe_composes(image_roots: dict[str, str]) -> None:
     recipes = sorted(p.stem for p in (CONF_DIR / "recipe").glob("*.yaml"))
     assert recipes, "recipes/ is empty"
     for recipe in recipes:
-        resolve_spec(compose_config([f"+recipe={recipe}", "device=cpu"]))
+        config = compose_config([f"+recipe={recipe}", "device=cpu"])
+        root = image_roots.get(config["data"]["name"])
+        overrides = [f"data.root={root}"] if root else []
+        resolve_spec(compose_config([f"+recipe={recipe}", "device=cpu", *overrides]))
 
 
 def test_default_config_resolves_autos() -> None:

@@ -67,3 +67,27 @@ def test_recipe_twice_and_rerun_reproduce(cli) -> None:
     assert (again.run_dir / "config.yaml").read_text() == (
         first.run_dir / "config.yaml"
     ).read_text()
+
+
+def test_user_recipe_directory(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.conftest import child_env, runner_command
+
+    (tmp_path / "mine" / "recipe").mkdir(parents=True)
+    (tmp_path / "mine" / "recipe" / "tiny.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /model: resnet18\nglobal_batch_size: 32\n"
+    )
+    env = dict(child_env(), RUNNER_CONFIG_DIR=str(tmp_path / "mine"))
+
+    def runner(*args: str) -> str:
+        proc = subprocess.run(
+            runner_command(*args), capture_output=True, text=True, env=env, cwd=tmp_path
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    listed = next(line for line in runner("--help").splitlines() if line.startswith("recipe:"))
+    assert "tiny" in listed and "resnet50" in listed
+    config = yaml.safe_load(runner("--cfg", "job", "+recipe=tiny", "global_batch_size=16"))
+    assert config["model"]["name"] == "resnet18" and config["global_batch_size"] == 16
