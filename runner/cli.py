@@ -33,7 +33,6 @@ from runner.spec import RunSpec, SpecError, resolve_spec, save_spec
 from runner.summary import (
     FAILED,
     INTERRUPTED,
-    INVALID,
     archive_previous,
     read_summary,
     write_unfinished_summary,
@@ -122,7 +121,7 @@ def _run(cfg: DictConfig) -> float | None:
             "exitcode": 2,
             "message": "invalid configuration: " + "; ".join(err.problems),
         }
-        write_unfinished_summary(run_dir, INVALID, 0, start_time, error)
+        write_unfinished_summary(run_dir, FAILED, 0, start_time, error)
         _update_sweep_table(hydra_cfg)
         return math.nan
 

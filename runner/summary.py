@@ -14,7 +14,6 @@ from typing import Any
 from runner.artifacts import RunDir, read_json, read_jsonl, write_json
 
 COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
-INVALID = "invalid"  # a sweep job whose config was rejected before any rank started
 
 
 HISTORY_KEYS = ("status", "steps", "wall_time_s", "restarts", "resumed_from")

@@ -99,3 +99,10 @@ def test_command_line_beats_recipe() -> None:
         compose_config(["+recipe=mlp_digits", "nproc=1", "optimizer=sgd", "device=cpu"])
     )
     assert spec.nproc == 1 and spec.optimizer.name == "sgd"
+
+
+def test_command_line_beats_the_recipe() -> None:
+    config = compose_config(["+recipe=resnet50", "parallelism=zero2", "nproc=8", "data.root=/x"])
+    assert config["parallelism"]["name"] == "zero2" and config["nproc"] == 8
+    assert config["model"]["name"] == "resnet50"  # the rest of the recipe still applies
+    assert config["optimizer"]["momentum"] == 0.875
