@@ -75,7 +75,16 @@ def differing_keys(runs: list[Path], configs: list[dict[str, Any]]) -> list[str]
                 values.append(config[key])
         if any(v != values[0] for v in values[1:]):
             differing.append(key)
-    return differing
+    # When runs use different options of a group (parallelism=ddp vs zero2), the keys that only
+    # one option has are no news: `parallelism.name` already says it.
+    switched = {key.rsplit(".", 1)[0] for key in differing if key.endswith(".name")}
+    return [
+        key
+        for key in differing
+        if key.endswith(".name")
+        or key.split(".", 1)[0] not in switched
+        or all(key in config for config, ok in zip(configs, resolved, strict=True) if ok)
+    ]
 
 
 def label(run: Path, base: Path) -> str:
