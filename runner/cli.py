@@ -8,20 +8,17 @@ The parent never imports torch: `--help`, `--cfg job` and config errors are inst
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import hydra
-import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -29,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from runner.artifacts import RunDir, environment_info, write_json
 from runner.failures import format_error
+from runner.rerun import rerun_argv
 from runner.spec import RunSpec, SpecError, resolve_spec, save_spec
 from runner.summary import (
     FAILED,
@@ -158,49 +156,6 @@ def _update_sweep_table(hydra_cfg: Any) -> None:
         log.warning("runner: could not update the sweep table: %s", exc)
 
 
-GROUPS = ("model", "data", "optimizer", "scheduler", "parallelism", "sync_strategy", "precision")
-
-
-def rerun_config(run_dir: Path, conf_dir: Path) -> str:
-    """A primary config that reproduces the run in `run_dir` from its resolved config.yaml.
-
-    Its defaults pick the options the run used and its own values are the run's resolved
-    values, so later edits of the config files or recipes change nothing. The run starts
-    fresh (resume=null) in a new run directory.
-    """
-    spec = yaml.safe_load((run_dir / "config.yaml").read_text())
-    spec["resume"] = None
-    primary = yaml.safe_load((conf_dir / "config.yaml").read_text())
-    defaults = [{group: spec[group]["name"]} for group in GROUPS]
-    hydra_defaults = [  # runner's help text and log format
-        d for d in primary["defaults"] if isinstance(d, dict) and "override hydra/" in str(d)
-    ]
-    document = {
-        "defaults": [*defaults, "_self_", *hydra_defaults],
-        **spec,
-        "hydra": primary["hydra"],
-    }
-    return yaml.safe_dump(document, sort_keys=False)
-
-
-def _rerun_argv(argv: list[str]) -> list[str]:
-    """`runner rerun RUN_DIR [KEY=VALUE ...]` as Hydra arguments."""
-    if len(argv) < 1 or argv[0].startswith("-") or "=" in argv[0]:
-        sys.exit("usage: runner rerun RUN_DIR [KEY=VALUE ...]")
-    run_dir = Path(argv[0])
-    if not (run_dir / "config.yaml").is_file():
-        print(
-            f"runner rerun: {run_dir} has no config.yaml; give a run directory "
-            "(runs/<timestamp>, or a sweep job's directory)",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-    config_dir = Path(tempfile.mkdtemp(prefix="runner-rerun-"))
-    atexit.register(shutil.rmtree, config_dir, ignore_errors=True)
-    (config_dir / "rerun.yaml").write_text(rerun_config(run_dir, Path(_conf_dir())))
-    return [f"--config-dir={config_dir}", "--config-name=rerun", *argv[1:]]
-
-
 USER_CONFIG_ENV = "RUNNER_CONFIG_DIR"
 
 
@@ -220,7 +175,7 @@ def _user_config_argv(directory: str) -> list[str]:
 def main() -> None:
     """Console entry point: `runner [overrides]`, or `runner rerun RUN_DIR [overrides]`."""
     if sys.argv[1:2] == ["rerun"]:
-        sys.argv = [sys.argv[0], *_rerun_argv(sys.argv[2:])]
+        sys.argv = [sys.argv[0], *rerun_argv(sys.argv[2:], Path(_conf_dir()))]
     elif os.environ.get(USER_CONFIG_ENV) and not any(
         a.startswith(("--config-dir", "-cd")) for a in sys.argv[1:]
     ):

@@ -1,0 +1,59 @@
+"""`runner rerun RUN_DIR [KEY=VALUE ...]`: run a finished run again from its config.yaml.
+
+The run's resolved config becomes a temporary primary config (Hydra's
+`--config-dir`/`--config-name`), so the new run gets the same values whatever
+the config files and recipes say today, its own run directory, and Hydra's
+usual treatment of further overrides.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+GROUPS = ("model", "data", "optimizer", "scheduler", "parallelism", "sync_strategy", "precision")
+
+
+def rerun_config(run_dir: Path, conf_dir: Path) -> str:
+    """A primary config that reproduces the run in `run_dir` from its resolved config.yaml.
+
+    Its defaults pick the options the run used and its own values are the run's resolved
+    values, so later edits of the config files or recipes change nothing. The run starts
+    fresh (resume=null) in a new run directory.
+    """
+    spec = yaml.safe_load((run_dir / "config.yaml").read_text())
+    spec["resume"] = None
+    primary = yaml.safe_load((conf_dir / "config.yaml").read_text())
+    defaults = [{group: spec[group]["name"]} for group in GROUPS]
+    hydra_defaults = [  # runner's help text and log format
+        d for d in primary["defaults"] if isinstance(d, dict) and "override hydra/" in str(d)
+    ]
+    document = {
+        "defaults": [*defaults, "_self_", *hydra_defaults],
+        **spec,
+        "hydra": primary["hydra"],
+    }
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def rerun_argv(argv: list[str], conf_dir: Path) -> list[str]:
+    """`runner rerun RUN_DIR [KEY=VALUE ...]` as Hydra arguments."""
+    if len(argv) < 1 or argv[0].startswith("-") or "=" in argv[0]:
+        sys.exit("usage: runner rerun RUN_DIR [KEY=VALUE ...]")
+    run_dir = Path(argv[0])
+    if not (run_dir / "config.yaml").is_file():
+        print(
+            f"runner rerun: {run_dir} has no config.yaml; give a run directory "
+            "(runs/<timestamp>, or a sweep job's directory)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    config_dir = Path(tempfile.mkdtemp(prefix="runner-rerun-"))
+    atexit.register(shutil.rmtree, config_dir, ignore_errors=True)
+    (config_dir / "rerun.yaml").write_text(rerun_config(run_dir, conf_dir))
+    return [f"--config-dir={config_dir}", "--config-name=rerun", *argv[1:]]
