@@ -36,15 +36,18 @@ def resolve_spec(
     config: Mapping[str, Any],
     cuda_devices: int | None = None,
     run_dir: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> RunSpec:
     """Check `config` (plain data, interpolations resolved) and resolve its `auto` values.
 
-    `run_dir` is where the run will write (resume=auto reads its checkpoints).
+    `run_dir` is where the run will write (resume=auto reads its checkpoints); `environ`
+    (default os.environ) is where nodes=auto looks for a SLURM allocation.
     Raises SpecError listing every problem found.
     """
     spec = from_dict(RunSpec, config)
     problems: list[str] = []
     spec = _resolve_hardware(spec, problems, cuda_devices)
+    spec = _resolve_nodes(spec, problems, os.environ if environ is None else environ)
     spec = _resolve_data_root(spec, problems)
     if problems:  # the checks below need a resolved nproc and device
         raise SpecError(problems)
@@ -100,6 +103,28 @@ def _resolve_hardware(spec: RunSpec, problems: list[str], cuda_devices: int | No
             "use precision=bf16 or fp32 on CPU"
         )
     return dataclasses.replace(spec, device=device, nproc=nproc, precision=precision)
+
+
+def _resolve_nodes(spec: RunSpec, problems: list[str], environ: Mapping[str, str]) -> RunSpec:
+    """nodes=auto: the SLURM allocation this runs in (nodes, node_rank, master), else 1 node."""
+    if spec.nodes != "auto":
+        return spec
+    from runner import slurm
+
+    try:
+        place = slurm.placement(environ, spec.master_port)
+    except ValueError as exc:
+        problems.append(f"nodes=auto: cannot read the SLURM environment: {exc}")
+        return dataclasses.replace(spec, nodes=1)
+    if place is None:
+        return dataclasses.replace(spec, nodes=1)
+    return dataclasses.replace(
+        spec,
+        nodes=place.nodes,
+        node_rank=place.node_rank,
+        master_addr=place.master_addr,
+        master_port=place.master_port,
+    )
 
 
 def _resolve_data_root(spec: RunSpec, problems: list[str]) -> RunSpec:

@@ -252,7 +252,7 @@ class RunSpec:
     chaos: ChaosSpec = field(default_factory=ChaosSpec)
 
     nproc: int | Literal["auto"] = _bound(1, min=1)
-    nodes: int = _bound(1, min=1)
+    nodes: int | Literal["auto"] = _bound(1, min=1)
     node_rank: int = _bound(0, min=0)
     master_addr: str = "127.0.0.1"
     master_port: int | None = _bound(None, min=1, max=65535)
@@ -277,6 +277,7 @@ class RunSpec:
     @property
     def world_size(self) -> int:
         assert isinstance(self.nproc, int), "nproc is resolved before use"
+        assert isinstance(self.nodes, int), "nodes is resolved before use"
         return self.nodes * self.nproc
 
     @property

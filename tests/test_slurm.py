@@ -1,0 +1,64 @@
+"""nodes=auto inside a SLURM allocation: reading SLURM's environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.slurm import expand_hostlist, job_port, placement
+from runner.spec import SpecError, resolve_spec
+from tests.test_compose import compose_config
+
+
+@pytest.mark.parametrize(
+    ("hostlist", "hosts"),
+    [
+        ("node07", ["node07"]),
+        ("node[01-04,07]", ["node01", "node02", "node03", "node04", "node07"]),
+        ("gpu-a[8-10],gpu-b3", ["gpu-a8", "gpu-a9", "gpu-a10", "gpu-b3"]),
+        ("n[098-101]-ib", ["n098-ib", "n099-ib", "n100-ib", "n101-ib"]),
+        ("rack[1-2]-node[01-02]", ["rack1-node01", "rack1-node02", "rack2-node01", "rack2-node02"]),
+        ("a,b[1,3]", ["a", "b1", "b3"]),
+    ],
+)
+def test_expand_hostlist(hostlist: str, hosts: list[str]) -> None:
+    assert expand_hostlist(hostlist) == hosts
+
+
+@pytest.mark.parametrize("bad", ["node[01-04", "node[a-c]"])
+def test_unreadable_hostlist(bad: str) -> None:
+    with pytest.raises(ValueError):
+        expand_hostlist(bad)
+
+
+JOB = {
+    "SLURM_JOB_ID": "4242117",
+    "SLURM_JOB_NODELIST": "gpu[013-014,020]",
+    "SLURM_NNODES": "3",
+    "SLURM_NODEID": "2",
+    "SLURM_PROCID": "2",
+    "SLURM_NTASKS_PER_NODE": "1",
+}
+
+
+def test_placement_inside_a_job() -> None:
+    place = placement(JOB, master_port=None)
+    assert place is not None
+    assert (place.nodes, place.node_rank, place.master_addr) == (3, 2, "gpu013")
+    assert place.master_port == job_port("4242117") == 15000 + 4242117 % 20000
+    assert placement(JOB, master_port=29500).master_port == 29500  # given port wins
+    assert placement({"HOME": "/root"}, master_port=None) is None
+
+
+def test_nodes_auto_resolves_from_slurm_or_to_one_node() -> None:
+    spec = resolve_spec(
+        compose_config(["nodes=auto", "device=cpu", "global_batch_size=60"]), environ=JOB
+    )
+    assert (spec.nodes, spec.node_rank, spec.master_addr) == (3, 2, "gpu013")
+    assert spec.world_size == 3 * spec.nproc
+    alone = resolve_spec(compose_config(["nodes=auto", "device=cpu"]), environ={})
+    assert (alone.nodes, alone.master_port) == (1, None)
+    with pytest.raises(SpecError, match="nodes=auto: cannot read the SLURM environment"):
+        resolve_spec(
+            compose_config(["nodes=auto", "device=cpu"]),
+            environ={**JOB, "SLURM_JOB_NODELIST": "gpu[01-"},
+        )
