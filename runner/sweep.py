@@ -23,10 +23,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from runner.artifacts import read_json, write_atomic
-from runner.report import job_order
+from runner.report import METRICS, job_order
 
 SWEEP_CSV, SWEEP_MD = "sweep.csv", "sweep.md"
-METRICS = ("val/accuracy", "val/loss", "train/loss")
 
 
 def job_dirs(sweep_dir: Path) -> list[Path]:
