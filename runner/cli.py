@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.artifacts import RunDir, environment_info, write_json
+from runner.artifacts import RunDir, environment_info, read_json, write_json
 from runner.failures import format_error
 from runner.rerun import rerun_argv
 from runner.spec import RunSpec, SpecError, resolve_spec, save_spec
@@ -60,6 +61,9 @@ def _resolve(cfg: DictConfig, run_dir: Path) -> RunSpec:
 
 def _discard(run_dir: Path) -> None:
     """Remove the directory Hydra made for a run that never started (only Hydra's files in it)."""
+    for node_dir in run_dir.glob("node*"):  # another node's Hydra files (see _node_subdir)
+        if {p.name for p in node_dir.iterdir()} <= {".hydra"}:
+            shutil.rmtree(node_dir, ignore_errors=True)
     leftovers = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
     if leftovers <= {".hydra"}:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -123,8 +127,10 @@ def _run(cfg: DictConfig) -> float | None:
         _update_sweep_table(hydra_cfg)
         return math.nan
 
+    if spec.node_rank > 0:
+        return _run_other_node(spec, run_dir, start_time)
     save_spec(spec, run_dir.root)
-    write_json(run_dir.env, environment_info())
+    write_json(run_dir.env, {"run_id": uuid.uuid4().hex, **environment_info()})
     run_dir.logs.mkdir(parents=True, exist_ok=True)
     archive_previous(run_dir)  # resuming in an earlier run's directory keeps its story
 
@@ -149,12 +155,76 @@ def _run(cfg: DictConfig) -> float | None:
     return summary.get("final", {}).get("val/accuracy", math.nan)
 
 
+def _run_other_node(spec: RunSpec, run_dir: RunDir, start_time: float) -> float | None:
+    """Node i > 0 of a multi-node run. Its own files (config.yaml, env.json, summary.json,
+    .hydra/) go to `node{i}/`; its ranks write into node 0's run directory when this node
+    sees it (shared filesystem) and into this one otherwise. With a shared filesystem the
+    `node{i}/` directory then moves next to node 0's files, and this node's own run
+    directory, left empty, goes away: one run, one directory."""
+    node_dir = run_dir.root / f"node{spec.node_rank}"
+    node_dir.mkdir(parents=True, exist_ok=True)
+    outcome = node_dir / "summary.json"
+    outcome.unlink(missing_ok=True)
+    save_spec(spec, node_dir)
+    write_json(node_dir / "env.json", environment_info())
+    code, received = run_agent(node_dir, start_time)
+    summary = read_json(outcome)
+    if summary is None:  # the agent died before it could write one
+        summary = {
+            "status": INTERRUPTED if received else FAILED,
+            "node_rank": spec.node_rank,
+            "run_dir": str(run_dir.root),
+            "error": {"rank": None, "exitcode": code, "message": f"launcher exited with {code}"},
+        }
+        write_json(outcome, summary)
+    ranks_root = Path(summary.get("run_dir") or run_dir.root)
+    if ranks_root.resolve() != run_dir.root.resolve():  # shared filesystem: join node 0's dir
+        target = ranks_root / node_dir.name
+        shutil.rmtree(target, ignore_errors=True)  # an earlier launch's, in a resumed run
+        shutil.move(str(node_dir), str(target))
+        node_dir = target
+        _discard(run_dir.root)
+    first = spec.node_rank * spec.nproc  # type: ignore[operator]
+    log.info(
+        "runner: node %d (ranks %d-%d): its files are in %s",
+        spec.node_rank,
+        first,
+        first + spec.nproc - 1,  # type: ignore[operator]
+        _shown(node_dir),
+    )
+    run_summary = read_summary(RunDir(ranks_root))
+    shown = run_summary if summary.get("status") == "completed" and run_summary else summary
+    _report(shown, RunDir(ranks_root))
+    if code != 0 and HydraConfig.get().mode != RunMode.MULTIRUN:
+        sys.exit(code)
+    return shown.get("final", {}).get("val/accuracy", math.nan)
+
+
 def _update_sweep_table(hydra_cfg: Any) -> None:
     try:
         write_sweep_table(Path(hydra_cfg.sweep.dir))
     except OSError as exc:  # the table is a convenience; never fail a finished job over it
         log.warning("runner: could not update the sweep table: %s", exc)
 
+
+def _node_subdir(nodes: Any, node_rank: Any) -> str:
+    """hydra.output_subdir: `.hydra` on node 0, `node{i}/.hydra` on node i, so that nodes
+    sharing a run directory never write each other's Hydra files."""
+    rank = int(node_rank or 0)
+    if str(nodes) == "auto":
+        from runner import slurm
+
+        try:
+            place = slurm.placement(os.environ, None)
+        except ValueError:
+            place = None  # resolve_spec reports it
+        rank = place.node_rank if place else 0
+    return f"node{rank}/.hydra" if rank > 0 else ".hydra"
+
+
+# At import: launcher plugins (submitit, joblib) run jobs in processes that import this
+# module to unpickle the job, and resolve hydra.output_subdir there.
+OmegaConf.register_new_resolver("runner_hydra_subdir", _node_subdir, replace=True)
 
 USER_CONFIG_ENV = "RUNNER_CONFIG_DIR"
 
@@ -181,7 +251,13 @@ def main() -> None:
     ):
         sys.argv = [sys.argv[0], *_user_config_argv(os.environ[USER_CONFIG_ENV]), *sys.argv[1:]]
     app = hydra.main(version_base="1.3", config_path=_conf_dir(), config_name="config")(_run)
-    app()
+    try:
+        app()
+    except ValueError as exc:  # Hydra's own check of the command-line flags
+        if not str(exc).startswith("Only one of"):
+            raise
+        print(f"runner: {exc} (to see a sweep job's config, leave out -m)", file=sys.stderr)
+        sys.exit(2)
     if SweepTable.failed:  # a sweep ran every job; its exit code says whether all completed
         sys.exit(1)
 

@@ -57,6 +57,17 @@ class RankFailure:
             return is_comms_error(self.error_type, self.message)
         return self.exitcode in (-signal.SIGTERM, -signal.SIGINT)
 
+    def as_dict(self) -> dict:
+        """A JSON-ready copy (sent to the other nodes of a run)."""
+        data = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        data["log"] = str(self.log) if self.log else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RankFailure:
+        log = data.get("log")
+        return cls(**{**data, "log": Path(log) if log else None})
+
     def headline(self) -> str:
         where = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
         if self.error_type:

@@ -1,7 +1,8 @@
 """Stage 4: the launcher process. Runs torch's elastic agent, which fans out the ranks.
 
-`python -m runner.launch RUN_DIR` is started by the `runner` parent (which never
-imports torch). It reads the resolved spec, starts `nproc` ranks of
+`python -m runner.launch NODE_DIR` is started by the `runner` parent (which never
+imports torch). It reads the resolved spec, on a multi-node run agrees with the
+other nodes' agents (runner.nodes), starts `nproc` ranks of
 `python -m runner.worker RUN_DIR` through a static TCP rendezvous, restarts them
 up to `max_restarts` times, and when the ranks fail or a signal arrives it
 stops them all and writes summary.json with the root cause.
@@ -17,12 +18,19 @@ import sys
 import time
 from pathlib import Path
 
-from runner import hardware, rendezvous
-from runner.artifacts import RunDir, read_json, tail
+from runner import hardware, network, nodes, rendezvous
+from runner.artifacts import RunDir, read_json, tail, write_json
 from runner.failures import RankFailure, root_cause
 from runner.procs import die_with_parent, exit_code_for_signal
 from runner.spec import RunSpec, load_spec
-from runner.summary import FAILED, INTERRUPTED, read_summary, write_unfinished_summary
+from runner.summary import (
+    COMPLETED,
+    FAILED,
+    INTERRUPTED,
+    build_summary,
+    read_summary,
+    write_unfinished_summary,
+)
 
 SHUTDOWN_TIMEOUT_S = 10
 log = logging.getLogger("runner")
@@ -55,6 +63,17 @@ def _logs_specs(run_dir: RunDir):
     return RunLogsSpecs()
 
 
+def _quiet_torch_elastic() -> None:
+    """runner reports failures and signals itself; torch elastic's loggers set their own
+    levels (LOGLEVEL, default WARNING) as they are created, so silence each one."""
+    import torch.distributed.elastic.agent.server.api  # noqa: F401  (creates the loggers)
+    import torch.distributed.launcher.api  # noqa: F401
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def _set_thread_env(spec: RunSpec) -> int:
     """Split this node's cores among its ranks, before any rank imports torch."""
     threads = hardware.threads_per_rank(spec.nproc)  # type: ignore[arg-type]
@@ -84,16 +103,95 @@ def _rank_failures(run_dir: RunDir, failures: dict) -> list[RankFailure]:
     return result
 
 
-def launch(run_dir: RunDir, spec: RunSpec) -> int:
-    """Run the elastic agent for this node; return the process exit code."""
+def _outcome_writer(spec: RunSpec, node_dir: Path, start_time: float):
+    """Node 0 writes the run's summary.json; another node writes its own in its node directory
+    (`node{i}/summary.json`), with `run_dir` telling where its ranks wrote."""
+
+    def write(run_dir: RunDir, status: str, error: dict | None = None) -> None:
+        if spec.node_rank == 0:
+            write_unfinished_summary(run_dir, status, spec.world_size, start_time, error)
+            return
+        summary = build_summary(status, spec.world_size, start_time, [], error=error)
+        summary.update(
+            node_rank=spec.node_rank, host=socket.gethostname(), run_dir=str(run_dir.root)
+        )
+        write_json(node_dir / "summary.json", summary)
+
+    return write
+
+
+def _join_nodes(spec: RunSpec, node_dir: Path, run_root: Path) -> tuple[nodes.NodeLink, Path]:
+    """Meet the other nodes (see runner.nodes); returns the link and where the ranks write."""
+    assert spec.master_port is not None, "multi-node runs have a fixed master_port"
+    if spec.node_rank > 0:
+        log.info(
+            "runner: node %d of %d: waiting for node 0 at %s:%d",
+            spec.node_rank,
+            spec.nodes,
+            spec.master_addr,
+            spec.master_port,
+        )
+    else:
+        log.info(
+            "runner: node 0 of %d: waiting for the other nodes on port %d",
+            spec.nodes,
+            spec.master_port,
+        )
+    try:
+        link = nodes.NodeLink(spec.master_addr, spec.master_port, spec.node_rank, spec.nodes)
+    except Exception as exc:  # cannot bind (node 0) or reach node 0 (the others)
+        what = "listen on" if spec.node_rank == 0 else "reach node 0 at"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise nodes.NodeMismatch(
+            f"node {spec.node_rank} cannot {what} {spec.master_addr}:{spec.master_port}: {first}"
+        ) from None
+    placement = link.agree(run_root, (node_dir / "config.yaml").read_text())
+    if "GLOO_SOCKET_IFNAME" not in os.environ:  # see runner.network
+        interface = network.interface_towards(spec.master_addr)
+        if interface:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
+    if spec.node_rank == 0:
+        env_path = RunDir(run_root).env
+        env = read_json(env_path) or {}
+        env["hosts"] = list(dict.fromkeys(n["host"] for n in placement.nodes))
+        env["nodes"] = placement.nodes
+        write_json(env_path, env)
+    elif not placement.shared:
+        log.warning(
+            "runner: node %d does not see node 0's run directory; its ranks write to %s "
+            "(checkpoints and resume need a shared filesystem)",
+            spec.node_rank,
+            placement.run_root,
+        )
+    return link, placement.run_root
+
+
+def launch(node_dir: Path, spec: RunSpec) -> int:
+    """Run the elastic agent for this node; return the process exit code.
+
+    `node_dir` holds this node's config.yaml: the run directory on node 0, its
+    `node{i}/` subdirectory on the others.
+    """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
+    write_outcome = _outcome_writer(spec, node_dir, start_time)
+    run_root = node_dir if spec.node_rank == 0 else node_dir.parent
+    link = None
+    if spec.nodes > 1:
+        try:
+            link, run_root = _join_nodes(spec, node_dir, run_root)
+        except nodes.NodeMismatch as exc:  # reported by the parent, from the summary
+            error = {"rank": None, "exitcode": 2, "message": f"the nodes cannot start: {exc}"}
+            write_outcome(RunDir(run_root), FAILED, error)
+            return 2
+    run_dir = RunDir(run_root)
     rendezvous.register()
     threads = _set_thread_env(spec)
-    start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
     os.environ["RUNNER_AGENT_PID"] = str(os.getpid())
+    os.environ["RUNNER_NODE_DIR"] = str(node_dir)  # ranks read this node's config.yaml
     port = spec.master_port or 0
     config = LaunchConfig(
         min_nodes=spec.nodes,
@@ -102,7 +200,7 @@ def launch(run_dir: RunDir, spec: RunSpec) -> int:
         run_id="runner",
         rdzv_backend=rendezvous.BACKEND,
         rdzv_endpoint=f"{spec.master_addr}:{port}",
-        rdzv_configs={"rank": spec.node_rank, "timeout": 900},
+        rdzv_configs={"rank": spec.node_rank, "timeout": nodes.JOIN_TIMEOUT_S},
         max_restarts=spec.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
@@ -117,37 +215,87 @@ def launch(run_dir: RunDir, spec: RunSpec) -> int:
         threads,
         run_dir.root,
     )
+    if link is not None:
+        link.watch()
     try:
         elastic_launch(config, sys.executable)("-u", "-m", "runner.worker", str(run_dir.root))
     except ChildFailedError as exc:
+        _settle(link)
         failures = _rank_failures(run_dir, exc.failures)
         cause = root_cause(failures)
-        error = cause.summary_error(others=len(failures) - 1)
-        write_unfinished_summary(run_dir, FAILED, spec.world_size, start_time, error)
+        if link is not None:
+            link.publish(cause)
+            failures += link.remote_failures(nodes.COLLECT_S if cause.is_consequence else 0.5)
+            cause = root_cause(failures)
+            link.linger()
+        write_outcome(run_dir, FAILED, cause.summary_error(others=len(failures) - 1))
         return 1
     except SignalException as exc:
+        _settle(link)
+        notices = link.notices if link is not None else []
+        if notices:  # another node's part ended first: end with its cause
+            code = _stopped_by_other_node(notices, run_dir, write_outcome)
+            link.linger()  # type: ignore[union-attr]
+            return code
         name = signal.Signals(exc.sigval).name
         print(f"runner: received {name}; all ranks stopped", file=sys.stderr, flush=True)
-        write_unfinished_summary(run_dir, INTERRUPTED, spec.world_size, start_time)
+        if link is not None:
+            link.publish(None, signal_name=name)
+            link.linger()
+        write_outcome(run_dir, INTERRUPTED)
         return exit_code_for_signal(exc.sigval)
+    _settle(link)
+    if spec.node_rank > 0:
+        write_outcome(run_dir, COMPLETED)
+        return 0
     summary = read_summary(run_dir)
-    if spec.node_rank == 0 and (summary is None or summary.get("status") != "completed"):
+    if summary is None or summary.get("status") != "completed":
         print("runner: ranks exited cleanly but rank 0 wrote no summary", file=sys.stderr)
-        write_unfinished_summary(run_dir, FAILED, spec.world_size, start_time)
+        write_outcome(run_dir, FAILED)
         return 1
     return 0
 
 
+def _settle(link: nodes.NodeLink | None) -> None:
+    """The ranks are gone: stop watching the other nodes and let no late signal cut the
+    summary short (the parent still kills us if we overstay)."""
+    if link is not None:
+        link.stop_watching()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _stopped_by_other_node(notices: list[nodes.StopNotice], run_dir: RunDir, write_outcome) -> int:
+    failures = [n.failure for n in notices if n.failure is not None]
+    if failures:
+        cause = root_cause(failures)
+        print(f"runner: stopped because {cause.headline()}", file=sys.stderr, flush=True)
+        write_outcome(run_dir, FAILED, cause.summary_error(others=len(failures) - 1))
+        return 1
+    notice = notices[0]
+    print(f"runner: stopped because {notice.reason}", file=sys.stderr, flush=True)
+    status = INTERRUPTED if notice.interrupted else FAILED
+    write_outcome(run_dir, status, {"rank": None, "exitcode": 1, "message": notice.reason})
+    return 1
+
+
 def main() -> None:
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m runner.launch RUN_DIR")
+        sys.exit("usage: python -m runner.launch NODE_DIR  (the run directory on node 0)")
     parent = os.environ.get("RUNNER_PARENT_PID")
+    # torch's C++ warnings (a TCPStore peer going away at the end of a multi-node run) are
+    # noise on the agent's console; the ranks keep the user's setting.
+    user_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = user_level or "ERROR"
+    import torch  # noqa: F401  (reads the level once)
+
+    if user_level is None:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
     die_with_parent(signal.SIGTERM, int(parent) if parent else None)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for noisy in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logging.getLogger(noisy).setLevel(logging.CRITICAL)
-    run_dir = RunDir(Path(sys.argv[1]))
-    code = launch(run_dir, load_spec(run_dir.root))
+    _quiet_torch_elastic()
+    node_dir = Path(sys.argv[1])
+    code = launch(node_dir, load_spec(node_dir))
     # Every artifact is on disk and every rank is gone: skip the interpreter's teardown,
     # which spends about a second in torch's and multiprocessing's exit handlers.
     logging.shutdown()

@@ -32,7 +32,9 @@ def _redirect_output(log_path: Path, rank: int, attempt: int) -> TextIO | None:
     terminal = os.fdopen(os.dup(2), "w", buffering=1) if rank == 0 else None
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    header = f"===== rank {rank} attempt {attempt} pid {os.getpid()} {started} =====\n"
+    local, node = os.environ.get("LOCAL_RANK", "0"), os.environ.get("GROUP_RANK", "0")
+    where = f"local rank {local} on node {node} ({socket.gethostname()})"
+    header = f"===== rank {rank} attempt {attempt} pid {os.getpid()} {started}, {where} =====\n"
     os.write(fd, header.encode())
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -73,7 +75,7 @@ def run(run_dir: RunDir, terminal: TextIO | None) -> None:
     from runner.spec import load_spec
     from runner.trainer import Trainer
 
-    spec = load_spec(run_dir.root)
+    spec = load_spec(os.environ.get("RUNNER_NODE_DIR", run_dir.root))  # this node's config
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     device = rdist.device_for(spec.device, rdist.get_local_rank())
     if device.startswith("cuda"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.hardware import auto_precision
+from runner.hardware import auto_precision, cpu_has_native_bf16
 from runner.models import build_model
 from runner.optim import LRSchedule, build_optimizer
 from runner.spec import SpecError, resolve_spec
@@ -15,7 +15,7 @@ from tests.test_compose import compose_config
 @pytest.mark.parametrize(
     ("device", "capabilities", "expected"),
     [
-        ("cpu", [], "bf16"),
+        ("cpu", [], "fp32"),  # without native bf16 (the flags test below)
         ("cuda", [8.0, 9.0], "bf16"),  # Ampere, Hopper
         ("cuda", [7.0], "fp16"),  # Volta
         ("cuda", [8.6, 7.5], "fp16"),  # mixed: the oldest decides
@@ -26,9 +26,18 @@ def test_auto_precision(device: str, capabilities: list[float], expected: str) -
     assert auto_precision(device, capabilities) == expected
 
 
+def test_cpu_bf16_only_where_the_cpu_has_it() -> None:
+    avx2 = "flags\t\t: fpu sse sse2 avx avx2 fma\n"
+    sapphire = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    assert not cpu_has_native_bf16(avx2)
+    assert cpu_has_native_bf16(sapphire)
+    assert auto_precision("cpu", [], cpu_bf16=True) == "bf16"
+    assert auto_precision("cpu", [], cpu_bf16=False) == "fp32"
+
+
 def test_precision_auto_resolves_on_cpu() -> None:
     spec = resolve_spec(compose_config(["precision=auto", "device=cpu"]))
-    assert spec.precision.name.value == "bf16"
+    assert spec.precision.name.value == ("bf16" if cpu_has_native_bf16() else "fp32")
 
 
 def test_norm_layers_get_their_own_weight_decay() -> None:

@@ -95,7 +95,8 @@ def _resolve_hardware(spec: RunSpec, problems: list[str], cuda_devices: int | No
     precision = spec.precision
     if precision.name is Precision.AUTO:
         capabilities = hardware.cuda_compute_capabilities() if device == "cuda" else []
-        chosen = Precision(hardware.auto_precision(device, capabilities))
+        cpu_bf16 = device != "cuda" and hardware.cpu_has_native_bf16()
+        chosen = Precision(hardware.auto_precision(device, capabilities, cpu_bf16))
         precision = dataclasses.replace(precision, name=chosen)
     if precision.name is Precision.FP16 and device != "cuda":
         problems.append(

@@ -1,0 +1,236 @@
+"""Multi-node runs: several `runner` processes, one per node, form one world.
+
+On this machine "nodes" are runner processes started side by side (sharing the
+filesystem), and, when the tests run as root, processes in two network
+namespaces joined by a veth pair, so that master_addr is a real non-loopback
+address, with node 1 also in its own mount namespace that hides node 0's files
+(no shared filesystem).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import FAST, child_env, run_cli, runner_command
+from tests.test_equivalence import relative_error
+from tests.test_faults import chaos_time
+
+pytestmark = pytest.mark.slow
+TRAIN = [*FAST, "max_steps=20", "checkpoint.interval=null"]
+RTOL = 1e-5
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_node(
+    cwd: Path,
+    node_rank: int | None,
+    *overrides: str,
+    prefix: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    cwd.mkdir(parents=True, exist_ok=True)
+    rank = [] if node_rank is None else [f"node_rank={node_rank}"]
+    return subprocess.Popen(
+        [*prefix, *runner_command(*overrides, *rank)],
+        cwd=cwd,
+        env={**child_env(), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(*procs: subprocess.Popen, timeout: float = 240) -> list[tuple[int, str, float]]:
+    """Wait for every process: (exit code, output, time it ended) each."""
+    ended: dict[int, float] = {}
+    deadline = time.time() + timeout
+    while len(ended) < len(procs) and time.time() < deadline:
+        for i, proc in enumerate(procs):
+            if i not in ended and proc.poll() is not None:
+                ended[i] = time.time()
+        time.sleep(0.05)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    return [(p.wait(), p.stdout.read(), ended.get(i, float("inf"))) for i, p in enumerate(procs)]
+
+
+def only_run(cwd: Path) -> Path:
+    runs = sorted((cwd / "runs").iterdir())
+    assert len(runs) == 1, f"expected one run directory, found {runs}"
+    return runs[0]
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def one_node_4_ranks(tmp_path_factory) -> dict[str, torch.Tensor]:
+    result = run_cli(tmp_path_factory.mktemp("reference"), *TRAIN, "nproc=4")
+    assert result.returncode == 0, result.output
+    return weights(result.run_dir)
+
+
+def test_two_nodes_train_the_same_model_as_one(tmp_path: Path, one_node_4_ranks) -> None:
+    cluster = [*TRAIN, "nodes=2", "nproc=2", "master_addr=127.0.0.1", f"master_port={free_port()}"]
+    node1 = start_node(tmp_path, 1, *cluster)  # either may start first
+    time.sleep(0.5)
+    node0 = start_node(tmp_path, 0, *cluster)
+    (code0, out0, _), (code1, out1, _) = finish(node0, node1)
+    assert code0 == 0 and code1 == 0, out0 + out1
+
+    # One run directory, named by node 0: every rank's log, node 1's own files beside.
+    run = only_run(tmp_path)
+    assert relative_error(weights(run), one_node_4_ranks) < RTOL
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 4
+    for rank, node, local in [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]:
+        header = (run / "logs" / f"rank{rank}.log").read_text().splitlines()[0]
+        assert f"rank {rank} attempt 0" in header and f"local rank {local} on node {node}" in header
+    node_files = run / "node1"
+    assert json.loads((node_files / "summary.json").read_text())["status"] == "completed"
+    assert "node_rank: 1" in (node_files / "config.yaml").read_text()
+    assert (node_files / ".hydra" / "overrides.yaml").is_file()
+    assert "node_rank=0" in (run / ".hydra" / "overrides.yaml").read_text()
+    env = json.loads((run / "env.json").read_text())
+    assert [(n["node_rank"], n["shared"]) for n in env["nodes"]] == [(0, True), (1, True)]
+    assert f"run directory: runs/{run.name}" in out1  # node 1 points at the one directory
+
+
+def test_a_rank_dying_on_node_1_ends_node_0(tmp_path: Path) -> None:
+    """Also the shape of a SLURM job through hydra/launcher=submitit_slurm: one task per node,
+    nodes=auto reading SLURM's variables, and the one output directory Hydra gives every task
+    of the job."""
+    cluster = [
+        *FAST,
+        "max_epochs=null",
+        "max_steps=100000",
+        "nodes=auto",
+        "nproc=2",
+        f"master_port={free_port()}",
+        "chaos.kill_rank=3",
+        "chaos.at_step=3",
+        f"hydra.run.dir={tmp_path / 'runs' / 'job'}",
+    ]
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "127.0.0.[1-2]"}
+    node0, node1 = (
+        start_node(tmp_path, None, *cluster, env={**slurm, "SLURM_NODEID": str(i)}) for i in (0, 1)
+    )
+    results = finish(node0, node1)
+    run = only_run(tmp_path)
+    assert (run / ".hydra").is_dir() and (run / "node1" / ".hydra").is_dir()
+    killed = chaos_time(run, 3)
+    for node, (code, output, ended) in enumerate(results):
+        assert code == 1, output
+        assert ended - killed < 10.0, f"node {node} ran {ended - killed:.1f}s after rank 3 died"
+        assert f"rank 3 on {socket.gethostname()} was killed by SIGKILL" in output
+    error = json.loads((run / "summary.json").read_text())["error"]
+    assert error["rank"] == 3 and error["host"] == socket.gethostname()
+    node1_error = json.loads((run / "node1" / "summary.json").read_text())["error"]
+    assert node1_error["rank"] == 3
+
+
+def test_nodes_that_disagree_start_no_rank(tmp_path: Path) -> None:
+    cluster = [*TRAIN, "nodes=2", "nproc=2", f"master_port={free_port()}"]
+    node0 = start_node(tmp_path / "a", 0, *cluster)
+    node1 = start_node(tmp_path / "b", 1, *cluster, "optimizer.lr=0.5")
+    for code, output, _ in finish(node0, node1, timeout=120):
+        assert code == 2, output
+        assert "optimizer.lr: 0.5 here, 0.001 on node 0" in output
+        assert "Traceback" not in output
+    assert not list(tmp_path.glob("*/runs/*/logs/rank*.log"))
+
+
+# --- two hosts: network namespaces -------------------------------------------------------
+
+
+def _can_make_namespaces() -> str | None:
+    """Why the namespace test cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces (ip netns add)"
+    for tool in ("ip", "unshare", "mount"):
+        if shutil.which(tool) is None:
+            return f"needs {tool} (iproute2 / util-linux)"
+    probe = f"runner-probe-{uuid.uuid4().hex[:6]}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    return None
+
+
+@pytest.fixture
+def two_hosts():
+    """Namespaces h0 (10.231.7.1) and h1 (10.231.7.2) joined by a veth pair; removed after."""
+    reason = _can_make_namespaces()
+    if reason:
+        pytest.skip(reason)
+    tag = uuid.uuid4().hex[:6]
+    names = [f"rn{tag}a", f"rn{tag}b"]
+    links = [f"rv{tag}a", f"rv{tag}b"]
+    addrs = ["10.231.7.1", "10.231.7.2"]
+
+    def sh(*cmd: str) -> None:
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+    try:
+        for ns in names:
+            sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", links[0], "type", "veth", "peer", "name", links[1])
+        for ns, link, addr in zip(names, links, addrs, strict=True):
+            sh("ip", "link", "set", link, "netns", ns)
+            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", link)
+            sh("ip", "-n", ns, "link", "set", link, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        yield list(zip(names, addrs, strict=True))
+    finally:
+        for ns in names:  # deleting a namespace deletes its end of the veth pair, and the pair
+            subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+
+
+def test_two_hosts_without_a_shared_filesystem(tmp_path: Path, two_hosts, one_node_4_ranks):
+    (ns0, addr0), (ns1, _) = two_hosts
+    cluster = [*TRAIN, "nodes=2", "nproc=2", f"master_addr={addr0}", "master_port=29400"]
+    host0, host1 = tmp_path / "host0", tmp_path / "host1"
+    host0.mkdir()
+    # Node 1 runs in its own mount namespace where node 0's directory is an empty tmpfs.
+    hide_host0 = f'mount -t tmpfs none {host0} && exec "$@"'
+    node1 = start_node(
+        host1,
+        1,
+        *cluster,
+        prefix=("ip", "netns", "exec", ns1, "unshare", "--mount", "--propagation", "private")
+        + ("sh", "-c", hide_host0, "sh"),
+    )
+    node0 = start_node(host0, 0, *cluster, prefix=("ip", "netns", "exec", ns0))
+    (code0, out0, _), (code1, out1, _) = finish(node0, node1)
+    assert code0 == 0 and code1 == 0, out0 + out1
+
+    run0, run1 = only_run(host0), only_run(host1)
+    assert relative_error(weights(run0), one_node_4_ranks) < RTOL
+    # Node 0 keeps the run: config, metrics, summary, model, ranks 0-1's logs.
+    assert sorted(p.name for p in (run0 / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
+    env = json.loads((run0 / "env.json").read_text())
+    assert [(n["node_rank"], n["shared"]) for n in env["nodes"]] == [(0, True), (1, False)]
+    # Node 1 keeps its own ranks' logs and its node files, in its own run directory.
+    assert sorted(p.name for p in (run1 / "logs").glob("rank*.log")) == ["rank2.log", "rank3.log"]
+    node1_summary = json.loads((run1 / "node1" / "summary.json").read_text())
+    assert node1_summary["status"] == "completed"
+    assert not (run1 / "model.pt").exists() and not (run1 / "metrics.jsonl").exists()
+    assert "does not see node 0's run directory" in out1

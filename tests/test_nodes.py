@@ -1,0 +1,93 @@
+"""Multi-node plumbing without a cluster: config agreement, interface choice, Hydra file
+placement, failures sent between nodes, the SLURM launcher example."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runner.cli import _node_subdir
+from runner.failures import RankFailure
+from runner.network import interface_towards, local_address_towards
+from runner.nodes import config_differences
+from tests.conftest import child_env, runner_command
+
+
+def test_config_differences_name_each_key_but_node_rank() -> None:
+    mine = {"node_rank": 1, "lr": 0.5, "optimizer": {"name": "adamw", "betas": [0.9, 0.95]}}
+    theirs = {"node_rank": 0, "lr": 0.1, "optimizer": {"name": "adamw", "betas": [0.9, 0.999]}}
+    assert config_differences(mine, theirs) == [
+        "lr: 0.5 here, 0.1 on node 0",
+        "optimizer.betas: [0.9, 0.95] here, [0.9, 0.999] on node 0",
+    ]
+    assert config_differences({**mine, "node_rank": 3}, mine) == []
+    assert config_differences({"extra": 1}, {}) == ["extra: 1 here, None on node 0"]
+
+
+def test_ranks_talk_over_the_interface_that_reaches_master() -> None:
+    assert local_address_towards("127.0.0.1") == "127.0.0.1"
+    assert interface_towards("127.0.0.1") == "lo"
+    assert interface_towards("no-such-host.invalid") is None
+
+
+@pytest.mark.parametrize(
+    ("nodes", "node_rank", "environ", "subdir"),
+    [
+        (1, 0, {}, ".hydra"),
+        (2, 1, {}, "node1/.hydra"),
+        (
+            "auto",
+            0,
+            {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_NODEID": "2"},
+            "node2/.hydra",
+        ),
+        ("auto", 0, {}, ".hydra"),
+        ("auto", 0, {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-"}, ".hydra"),
+    ],
+)
+def test_each_node_keeps_its_own_hydra_files(monkeypatch, nodes, node_rank, environ, subdir):
+    for key in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NODEID", "SLURM_NNODES"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    assert _node_subdir(nodes, node_rank) == subdir
+
+
+def test_a_failure_crosses_nodes_intact() -> None:
+    failure = RankFailure(3, -9, 12.5, "gpu02", None, "", "", Path("runs/x/logs/rank3.log"), "t")
+    assert RankFailure.from_dict(failure.as_dict()) == failure
+    assert RankFailure.from_dict(failure.as_dict()).headline() == failure.headline()
+
+
+# The README's SLURM example, minus the cluster: it must compose as written.
+SLURM_EXAMPLE = [
+    "hydra/launcher=submitit_slurm",
+    "hydra.launcher.nodes=2",
+    "hydra.launcher.tasks_per_node=1",
+    "hydra.launcher.gpus_per_node=8",
+    "hydra.launcher.cpus_per_task=64",
+    "hydra.launcher.timeout_min=720",
+    "hydra.launcher.partition=gpu",
+    "+recipe=resnet50",
+    "nodes=auto",
+    "nproc=auto",
+    "data.root=/datasets/imagenet",
+]
+
+
+def test_slurm_example_composes(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert " \\\n  ".join(["runner -m " + SLURM_EXAMPLE[0], *SLURM_EXAMPLE[1:]]) in readme
+    shown = subprocess.run(
+        runner_command(*SLURM_EXAMPLE, "--cfg", "hydra"),
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "SlurmLauncher" in shown.stdout
+    assert "tasks_per_node: 1" in shown.stdout and "nodes: 2" in shown.stdout
