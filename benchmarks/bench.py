@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 WARMUP = 5  # steps excluded from every timing
 STEP = "s/step"
+SPS = "samples/s"
+FIRST = "s to first step"
 MB = 1024 * 1024
 
 
@@ -47,14 +49,20 @@ def thread_env(nproc: int) -> dict[str, str]:
 class Config:
     name: str
     measure: Callable[[], dict[str, float]]  # metrics of one run
+    baseline: str | None = None  # the configuration ratios compare with (default: the first)
+
+
+def _venv_tool(name: str) -> str:
+    """A console script of this environment (`runner`, `torchrun`), as a user would call it."""
+    return str(Path(sys.executable).parent / name)
 
 
 def run_runner(*overrides: str, nproc: int, steps: int) -> dict[str, float]:
     """One runner run: seconds per step from its metrics (steps after WARMUP, evaluation
-    excluded), and rank 0's optimizer state and peak RSS from its summary."""
+    excluded), and the largest rank's optimizer state and peak RSS from its summary."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        command = [sys.executable, "-m", "runner.cli", *overrides, f"nproc={nproc}"]
+        command = [_venv_tool("runner"), *overrides, f"nproc={nproc}", "max_epochs=null"]
         command += [f"max_steps={steps}", f"log_interval={WARMUP}", "progress_bar=false"]
         command += [f"hydra.run.dir={run_dir}"]
         subprocess.run(command, check=True, capture_output=True, cwd=tmp, env=thread_env(nproc))
@@ -65,33 +73,110 @@ def run_runner(*overrides: str, nproc: int, steps: int) -> dict[str, float]:
     intervals = [batch / r["throughput/samples_per_sec"] for r in records if r["step"] > WARMUP]
     return {
         STEP: statistics.fmean(intervals),
+        SPS: batch / statistics.fmean(intervals),
         "optimizer state MB/rank": max(summary["optimizer_state_bytes"]) / MB,
         "peak RSS MB/rank": max(summary["peak_rss_bytes"]) / MB,
     }
 
 
+def plain_command(*args: str, nproc: int, steps: int, warmup: int = WARMUP) -> list[str]:
+    command = [_venv_tool("torchrun"), "--standalone", f"--nproc-per-node={nproc}"]
+    command += [str(REPO / "benchmarks" / "plain_ddp.py"), f"--steps={steps}"]
+    return [*command, f"--warmup={warmup}", *args]
+
+
 def run_plain(*args: str, nproc: int, steps: int) -> dict[str, float]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += [f"--nproc-per-node={nproc}", str(REPO / "benchmarks" / "plain_ddp.py")]
-    command += [f"--steps={steps}", f"--warmup={WARMUP}", *args]
     proc = subprocess.run(
-        command, check=True, capture_output=True, text=True, env=thread_env(nproc)
+        plain_command(*args, nproc=nproc, steps=steps),
+        check=True,
+        capture_output=True,
+        text=True,
+        env=thread_env(nproc),
     )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    batch = int(next(a.split("=")[1] for a in args if a.startswith("--global-batch-size")))
     return {
         STEP: result["sec_per_step"],
+        SPS: batch / result["sec_per_step"],
         "optimizer state MB/rank": result["optimizer_state_bytes"] / MB,
         "peak RSS MB/rank": result["peak_rss_bytes"] / MB,
     }
 
 
+# --- B1 + B2: per-step overhead and time to first step, timed from outside -------------
+
+
+def time_command(command: list[str], cwd: str, nproc: int) -> tuple[float, float]:
+    """Wall seconds of the whole command, and its start as unix time."""
+    start = time.time()
+    subprocess.run(command, check=True, capture_output=True, cwd=cwd, env=thread_env(nproc))
+    return time.time() - start, start
+
+
+def outside_runner(model: str, steps: int, nproc: int = 2) -> tuple[float, float]:
+    """(wall seconds, seconds from the command's start to the first optimizer step done)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        command = [_venv_tool("runner"), f"model={model}", "data=synthetic", f"nproc={nproc}"]
+        command += ["global_batch_size=64", f"max_steps={steps}", "max_epochs=null"]
+        command += ["eval_interval=1000000", f"hydra.run.dir={run_dir}"]  # eval: last step only
+        wall, start = time_command(command, tmp, nproc)
+        first = json.loads((run_dir / "summary.json").read_text())["first_step_at"]
+    return wall, first - start
+
+
+def outside_plain(model: str, steps: int, nproc: int = 2) -> tuple[float, float]:
+    args = (f"--model={model}", "--global-batch-size=64")
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.time()
+        proc = subprocess.run(
+            plain_command(*args, nproc=nproc, steps=steps, warmup=0),
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=tmp,
+            env=thread_env(nproc),
+        )
+        wall = time.time() - start
+    first = json.loads(proc.stdout.strip().splitlines()[-1])["first_step_at"]
+    return wall, first - start
+
+
+# steps (short, long) per model: the difference must dwarf the run-to-run noise of
+# startup (about +-0.3 s here), so the mlp's ~5 ms steps need many more than resnet18's.
+OVERHEAD_STEPS = {"resnet18": (10, 40), "mlp": (100, 1000)}
+
+
+def overhead_config(name: str, measure, model: str) -> Config:
+    short, long = OVERHEAD_STEPS[model]
+
+    def both() -> dict[str, float]:
+        wall_short, first = measure(model, short)
+        wall_long, _ = measure(model, long)
+        return {STEP: (wall_long - wall_short) / (long - short), FIRST: first}
+
+    return Config(name, both)
+
+
+def overhead_suite(model: str) -> Callable[[int], list[Config]]:
+    def build(_steps: int) -> list[Config]:
+        return [
+            overhead_config("torchrun + plain PyTorch DDP", outside_plain, model),
+            overhead_config("runner", outside_runner, model),
+        ]
+
+    return build
+
+
+# --- B3 memory, B4 sync strategies, B5 scaling ------------------------------------------
+
 RESNET = ["model=resnet18", "data=synthetic", "global_batch_size=64"]
 
 
-def plain_resnet(grad_accum: int, steps: int) -> Config:
+def plain_resnet(grad_accum: int, steps: int, nproc: int = 2) -> Config:
     args = ("--model=resnet18", f"--grad-accum={grad_accum}", "--global-batch-size=64")
     label = "plain PyTorch DDP" + (" (no_sync)" if grad_accum > 1 else "")
-    return Config(label, lambda: run_plain(*args, nproc=2, steps=steps))
+    return Config(label, lambda: run_plain(*args, nproc=nproc, steps=steps))
 
 
 def sync_suite(steps: int) -> list[Config]:
@@ -107,7 +192,7 @@ def sync_suite(steps: int) -> list[Config]:
     return configs
 
 
-def parallelism_suite(steps: int) -> list[Config]:
+def memory_suite(steps: int) -> list[Config]:
     configs = [plain_resnet(1, steps)]
     for parallelism in ("ddp", "zero1", "zero2"):
         overrides = (*RESNET, f"parallelism={parallelism}")
@@ -120,14 +205,45 @@ def parallelism_suite(steps: int) -> list[Config]:
     return configs
 
 
+def scaling_suite(steps: int) -> list[Config]:
+    """Samples/s at nproc 1 and 2 with one thread per rank: the second core's worth."""
+    configs = []
+    for nproc in (1, 2):
+        plain = Config(f"plain PyTorch DDP nproc={nproc}", plain_resnet(1, steps, nproc).measure)
+        configs.append(plain)
+        configs.append(
+            Config(
+                f"runner nproc={nproc}",
+                lambda n=nproc: run_runner(*RESNET, nproc=n, steps=steps),
+                baseline=plain.name,
+            )
+        )
+    return configs
+
+
 SUITES = {
+    "overhead_resnet18": (
+        "B1/B2 per-step overhead and time to first step: resnet18, synthetic 3x32x32, "
+        "nproc=2, global batch 64, timed from outside",
+        overhead_suite("resnet18"),
+    ),
+    "overhead_mlp": (
+        "B1/B2 per-step overhead and time to first step: mlp, synthetic 3x32x32, "
+        "nproc=2, global batch 64, timed from outside",
+        overhead_suite("mlp"),
+    ),
+    "memory": (
+        "B3 memory by parallelism: resnet18, synthetic 3x32x32, nproc=2, global batch 64, "
+        "AdamW, fp32",
+        memory_suite,
+    ),
     "sync": (
-        "Sync strategies: resnet18, synthetic 3x32x32, nproc=2, grad_accum=4, global batch 64",
+        "B4 sync strategies: resnet18, synthetic 3x32x32, nproc=2, grad_accum=4, global batch 64",
         sync_suite,
     ),
-    "parallelism": (
-        "Parallelism: resnet18, synthetic 3x32x32, nproc=2, global batch 64, AdamW, fp32",
-        parallelism_suite,
+    "scaling": (
+        "B5 scaling: resnet18, synthetic 3x32x32, global batch 64, 1 thread per rank",
+        scaling_suite,
     ),
 }
 
@@ -138,6 +254,14 @@ def machine() -> str:
         f"torch {metadata.version('torch')}, deepspeed {metadata.version('deepspeed')}, "
         f"python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
     )
+
+
+RATIO_METRICS = (STEP, FIRST, SPS)  # compared with the baseline; the rest shown as is
+
+
+def _cell(values: list[float], digits: int) -> str:
+    median, low, high = statistics.median(values), min(values), max(values)
+    return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
 def run_suite(name: str, reps: int, steps: int) -> str:
@@ -154,42 +278,59 @@ def run_suite(name: str, reps: int, steps: int) -> str:
                 flush=True,
             )
     metrics = list(results[configs[0].name][0])
-    baseline = statistics.median(r[STEP] for r in results[configs[0].name])
-    header = ["configuration", f"median {STEP} (min-max)", "ratio vs plain", *metrics[1:]]
+    header = ["configuration"]
+    for metric in metrics:
+        header.append(f"{metric} median (min-max)" if metric in RATIO_METRICS else metric)
+        if metric in RATIO_METRICS:
+            header.append("ratio")
+    how = (
+        f"per-step time = (T({OVERHEAD_STEPS[name.split('_')[1]][1]} steps) - "
+        f"T({OVERHEAD_STEPS[name.split('_')[1]][0]} steps)) / their difference, each T the "
+        "wall time of the whole command, one pair per repetition"
+        if name.startswith("overhead")
+        else f"{steps} steps per run, the first {WARMUP} not timed (the processes' own clocks)"
+    )
     lines = [
         f"### {title}",
         "",
-        f"Machine: {machine()}. {reps} interleaved repetitions of {steps} steps; the first "
-        f"{WARMUP} steps of each run are not timed. Memory columns: median of the largest rank.",
+        f"Machine: {machine()}. {reps} interleaved repetitions; {how}. Ratios: median against "
+        "the median of the plain PyTorch baseline it is paired with. Memory: the largest rank.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
     for config in configs:
-        values = {m: [r[m] for r in results[config.name]] for m in metrics}
-        step = values[STEP]
-        cells = [
-            config.name,
-            f"{statistics.median(step):.3f} ({min(step):.3f}-{max(step):.3f})",
-            f"{statistics.median(step) / baseline:.3f}",
-            *(f"{statistics.median(values[m]):.1f}" for m in metrics[1:]),
-        ]
+        baseline = results[config.baseline or configs[0].name]
+        cells = [config.name]
+        for metric in metrics:
+            values = [r[metric] for r in results[config.name]]
+            if metric in RATIO_METRICS:
+                reference = statistics.median(r[metric] for r in baseline)
+                cells += [
+                    _cell(values, 1 if metric == SPS else 3),
+                    f"{statistics.median(values) / reference:.3f}",
+                ]
+            else:
+                cells.append(f"{statistics.median(values):.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--suite", choices=[*SUITES, "all"], default="all")
+    parser.add_argument("--suite", default="all", help=f"all, or some of {','.join(SUITES)}")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--steps", type=int, default=25)
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    for name in SUITES if args.suite == "all" else [args.suite]:
+    tables = []
+    for name in SUITES if args.suite == "all" else args.suite.split(","):
         print(f"benchmark suite {name} ...", file=sys.stderr, flush=True)
         table = run_suite(name, args.reps, args.steps)
         (RESULTS / f"{name}.md").write_text(table)
+        tables.append(table)
         print(table, flush=True)
+    (RESULTS / "latest.md").write_text("\n".join(tables))
 
 
 if __name__ == "__main__":

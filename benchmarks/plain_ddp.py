@@ -2,9 +2,10 @@
 
     torchrun --standalone --nproc-per-node 2 benchmarks/plain_ddp.py --model resnet18 --grad-accum 4
 
-DDP over gloo (nccl on CUDA), a DataLoader over a DistributedSampler, gradient
-accumulation with no_sync, AdamW. Prints one JSON line on rank 0: mean seconds
-per optimizer step after `--warmup` steps, optimizer state bytes and peak RSS.
+DDP over gloo, a DataLoader over a DistributedSampler, gradient accumulation
+with no_sync, AdamW. Prints one JSON line on rank 0: mean seconds per optimizer
+step after `--warmup` steps, when the first step was done (unix time),
+optimizer state bytes and peak RSS.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def main() -> None:
     model = DistributedDataParallel(build_model(args.model))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
 
-    step, epoch, started = 0, 0, 0.0
+    step, epoch, started, first_step_at = 0, 0, time.perf_counter(), None
     while step < args.steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
@@ -78,13 +79,15 @@ def main() -> None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            if first_step_at is None:
+                first_step_at = time.time()
             if step == args.warmup:
                 started = time.perf_counter()
             if step == args.steps:
                 break
         epoch += 1
     if rank == 0:
-        seconds = (time.perf_counter() - started) / (args.steps - args.warmup)
+        seconds = (time.perf_counter() - started) / max(1, args.steps - args.warmup)
         state_bytes = sum(
             v.numel() * v.element_size()
             for state in optimizer.state.values()
@@ -92,7 +95,11 @@ def main() -> None:
             if torch.is_tensor(v) and k != "step"
         )
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        result = {"sec_per_step": seconds, "optimizer_state_bytes": state_bytes}
+        result = {
+            "sec_per_step": seconds,
+            "first_step_at": first_step_at,
+            "optimizer_state_bytes": state_bytes,
+        }
         print(json.dumps({**result, "peak_rss_bytes": peak_rss, "loss": loss.item()}), flush=True)
     dist.destroy_process_group()
 

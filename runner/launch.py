@@ -281,8 +281,12 @@ def _stopped_by_other_node(notices: list[nodes.StopNotice], run_dir: RunDir, wri
 
 def main() -> None:
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m runner.launch NODE_DIR  (the run directory on node 0)")
+        sys.exit(
+            "usage: python -m runner.launch NODE_DIR  (the run directory on node 0), or - to "
+            "import torch first and then read 'NODE_DIR<TAB>START_TIME' from stdin"
+        )
     parent = os.environ.get("RUNNER_PARENT_PID")
+    die_with_parent(signal.SIGTERM, int(parent) if parent else None)
     # torch's C++ warnings (a TCPStore peer going away at the end of a multi-node run) are
     # noise on the agent's console; the ranks keep the user's setting.
     user_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
@@ -291,10 +295,16 @@ def main() -> None:
 
     if user_level is None:
         del os.environ["TORCH_CPP_LOG_LEVEL"]
-    die_with_parent(signal.SIGTERM, int(parent) if parent else None)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     _quiet_torch_elastic()
     node_dir = Path(sys.argv[1])
+    if sys.argv[1] == "-":  # prestarted by the parent: torch is imported, now the run
+        line = sys.stdin.readline()
+        if not line.strip():  # the parent needed no run after all
+            os._exit(0)
+        where, start_time = line.rstrip("\n").split("\t")
+        node_dir = Path(where)
+        os.environ["RUNNER_START_TIME"] = start_time
     code = launch(node_dir, load_spec(node_dir))
     # Every artifact is on disk and every rank is gone: skip the interpreter's teardown,
     # which spends about a second in torch's and multiprocessing's exit handlers.

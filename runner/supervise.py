@@ -3,10 +3,16 @@
 The agent (runner.launch) runs in its own session so that Ctrl-C reaches it
 exactly once, through us. A second Ctrl-C, or an agent that does not stop in
 time, gets SIGKILL; the ranks die with it (they hold PR_SET_PDEATHSIG).
+
+The `runner` command starts the agent before anything else (`prestart_agent`):
+it imports torch while this process composes and checks the config, and waits
+on its stdin for the run directory. Unused (a config error, --help), it is
+killed at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -39,14 +45,57 @@ class _Relay:
         return self.first is not None and time.monotonic() - self.since > GRACE_S
 
 
-def run_agent(run_dir: Path, start_time: float) -> tuple[int, int | None]:
-    """Run the agent for `run_dir` to the end. Returns (exit code, signal received or None)."""
+_NO_RUN_FLAGS = (
+    "-m", "--multirun", "-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info",
+    "-sc", "--shell-completion", "--version", "-p", "--package", "--resolve",
+)  # fmt: skip
+_prestarted: subprocess.Popen | None = None
+
+
+def prestart_agent(argv: list[str]) -> None:
+    """Start the agent now, when `argv` asks for a single run (not a sweep: its jobs may run
+    elsewhere; not --help, --cfg and friends: nothing runs)."""
+    global _prestarted
+    if any(arg.split("=")[0] in _NO_RUN_FLAGS for arg in argv):
+        return
+    env = {**os.environ, "RUNNER_PARENT_PID": str(os.getpid())}
+    _prestarted = subprocess.Popen(
+        [sys.executable, "-m", "runner.launch", "-"],
+        env=env,
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+    )
+    atexit.register(_discard_prestarted)
+
+
+def _discard_prestarted() -> None:
+    if _prestarted is not None and _prestarted.poll() is None:
+        _kill(_prestarted)
+        _prestarted.wait()
+
+
+def _start_agent(run_dir: Path, start_time: float) -> subprocess.Popen:
+    """The prestarted agent, told where the run is; else a new one."""
+    global _prestarted
+    agent, _prestarted = _prestarted, None
+    if agent is not None and agent.poll() is None and agent.stdin is not None:
+        try:
+            agent.stdin.write(f"{run_dir}\t{start_time!r}\n".encode())
+            agent.stdin.close()
+            return agent
+        except OSError:  # it died on the way: start another
+            _kill(agent)
     env = dict(os.environ)
     env["RUNNER_START_TIME"] = repr(start_time)
     env["RUNNER_PARENT_PID"] = str(os.getpid())
-    agent = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "runner.launch", str(run_dir)], env=env, start_new_session=True
     )
+
+
+def run_agent(run_dir: Path, start_time: float) -> tuple[int, int | None]:
+    """Run the agent for `run_dir` to the end. Returns (exit code, signal received or None)."""
+    agent = _start_agent(run_dir, start_time)
     relay = _Relay(agent)
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, relay) for s in handled}

@@ -92,6 +92,7 @@ class Trainer:
         seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
 
         self.step, self.samples, self.resumed_from = 0, 0, None
+        self.first_step_at: float | None = None  # wall clock, for time-to-first-step
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
         start = checkpointing.find_resume_point(self.store, spec.resume)
@@ -152,6 +153,8 @@ class Trainer:
                 lr = self.engine.lr
                 batch = [next(microbatches) for _ in range(spec.grad_accum)]
                 loss_sum = self.train_step(batch, n_global)
+                if self.first_step_at is None:
+                    self.first_step_at = time.time()
                 samples += n_global
                 self.progress.advance()
 
@@ -274,6 +277,7 @@ class Trainer:
                 precision=self.spec.precision.name.value,
                 restarts=self.attempt,
                 resumed_from=self.resumed_from,
+                first_step_at=self.first_step_at,
                 attempts=attempts(self.run_dir),
                 history=history(self.run_dir),
             )

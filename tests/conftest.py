@@ -39,7 +39,7 @@ class CliResult:
 
 
 def runner_command(*overrides: str) -> list[str]:
-    return [sys.executable, "-m", "runner.cli", *overrides]
+    return [sys.executable, "-m", "runner.entry", *overrides]
 
 
 def run_cli(tmp_path: Path, *overrides: str, name: str = "run", timeout: float = 240) -> CliResult:

@@ -1,5 +1,5 @@
 """Every shipped recipe runs (2 steps, 2 ranks, tiny local data in the recipe's layout),
-and a run reproduces: the same recipe twice, and `runner rerun RUN_DIR`."""
+and a run reproduces: `runner rerun RUN_DIR` gives the same losses and weights."""
 
 from __future__ import annotations
 
@@ -49,13 +49,11 @@ def test_recipe_runs(cli, tmp_path: Path, recipe: str) -> None:
         assert config["precision"]["name"] in ("bf16", "fp32")  # auto resolved for the CPU
 
 
-def test_recipe_twice_and_rerun_reproduce(cli) -> None:
+def test_recipe_rerun_reproduces(cli) -> None:
     args = ["+recipe=mlp_digits", "max_epochs=null", "max_steps=30", "log_interval=5"]
-    first, second = cli(*args, name="first"), cli(*args, name="second")
-    other = cli(*args, "seed=1", name="other")
-    assert first.returncode == second.returncode == other.returncode == 0, first.output
+    first, other = cli(*args, name="first"), cli(*args, "seed=1", name="other")
+    assert first.returncode == other.returncode == 0, first.output
     losses = [m["train/loss"] for m in first.metrics()]
-    assert losses == [m["train/loss"] for m in second.metrics()]
     assert losses != [m["train/loss"] for m in other.metrics()]  # the comparison can fail
 
     again = cli("rerun", str(first.run_dir), name="again")

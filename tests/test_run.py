@@ -112,9 +112,9 @@ def test_parent_process_does_not_import_torch(tmp_path: Path) -> None:
     code = f"""
 import sys
 sys.argv = ['runner', '--cfg', 'job']
-import runner.cli
+import runner.entry
 try:
-    runner.cli.main()
+    runner.entry.main()
 except SystemExit:
     pass
 from runner.artifacts import environment_info
@@ -157,16 +157,20 @@ def test_two_runs_at_once_do_not_clash(tmp_path) -> None:
 
 
 def test_default_run_dirs_are_unique_and_under_cwd(tmp_path) -> None:
-    for _ in range(2):
-        proc = subprocess.run(
+    procs = [  # started together: the same second, often the same millisecond
+        subprocess.Popen(
             runner_command(*FAST, "max_steps=2", "nproc=1"),
             cwd=tmp_path,
             env=child_env(),
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=240,
         )
-        assert proc.returncode == 0, proc.stderr
+        for _ in range(2)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
     runs = sorted((tmp_path / "runs").iterdir())
     assert len(runs) == 2 and all((r / "summary.json").is_file() for r in runs)
 

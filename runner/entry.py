@@ -1,0 +1,23 @@
+"""The `runner` console script.
+
+It starts the launcher process first, so that the launcher's torch import
+(seconds) runs while Hydra composes and checks the config here, then hands over
+to runner.cli. Time to the first step drops by the parent's own startup.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    from runner import supervise
+
+    supervise.prestart_agent(sys.argv[1:])
+    from runner.cli import main as cli_main
+
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()
