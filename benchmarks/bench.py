@@ -34,15 +34,15 @@ FIRST = "s to first step"
 MB = 1024 * 1024
 
 
-def thread_env(nproc: int) -> dict[str, str]:
+def thread_env(nproc: int, threads: int | None = None) -> dict[str, str]:
     """Identical threading for runner and the baseline: cores split among local ranks.
 
     torchrun sets only OMP_NUM_THREADS; MKL would otherwise start threads of its own
     in every rank and oversubscribe the cores (measured here: 0.60 vs 0.49 s/step).
     """
-    threads = str(max(1, (os.cpu_count() or 1) // nproc))
+    count = str(threads or max(1, (os.cpu_count() or 1) // nproc))
     names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-    return {**os.environ, **dict.fromkeys(names, threads)}
+    return {**os.environ, **dict.fromkeys(names, count)}
 
 
 @dataclass
@@ -57,7 +57,9 @@ def _venv_tool(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
-def run_runner(*overrides: str, nproc: int, steps: int) -> dict[str, float]:
+def run_runner(
+    *overrides: str, nproc: int, steps: int, threads: int | None = None
+) -> dict[str, float]:
     """One runner run: seconds per step from its metrics (steps after WARMUP, evaluation
     excluded), and the largest rank's optimizer state and peak RSS from its summary."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,7 +67,8 @@ def run_runner(*overrides: str, nproc: int, steps: int) -> dict[str, float]:
         command = [_venv_tool("runner"), *overrides, f"nproc={nproc}", "max_epochs=null"]
         command += [f"max_steps={steps}", f"log_interval={WARMUP}", "progress_bar=false"]
         command += [f"hydra.run.dir={run_dir}"]
-        subprocess.run(command, check=True, capture_output=True, cwd=tmp, env=thread_env(nproc))
+        env = thread_env(nproc, threads)
+        subprocess.run(command, check=True, capture_output=True, cwd=tmp, env=env)
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         batch = yaml.safe_load((run_dir / "config.yaml").read_text())["global_batch_size"]
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -85,13 +88,13 @@ def plain_command(*args: str, nproc: int, steps: int, warmup: int = WARMUP) -> l
     return [*command, f"--warmup={warmup}", *args]
 
 
-def run_plain(*args: str, nproc: int, steps: int) -> dict[str, float]:
+def run_plain(*args: str, nproc: int, steps: int, threads: int | None = None) -> dict[str, float]:
     proc = subprocess.run(
         plain_command(*args, nproc=nproc, steps=steps),
         check=True,
         capture_output=True,
         text=True,
-        env=thread_env(nproc),
+        env=thread_env(nproc, threads),
     )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     batch = int(next(a.split("=")[1] for a in args if a.startswith("--global-batch-size")))
@@ -173,10 +176,10 @@ def overhead_suite(model: str) -> Callable[[int], list[Config]]:
 RESNET = ["model=resnet18", "data=synthetic", "global_batch_size=64"]
 
 
-def plain_resnet(grad_accum: int, steps: int, nproc: int = 2) -> Config:
+def plain_resnet(grad_accum: int, steps: int, nproc: int = 2, threads: int | None = None) -> Config:
     args = ("--model=resnet18", f"--grad-accum={grad_accum}", "--global-batch-size=64")
     label = "plain PyTorch DDP" + (" (no_sync)" if grad_accum > 1 else "")
-    return Config(label, lambda: run_plain(*args, nproc=nproc, steps=steps))
+    return Config(label, lambda: run_plain(*args, nproc=nproc, steps=steps, threads=threads))
 
 
 def sync_suite(steps: int) -> list[Config]:
@@ -209,12 +212,13 @@ def scaling_suite(steps: int) -> list[Config]:
     """Samples/s at nproc 1 and 2 with one thread per rank: the second core's worth."""
     configs = []
     for nproc in (1, 2):
-        plain = Config(f"plain PyTorch DDP nproc={nproc}", plain_resnet(1, steps, nproc).measure)
+        measure = plain_resnet(1, steps, nproc, threads=1).measure
+        plain = Config(f"plain PyTorch DDP nproc={nproc}", measure)
         configs.append(plain)
         configs.append(
             Config(
                 f"runner nproc={nproc}",
-                lambda n=nproc: run_runner(*RESNET, nproc=n, steps=steps),
+                lambda n=nproc: run_runner(*RESNET, nproc=n, steps=steps, threads=1),
                 baseline=plain.name,
             )
         )
