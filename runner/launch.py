@@ -141,11 +141,20 @@ def _join_nodes(spec: RunSpec, node_dir: Path, run_root: Path) -> tuple[nodes.No
         link = nodes.NodeLink(spec.master_addr, spec.master_port, spec.node_rank, spec.nodes)
     except Exception as exc:  # cannot bind (node 0) or reach node 0 (the others)
         what = "listen on" if spec.node_rank == 0 else "reach node 0 at"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise nodes.NodeMismatch(
-            f"node {spec.node_rank} cannot {what} {spec.master_addr}:{spec.master_port}: {first}"
+            f"node {spec.node_rank} cannot {what} {spec.master_addr}:{spec.master_port}: "
+            + _first_line(exc)
         ) from None
-    placement = link.agree(run_root, (node_dir / "config.yaml").read_text())
+    try:
+        placement = link.agree(run_root, (node_dir / "config.yaml").read_text())
+    except nodes.NodeMismatch:
+        raise
+    except Exception as exc:  # a node never came, or went away while the nodes met
+        raise nodes.NodeMismatch(
+            f"node {spec.node_rank}: the {spec.nodes} nodes did not all meet within "
+            f"{nodes.JOIN_TIMEOUT_S} s on {spec.master_addr}:{spec.master_port}: "
+            + _first_line(exc)
+        ) from None
     if "GLOO_SOCKET_IFNAME" not in os.environ:  # see runner.network
         interface = network.interface_towards(spec.master_addr)
         if interface:
@@ -164,6 +173,11 @@ def _join_nodes(spec: RunSpec, node_dir: Path, run_root: Path) -> tuple[nodes.No
             placement.run_root,
         )
     return link, placement.run_root
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def launch(node_dir: Path, spec: RunSpec) -> int:
