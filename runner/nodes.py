@@ -94,7 +94,6 @@ class NodeLink:
         self.addr, self.port, self.node_rank, self.nodes = addr, port, node_rank, nodes
         self.host = socket.gethostname()
         self.store = self._connect()
-        self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
         self.notices: list[StopNotice] = []  # set by the watcher before it signals the agent
         self._left = False
@@ -172,8 +171,7 @@ class NodeLink:
 
     def watch(self) -> None:
         """Stop this agent (SIGTERM to itself) when another node's part of the run ends early."""
-        self._watcher = threading.Thread(target=self._watch, name="runner-node-watch", daemon=True)
-        self._watcher.start()
+        threading.Thread(target=self._watch, name="runner-node-watch", daemon=True).start()
 
     def _watch(self) -> None:
         client, lost_since = None, None
@@ -192,7 +190,7 @@ class NodeLink:
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
             if count:
-                notices = [n for n in self._read_notices(client) if n.node_rank != self.node_rank]
+                notices = self._others_notices(client)
                 if notices and not self._stop.is_set():
                     self.notices = notices
                     self._leave(client)
@@ -202,11 +200,14 @@ class NodeLink:
     def stop_watching(self) -> None:
         self._stop.set()
 
-    def _read_notices(self, store: Any = None) -> list[StopNotice]:
+    def _others_notices(self, store: Any = None) -> list[StopNotice]:
+        """What the other nodes have published so far."""
         store = store or self.store
         notices = []
         for i in range(self.nodes):
             key = f"{_FAILED}/node{i}"
+            if i == self.node_rank:
+                continue
             if store.check([key]):
                 data = json.loads(store.get(key).decode())
                 failure = data.get("failure")
@@ -245,7 +246,7 @@ class NodeLink:
         failures: list[RankFailure] = []
         while not self._left:
             try:
-                notices = [n for n in self._read_notices() if n.node_rank != self.node_rank]
+                notices = self._others_notices()
             except Exception:  # node 0's agent is gone
                 break
             failures = [n.failure for n in notices if n.failure is not None]
