@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint bench clean-runs
+.PHONY: install run test lint bench profile clean-runs
 
 install: $(STAMP)
 
@@ -34,3 +34,8 @@ clean-runs:
 # against a hand-written PyTorch script. Results land in benchmarks/results/.
 bench: install
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
+
+# Where the CPU time of one run goes (py-spy over every process), runner against
+# the plain script: `make profile PROFILE_ARGS=--model=resnet18`.
+profile: install
+	$(BIN)/python benchmarks/cpu_profile.py $(PROFILE_ARGS)

@@ -57,6 +57,15 @@ def _venv_tool(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
+def run(command: list[str], env: dict[str, str], cwd: str | None = None) -> str:
+    """Run one benchmarked command; its stdout. A failure stops the suite with its stderr."""
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-25:])
+        sys.exit(f"benchmark command failed (exit {proc.returncode}): {' '.join(command)}\n{tail}")
+    return proc.stdout
+
+
 def run_runner(
     *overrides: str, nproc: int, steps: int, threads: int | None = None
 ) -> dict[str, float]:
@@ -68,7 +77,7 @@ def run_runner(
         command += [f"max_steps={steps}", f"log_interval={WARMUP}", "progress_bar=false"]
         command += [f"hydra.run.dir={run_dir}"]
         env = thread_env(nproc, threads)
-        subprocess.run(command, check=True, capture_output=True, cwd=tmp, env=env)
+        run(command, env, cwd=tmp)
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         batch = yaml.safe_load((run_dir / "config.yaml").read_text())["global_batch_size"]
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -89,14 +98,8 @@ def plain_command(*args: str, nproc: int, steps: int, warmup: int = WARMUP) -> l
 
 
 def run_plain(*args: str, nproc: int, steps: int, threads: int | None = None) -> dict[str, float]:
-    proc = subprocess.run(
-        plain_command(*args, nproc=nproc, steps=steps),
-        check=True,
-        capture_output=True,
-        text=True,
-        env=thread_env(nproc, threads),
-    )
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout = run(plain_command(*args, nproc=nproc, steps=steps), thread_env(nproc, threads))
+    result = json.loads(stdout.strip().splitlines()[-1])
     batch = int(next(a.split("=")[1] for a in args if a.startswith("--global-batch-size")))
     return {
         STEP: result["sec_per_step"],
@@ -109,21 +112,28 @@ def run_plain(*args: str, nproc: int, steps: int, threads: int | None = None) ->
 # --- B1 + B2: per-step overhead and time to first step, timed from outside -------------
 
 
-def time_command(command: list[str], cwd: str, nproc: int) -> tuple[float, float]:
-    """Wall seconds of the whole command, and its start as unix time."""
+def time_command(command: list[str], cwd: str, nproc: int) -> tuple[float, float, str]:
+    """Wall seconds of the whole command, its start as unix time, and its stdout."""
     start = time.time()
-    subprocess.run(command, check=True, capture_output=True, cwd=cwd, env=thread_env(nproc))
-    return time.time() - start, start
+    stdout = run(command, thread_env(nproc), cwd=cwd)
+    return time.time() - start, start, stdout
 
 
-def outside_runner(model: str, steps: int, nproc: int = 2) -> tuple[float, float]:
-    """(wall seconds, seconds from the command's start to the first optimizer step done)."""
+def outside_runner(
+    model: str, steps: int, nproc: int = 2, prestart: bool = True
+) -> tuple[float, float]:
+    """(wall seconds, seconds from the command's start to the first optimizer step done).
+
+    Without `prestart` the run goes through `python -m runner.cli`, which starts the
+    launcher only after Hydra is done (the console script `runner` starts it first).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        command = [_venv_tool("runner"), f"model={model}", "data=synthetic", f"nproc={nproc}"]
+        command = [_venv_tool("runner")] if prestart else [sys.executable, "-m", "runner.cli"]
+        command += [f"model={model}", "data=synthetic", f"nproc={nproc}"]
         command += ["global_batch_size=64", f"max_steps={steps}", "max_epochs=null"]
         command += ["eval_interval=1000000", f"hydra.run.dir={run_dir}"]  # eval: last step only
-        wall, start = time_command(command, tmp, nproc)
+        wall, start, _ = time_command(command, tmp, nproc)
         first = json.loads((run_dir / "summary.json").read_text())["first_step_at"]
     return wall, first - start
 
@@ -131,17 +141,9 @@ def outside_runner(model: str, steps: int, nproc: int = 2) -> tuple[float, float
 def outside_plain(model: str, steps: int, nproc: int = 2) -> tuple[float, float]:
     args = (f"--model={model}", "--global-batch-size=64")
     with tempfile.TemporaryDirectory() as tmp:
-        start = time.time()
-        proc = subprocess.run(
-            plain_command(*args, nproc=nproc, steps=steps, warmup=0),
-            check=True,
-            capture_output=True,
-            text=True,
-            cwd=tmp,
-            env=thread_env(nproc),
-        )
-        wall = time.time() - start
-    first = json.loads(proc.stdout.strip().splitlines()[-1])["first_step_at"]
+        command = plain_command(*args, nproc=nproc, steps=steps, warmup=0)
+        wall, start, stdout = time_command(command, tmp, nproc)
+    first = json.loads(stdout.strip().splitlines()[-1])["first_step_at"]
     return wall, first - start
 
 
@@ -169,6 +171,19 @@ def overhead_suite(model: str) -> Callable[[int], list[Config]]:
         ]
 
     return build
+
+
+def startup_suite(_steps: int) -> list[Config]:
+    """B2 alone, with and without the prestarted launcher: what starting it first buys."""
+
+    def first_step(measure: Callable[..., tuple[float, float]], **kwargs: bool):
+        return lambda: {FIRST: measure("mlp", 10, **kwargs)[1]}
+
+    return [
+        Config("torchrun + plain PyTorch DDP", first_step(outside_plain)),
+        Config("runner", first_step(outside_runner)),
+        Config("runner, launcher not prestarted", first_step(outside_runner, prestart=False)),
+    ]
 
 
 # --- B3 memory, B4 sync strategies, B5 scaling ------------------------------------------
@@ -236,6 +251,11 @@ SUITES = {
         "nproc=2, global batch 64, timed from outside",
         overhead_suite("mlp"),
     ),
+    "startup": (
+        "B2 time to first step with and without the prestarted launcher: mlp, synthetic "
+        "3x32x32, nproc=2, global batch 64",
+        startup_suite,
+    ),
     "memory": (
         "B3 memory by parallelism: resnet18, synthetic 3x32x32, nproc=2, global batch 64, "
         "AdamW, fp32",
@@ -292,6 +312,8 @@ def run_suite(name: str, reps: int, steps: int) -> str:
         f"T({OVERHEAD_STEPS[name.split('_')[1]][0]} steps)) / their difference, each T the "
         "wall time of the whole command, one pair per repetition"
         if name.startswith("overhead")
+        else "10 steps per run, timed from outside"
+        if name == "startup"
         else f"{steps} steps per run, the first {WARMUP} not timed (the processes' own clocks)"
     )
     lines = [
@@ -327,13 +349,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=25)
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    tables = []
-    for name in SUITES if args.suite == "all" else args.suite.split(","):
+    names = list(SUITES) if args.suite == "all" else args.suite.split(",")
+    unknown = [name for name in names if name not in SUITES]
+    if unknown:
+        parser.error(f"unknown suite {','.join(unknown)}; valid: {','.join(SUITES)}")
+    for name in names:
         print(f"benchmark suite {name} ...", file=sys.stderr, flush=True)
         table = run_suite(name, args.reps, args.steps)
         (RESULTS / f"{name}.md").write_text(table)
-        tables.append(table)
         print(table, flush=True)
+    # latest.md: the newest table of every suite, including those not rerun this time
+    tables = [(RESULTS / f"{n}.md").read_text() for n in SUITES if (RESULTS / f"{n}.md").exists()]
     (RESULTS / "latest.md").write_text("\n".join(tables))
 
 

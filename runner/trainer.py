@@ -142,6 +142,7 @@ class Trainer:
     def fit(self, start_time: float) -> dict[str, Any]:
         spec, step, samples = self.spec, self.step, self.samples
         throughput = Throughput(samples)
+        self.engine.model.train()  # once, not every step: evaluate() switches it back
         while step < self.total_steps:
             epoch, offset = divmod(step, self.steps_per_epoch)
             self.sampler.set_epoch(epoch, offset)
@@ -175,7 +176,6 @@ class Trainer:
 
     def train_step(self, batch: list[tuple[torch.Tensor, ...]], n_global: int) -> torch.Tensor:
         """Forward and backward every microbatch of this rank, then step. Returns the loss sum."""
-        self.engine.model.train()
         weight = self.world / n_global  # DDP averages over ranks; this makes it a sample mean
         loss_sum = torch.zeros((), device=self.device)
         for i, (inputs, labels, weights) in enumerate(batch):
@@ -208,6 +208,7 @@ class Trainer:
             totals[1] += (logits.argmax(dim=1) == labels).sum()
             totals[2] += labels.numel()
         rdist.all_reduce(totals)
+        self.engine.model.train()
         loss, correct, count = totals.tolist()
         return {"val/loss": loss / count, "val/accuracy": correct / count}
 
