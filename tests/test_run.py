@@ -199,26 +199,27 @@ def test_image_folder_bf16_single_rank(cli, tmp_path) -> None:
 
 def test_zero_runs_hold_half_the_optimizer_state(cli) -> None:
     """zero1 and zero2 (this one offloading to CPU) from the CLI: every artifact, about half
-    of ddp's optimizer state, and ddp's weights."""
+    of AdamW's full optimizer state per rank, and the same weights (the equivalence tests
+    hold zero1 to plain PyTorch)."""
     args = [*FAST, "nproc=2", "max_steps=12", "log_interval=4"]
     results = {
-        "ddp": cli(*args, "parallelism=ddp", name="ddp"),
         "zero1": cli(*args, "parallelism=zero1", name="zero1"),
         "zero2": cli(*args, "parallelism=zero2", "parallelism.offload_optimizer=cpu", name="zero2"),
     }
-    ddp_bytes = results["ddp"].summary()["optimizer_state_bytes"]
-    for name in ("zero1", "zero2"):
-        result = results[name]
+    weights = {}
+    for name, result in results.items():
         assert result.returncode == 0, result.output
         for artifact in ("config.yaml", "env.json", "metrics.jsonl", "summary.json", "model.pt"):
             assert (result.run_dir / artifact).is_file(), artifact
         assert (result.run_dir / "logs" / "rank1.log").is_file()
         summary = result.summary()
         assert summary["status"] == "completed" and summary["parallelism"] == name
+        model = build_model(load_spec(result.run_dir).model, (1, 8, 8), 10)
+        full_state = 2 * 4 * sum(p.numel() for p in model.parameters())  # AdamW: 2 fp32 moments
         per_rank = summary["optimizer_state_bytes"]
         assert len(per_rank) == 2
-        assert all(b <= 0.55 * d for b, d in zip(per_rank, ddp_bytes, strict=True)), per_rank
-        state = torch.load(result.run_dir / "model.pt", weights_only=True)
-        build_model(load_spec(result.run_dir).model, (1, 8, 8), 10).load_state_dict(state)
-        reference = torch.load(results["ddp"].run_dir / "model.pt", weights_only=True)
-        assert all(torch.allclose(state[k], reference[k], rtol=1e-5, atol=1e-7) for k in state)
+        assert all(0.45 * full_state <= b <= 0.55 * full_state for b in per_rank), per_rank
+        weights[name] = torch.load(result.run_dir / "model.pt", weights_only=True)
+        model.load_state_dict(weights[name])
+    zero1, zero2 = weights["zero1"], weights["zero2"]
+    assert all(torch.allclose(zero2[k], zero1[k], rtol=1e-5, atol=1e-7) for k in zero1)
