@@ -3,7 +3,8 @@
 The parent never imports torch, so when it has to compare a checkpoint with a
 model configured differently it runs `python -m runner.state_shapes` with the
 run spec (YAML) on stdin; the model is built on the meta device (no memory, no
-init cost) and its state's names and shapes are printed as JSON.
+init cost) and its state's names and shapes are printed as JSON. A process that has
+imported torch already calls `configured_state_shapes` directly.
 """
 
 from __future__ import annotations

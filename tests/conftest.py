@@ -16,6 +16,9 @@ CONF_DIR = REPO / "conf"
 
 # Small, fast runs: the mlp on digits, few steps, no progress bar noise.
 FAST = ["model=mlp", "data=digits", "precision=fp32", "progress_bar=false"]
+# 12 steps on 2 ranks with a checkpoint every 2: what the restart and resume tests train.
+RESTARTABLE = [*FAST, "max_epochs=null", "max_steps=12", "log_interval=2", "checkpoint.interval=2"]
+ZERO2_OFFLOAD = ["parallelism=zero2", "parallelism.offload_optimizer=cpu"]
 
 
 @dataclass
@@ -71,6 +74,24 @@ def cli(tmp_path: Path):
         return run_cli(tmp_path, *overrides, name=name, timeout=timeout)
 
     return call
+
+
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory) -> CliResult:
+    """`runner` with the defaults (mlp on digits, 2 ranks, 12 epochs = 276 steps), run once
+    for the artifact checks and as the uninterrupted twin of the SIGTERM resume test."""
+    result = run_cli(tmp_path_factory.mktemp("default"), "progress_bar=false", name="default")
+    assert result.returncode == 0, result.output
+    return result
+
+
+@pytest.fixture(scope="session")
+def zero2_offload_run(tmp_path_factory) -> CliResult:
+    """One uninterrupted RESTARTABLE run with ZeRO-2 offloading to the CPU, shared by the
+    optimizer-state test and the zero2 restart test (one run fewer in `make test`)."""
+    result = run_cli(tmp_path_factory.mktemp("zero2"), *RESTARTABLE, *ZERO2_OFFLOAD, name="zero2")
+    assert result.returncode == 0, result.output
+    return result
 
 
 def start_runner(tmp_path: Path, run_dir: Path, *overrides: str) -> subprocess.Popen:

@@ -53,9 +53,11 @@ def train_plain(spec: RunSpec, naive_microbatches: int = 1) -> dict[str, torch.T
     model = build_model(spec.model, data.input_shape, data.num_classes)
     optimizer = build_optimizer(spec.optimizer, model)
     sampler = GlobalBatchSampler(len(data.train), spec.global_batch_size, 1, 0, seed=spec.seed)
-    scheduler = build_scheduler(spec.scheduler, optimizer, STEPS)
+    steps = spec.max_steps
+    assert steps is not None, "the reference trains a fixed number of steps"
+    scheduler = build_scheduler(spec.scheduler, optimizer, steps)
     step = 0
-    while step < STEPS:
+    while step < steps:
         sampler.set_epoch(step // sampler.steps_per_epoch)
         for (indices,) in zip(sampler, strict=False):
             inputs, labels = data.train.batch(indices)
@@ -66,7 +68,7 @@ def train_plain(spec: RunSpec, naive_microbatches: int = 1) -> dict[str, torch.T
             scheduler.step()
             optimizer.zero_grad()
             step += 1
-            if step == STEPS:
+            if step == steps:
                 break
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -88,17 +90,14 @@ def test_naive_split_is_detected(reference_spec: RunSpec, reference) -> None:
 
 
 ENGINES = [("ddp", s) for s in STRATEGIES] + [("zero1", "auto"), ("zero2", "auto")]
-# Every engine and every split, each split with one or more engines (all 20 pairs
-# passed when this was written; the sample keeps `make test` under its time budget).
+# Every engine and every split, each once (all 20 pairs passed when this was written; the
+# sample keeps `make test` under its time budget). tests/test_multinode.py trains 2x2 too.
 CASES = [
     ((1, 4), ("zero1", "auto")),
     ((2, 2), ("ddp", "single_auto_sync")),
-    ((2, 2), ("ddp", "multi_auto_sync")),
     ((2, 2), ("ddp", "forced_sync")),
-    ((4, 1), ("ddp", "forced_sync")),
     ((4, 1), ("zero2", "auto")),
     ((2, 3), ("ddp", "multi_auto_sync")),
-    ((2, 3), ("zero1", "auto")),
 ]
 assert {e for _, e in CASES} == set(ENGINES) and {s for s, _ in CASES} == set(SPLITS)
 

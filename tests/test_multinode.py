@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import FAST, child_env, run_cli, runner_command
-from tests.test_equivalence import relative_error
+from runner.spec import resolve_spec
+from tests.conftest import FAST, child_env, runner_command
+from tests.test_compose import compose_config
+from tests.test_equivalence import relative_error, train_plain
 from tests.test_faults import chaos_time
 
 pytestmark = pytest.mark.slow
@@ -81,13 +83,13 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def one_node_4_ranks(tmp_path_factory) -> dict[str, torch.Tensor]:
-    result = run_cli(tmp_path_factory.mktemp("reference"), *TRAIN, "nproc=4")
-    assert result.returncode == 0, result.output
-    return weights(result.run_dir)
+def plain_reference() -> dict[str, torch.Tensor]:
+    """What 4 ranks must train: plain single-process PyTorch on the same global batches (the
+    equivalence tests hold every split of one node to the same yardstick)."""
+    return train_plain(resolve_spec(compose_config([*TRAIN, "nproc=1", "device=cpu"])))
 
 
-def test_two_nodes_train_the_same_model_as_one(tmp_path: Path, one_node_4_ranks) -> None:
+def test_two_nodes_train_the_same_model_as_one(tmp_path: Path, plain_reference) -> None:
     cluster = [*TRAIN, "nodes=2", "nproc=2", "master_addr=127.0.0.1", f"master_port={free_port()}"]
     node1 = start_node(tmp_path, 1, *cluster)  # either may start first
     time.sleep(0.5)
@@ -97,7 +99,7 @@ def test_two_nodes_train_the_same_model_as_one(tmp_path: Path, one_node_4_ranks)
 
     # One run directory, named by node 0: every rank's log, node 1's own files beside.
     run = only_run(tmp_path)
-    assert relative_error(weights(run), one_node_4_ranks) < RTOL
+    assert relative_error(weights(run), plain_reference) < RTOL
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["world_size"] == 4
     for rank, node, local in [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]:
@@ -204,7 +206,7 @@ def two_hosts():
             subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
 
 
-def test_two_hosts_without_a_shared_filesystem(tmp_path: Path, two_hosts, one_node_4_ranks):
+def test_two_hosts_without_a_shared_filesystem(tmp_path: Path, two_hosts, plain_reference):
     (ns0, addr0), (ns1, _) = two_hosts
     cluster = [*TRAIN, "nodes=2", "nproc=2", f"master_addr={addr0}", "master_port=29400"]
     host0, host1 = tmp_path / "host0", tmp_path / "host1"
@@ -223,7 +225,7 @@ def test_two_hosts_without_a_shared_filesystem(tmp_path: Path, two_hosts, one_no
     assert code0 == 0 and code1 == 0, out0 + out1
 
     run0, run1 = only_run(host0), only_run(host1)
-    assert relative_error(weights(run0), one_node_4_ranks) < RTOL
+    assert relative_error(weights(run0), plain_reference) < RTOL
     # Node 0 keeps the run: config, metrics, summary, model, ranks 0-1's logs.
     assert sorted(p.name for p in (run0 / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
     env = json.loads((run0 / "env.json").read_text())

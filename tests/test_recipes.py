@@ -9,6 +9,9 @@ import pytest
 import torch
 import yaml
 
+from runner.data.shapes import data_shape
+from runner.models import build_model
+from runner.spec import load_spec
 from tests.conftest import REPO
 from tests.test_data import make_cifar10, make_image_folder
 
@@ -47,15 +50,17 @@ def test_recipe_runs(cli, tmp_path: Path, recipe: str) -> None:
         assert result.metrics()[0]["lr"] == pytest.approx(2.048 / 5)
     if recipe_text.get("precision") or "auto" in str(recipe_text.get("defaults")):
         assert config["precision"]["name"] in ("bf16", "fp32")  # auto resolved for the CPU
+    spec = load_spec(result.run_dir)  # model.pt loads into the model the config describes
+    state = torch.load(result.run_dir / "model.pt", weights_only=True)
+    build_model(spec.model, *data_shape(spec.data)).load_state_dict(state, strict=True)
 
 
 def test_recipe_rerun_reproduces(cli) -> None:
-    args = ["+recipe=mlp_digits", "max_epochs=null", "max_steps=30", "log_interval=5"]
-    first, other = cli(*args, name="first"), cli(*args, "seed=1", name="other")
-    assert first.returncode == other.returncode == 0, first.output
+    """`runner rerun RUN_DIR` trains the same losses and weights bit for bit (the sweep tests
+    show that another seed gives other losses, so the comparison can fail)."""
+    first = cli("+recipe=mlp_digits", "max_epochs=null", "max_steps=30", "log_interval=5")
+    assert first.returncode == 0, first.output
     losses = [m["train/loss"] for m in first.metrics()]
-    assert losses != [m["train/loss"] for m in other.metrics()]  # the comparison can fail
-
     again = cli("rerun", str(first.run_dir), name="again")
     assert again.returncode == 0, again.output
     assert [m["train/loss"] for m in again.metrics()] == losses

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import FAST, start_runner, wait_until
+from tests.conftest import FAST, ZERO2_OFFLOAD, CliResult, run_cli, start_runner, wait_until
+from tests.conftest import RESTARTABLE as ARGS
 
 pytestmark = pytest.mark.slow
-ARGS = [*FAST, "max_epochs=null", "max_steps=12", "log_interval=2", "checkpoint.interval=2"]
 
 
 def same_weights(a: Path, b: Path) -> bool:
@@ -21,18 +22,21 @@ def same_weights(a: Path, b: Path) -> bool:
     return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory) -> CliResult:
+    """One uninterrupted 2-rank ddp run that keeps every checkpoint: this module's yardstick."""
+    result = run_cli(tmp_path_factory.mktemp("ddp"), *ARGS, "checkpoint.keep=6", name="reference")
+    assert result.returncode == 0, result.output
+    return result
+
+
 @pytest.mark.parametrize("parallelism", ["ddp", "zero2"])
-def test_killed_rank_restarts_and_ends_bit_for_bit(cli, parallelism: str) -> None:
-    reference = cli(*ARGS, f"parallelism={parallelism}", name="reference")
-    killed = cli(
-        *ARGS,
-        f"parallelism={parallelism}",
-        "max_restarts=1",
-        "chaos.kill_rank=1",
-        "chaos.at_step=5",
-        name="killed",
-    )
-    assert reference.returncode == 0, reference.output
+def test_killed_rank_restarts_and_ends_bit_for_bit(cli, request, parallelism: str) -> None:
+    if parallelism == "ddp":
+        reference, engine = request.getfixturevalue("ddp_reference"), ["parallelism=ddp"]
+    else:  # the run tests/test_run.py checks for its optimizer state, offloaded to the CPU
+        reference, engine = request.getfixturevalue("zero2_offload_run"), list(ZERO2_OFFLOAD)
+    killed = cli(*ARGS, *engine, "max_restarts=1", "chaos.kill_rank=1", "chaos.at_step=5")
     assert killed.returncode == 0, killed.output
     assert same_weights(reference.run_dir, killed.run_dir)
     summary = killed.summary()
@@ -50,9 +54,8 @@ def test_killed_rank_restarts_and_ends_bit_for_bit(cli, parallelism: str) -> Non
         assert (killed.run_dir / "checkpoints" / "step_00000012" / "zero_to_fp32.py").is_file()
 
 
-def test_sigterm_then_resume_auto_ends_bit_for_bit(cli, tmp_path: Path) -> None:
-    args = [*FAST, "max_epochs=null", "max_steps=300", "log_interval=10", "checkpoint.interval=40"]
-    reference = cli(*args, name="reference")
+def test_sigterm_then_resume_auto_ends_bit_for_bit(cli, tmp_path: Path, default_run) -> None:
+    args = ["progress_bar=false", "checkpoint.interval=40"]  # the defaults: 276 steps
     run_dir = tmp_path / "interrupted"
     proc = start_runner(tmp_path, run_dir, *args)
     wait_until(proc, (run_dir / "checkpoints" / "latest").exists)
@@ -64,7 +67,7 @@ def test_sigterm_then_resume_auto_ends_bit_for_bit(cli, tmp_path: Path) -> None:
 
     resumed = cli(*args, "resume=auto", name="interrupted")
     assert resumed.returncode == 0, resumed.output
-    assert same_weights(reference.run_dir, run_dir)
+    assert same_weights(default_run.run_dir, run_dir)
     summary = resumed.summary()
     assert summary["status"] == "completed" and summary["resumed_from"] % 40 == 0
     assert summary["resumed_from"] >= 40
@@ -73,16 +76,15 @@ def test_sigterm_then_resume_auto_ends_bit_for_bit(cli, tmp_path: Path) -> None:
     assert steps == sorted(set(steps)), "a resumed run must not repeat metrics lines"
 
 
-def test_resume_skips_a_damaged_checkpoint(cli) -> None:
-    first = cli(*ARGS, name="run")
-    assert first.returncode == 0, first.output
-    checkpoints = first.run_dir / "checkpoints"
-    newest = sorted(checkpoints.glob("step_*"))[-1]
+def test_resume_skips_a_damaged_checkpoint(cli, tmp_path: Path, ddp_reference) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(ddp_reference.run_dir, run_dir)
+    newest = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
     with open(newest / "state.pt", "r+b") as f:  # a truncated file, e.g. a full disk
         f.truncate(100)
     again = cli(*ARGS, "resume=auto", "max_steps=14", name="run")
     assert again.returncode == 0, again.output
-    assert again.summary()["resumed_from"] == 10  # the previous good one (keep=2: 10, 12)
+    assert again.summary()["resumed_from"] == 10  # the previous good one
 
 
 def test_resume_path_without_checkpoint_is_rejected(cli, tmp_path: Path) -> None:
@@ -99,21 +101,18 @@ def max_relative_difference(a: Path, b: Path) -> float:
     return max(((x[k] - y[k]).norm() / y[k].norm()).item() for k in y)
 
 
-def test_ddp_checkpoint_resumes_at_another_world_size(cli) -> None:
-    """2 ranks train 6 steps; 1 rank with grad_accum=2 continues from their checkpoint to 12.
+def test_ddp_checkpoint_resumes_at_another_world_size(cli, ddp_reference) -> None:
+    """1 rank with grad_accum=2 continues the 2-rank reference from its step-6 checkpoint.
 
-    Same samples in the same order, so the result matches 12 steps on 2 ranks up to float
-    summation order; a wrong sample position would be off by orders of magnitude more.
+    Same samples in the same order, so the result matches the reference's 12 steps up to
+    float summation order; a wrong sample position would be off by orders of magnitude more.
     """
-    args = [*ARGS, "scheduler=constant"]
-    reference = cli(*args, name="reference")
-    first = cli(*args, "max_steps=6", name="first")
-    assert first.returncode == 0, first.output
-    second = cli(*args, "nproc=1", "grad_accum=2", f"resume={first.run_dir}", name="second")
+    checkpoint = ddp_reference.run_dir / "checkpoints" / "step_00000006"
+    second = cli(*ARGS, "nproc=1", "grad_accum=2", f"resume={checkpoint}", name="second")
     assert second.returncode == 0, second.output
     assert second.summary()["resumed_from"] == 6 and second.summary()["world_size"] == 1
-    assert max_relative_difference(second.run_dir, reference.run_dir) < 1e-5
-    expected = {m["step"]: m["train/loss"] for m in reference.metrics()}
+    assert max_relative_difference(second.run_dir, ddp_reference.run_dir) < 1e-5
+    expected = {m["step"]: m["train/loss"] for m in ddp_reference.metrics()}
     for record in second.metrics():
         assert record["step"] > 6
         assert record["train/loss"] == pytest.approx(expected[record["step"]], rel=1e-5)

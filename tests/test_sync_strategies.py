@@ -13,7 +13,6 @@ import gc
 import os
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -75,32 +74,40 @@ def assert_grads(actual: dict, expected: dict, what: str) -> None:
         torch.testing.assert_close(actual[name], value, rtol=1e-6, atol=1e-7, msg=f"{what}: {name}")
 
 
-def worker(rank: int, strategy: str, init_file: str) -> None:
+STRATEGIES = ["single_auto_sync", "multi_auto_sync", "forced_sync"]
+
+
+def check_strategy(rank: int, strategy: str) -> None:
+    torch.manual_seed(0)
+    model = TwoHeads()
+    local, average = expected_gradients(model)
+    spec = RunSpec(
+        parallelism=DDPSpec(find_unused_parameters=True),
+        sync_strategy=SyncStrategySpec(name=SyncStrategy(strategy)),
+        optimizer=SGDSpec(),
+    )
+    engine = DDPEngine(spec, model, "cpu", total_steps=1)
+    for micro in range(MICRO):
+        with engine.microbatch(micro, MICRO):
+            engine.backward(loss_of(engine.model(batch(rank, micro), HEADS[rank][micro])))
+        last = micro == MICRO - 1
+        where = f"{strategy} rank {rank} after microbatch {micro}"
+        if strategy == "multi_auto_sync" or (strategy == "single_auto_sync" and last):
+            assert_grads(grads(model), average[micro], where + " (averaged)")
+        else:
+            assert_grads(grads(model), local[rank][micro], where + " (local)")
+    engine.sync_gradients()
+    assert_grads(grads(model), average[-1], f"{strategy} rank {rank} after the step's sync")
+    del engine  # release DDP while the group exists
+    gc.collect()
+    dist.barrier()
+
+
+def worker(rank: int, init_file: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
-        torch.manual_seed(0)
-        model = TwoHeads()
-        local, average = expected_gradients(model)
-        spec = RunSpec(
-            parallelism=DDPSpec(find_unused_parameters=True),
-            sync_strategy=SyncStrategySpec(name=SyncStrategy(strategy)),
-            optimizer=SGDSpec(),
-        )
-        engine = DDPEngine(spec, model, "cpu", total_steps=1)
-        for micro in range(MICRO):
-            with engine.microbatch(micro, MICRO):
-                engine.backward(loss_of(engine.model(batch(rank, micro), HEADS[rank][micro])))
-            last = micro == MICRO - 1
-            where = f"{strategy} rank {rank} after microbatch {micro}"
-            if strategy == "multi_auto_sync" or (strategy == "single_auto_sync" and last):
-                assert_grads(grads(model), average[micro], where + " (averaged)")
-            else:
-                assert_grads(grads(model), local[rank][micro], where + " (local)")
-        engine.sync_gradients()
-        assert_grads(grads(model), average[-1], f"{strategy} rank {rank} after the step's sync")
-        del engine  # release DDP while the group exists
-        gc.collect()
-        dist.barrier()
+        for strategy in STRATEGIES:  # one process group for all three: startup is the cost
+            check_strategy(rank, strategy)
     finally:
         dist.destroy_process_group()
     # Passed: leave without interpreter teardown, where torch 2.14's gloo sometimes aborts
@@ -108,6 +115,5 @@ def worker(rank: int, strategy: str, init_file: str) -> None:
     os._exit(0)
 
 
-@pytest.mark.parametrize("strategy", ["single_auto_sync", "multi_auto_sync", "forced_sync"])
-def test_gradients_after_every_microbatch(strategy: str, tmp_path: Path) -> None:
-    mp.spawn(worker, args=(strategy, str(tmp_path / "init")), nprocs=WORLD, join=True)
+def test_gradients_after_every_microbatch(tmp_path: Path) -> None:
+    mp.spawn(worker, args=(str(tmp_path / "init"),), nprocs=WORLD, join=True)
