@@ -21,11 +21,13 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from runner.artifacts import RunDir, environment_info, read_json, write_json
+from runner.compose_errors import composition_problem
 from runner.failures import format_error
 from runner.rerun import rerun_argv
 from runner.spec import RunSpec, SpecError, resolve_spec, save_spec
@@ -57,6 +59,12 @@ def _resolve(cfg: DictConfig, run_dir: Path) -> RunSpec:
         key = getattr(exc, "full_key", None) or "config"
         raise SpecError([f"{key}: {str(exc).splitlines()[0]}"]) from None
     return resolve_spec(data, run_dir=run_dir)  # type: ignore[arg-type]
+
+
+def _problems_text(problems: list[str]) -> str:
+    count = len(problems)
+    lines = "\n".join(f"  - {p}" for p in problems)
+    return f"runner: invalid configuration ({count} problem{'s' * (count > 1)}):\n{lines}"
 
 
 def _discard(run_dir: Path) -> None:
@@ -109,11 +117,7 @@ def _run(cfg: DictConfig) -> float | None:
     try:
         spec = _resolve(cfg, run_dir.root)
     except SpecError as err:
-        count = len(err.problems)
-        lines = "\n".join(f"  - {p}" for p in err.problems)
-        log.error(
-            "runner: invalid configuration (%d problem%s):\n%s", count, "s" * (count > 1), lines
-        )
+        log.error("%s", _problems_text(err.problems))
         if not in_sweep:
             _discard(run_dir.root)
             sys.exit(2)
@@ -251,6 +255,10 @@ def main() -> None:
     ):
         sys.argv = [sys.argv[0], *_user_config_argv(os.environ[USER_CONFIG_ENV]), *sys.argv[1:]]
     app = hydra.main(version_base="1.3", config_path=_conf_dir(), config_name="config")(_run)
+    user_wants_hydra_errors = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    # Hydra prints composition errors itself and exits 1, unless HYDRA_FULL_ERROR asks it to
+    # raise them; then they are ours to report like any other bad value.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         app()
     except ValueError as exc:  # Hydra's own check of the command-line flags
@@ -258,6 +266,14 @@ def main() -> None:
             raise
         print(f"runner: {exc} (to see a sweep job's config, leave out -m)", file=sys.stderr)
         sys.exit(2)
+    except HydraException as exc:
+        if user_wants_hydra_errors:
+            raise
+        print(_problems_text([composition_problem(exc, sys.argv[1:])]), file=sys.stderr)
+        sys.exit(2)
+    finally:
+        if not user_wants_hydra_errors:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
     if SweepTable.failed:  # a sweep ran every job; its exit code says whether all completed
         sys.exit(1)
 

@@ -1,0 +1,77 @@
+"""Hydra's composition errors as runner's one-line problems.
+
+Hydra reports an unknown group option, an unknown key or a malformed override
+with several lines of its own (config search path, a hint about HYDRA_FULL_ERROR)
+and exit code 1. runner reports them like every other bad value: the override,
+what is wrong and what would be valid, exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from typing import Any, Union
+
+from hydra.errors import (
+    ConfigCompositionException,
+    HydraException,
+    MissingConfigException,
+    OverrideParseException,
+)
+
+from runner.spec import RunSpec
+
+GRAMMAR_DOCS = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+
+
+def composition_problem(exc: HydraException, overrides: list[str]) -> str:
+    """One line naming the override, what is wrong with it and what is valid. `overrides`
+    are the command line's, to show a group option the way it was given (`+recipe=...`)."""
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options:
+        group, _, option = exc.missing_cfg_file.rpartition("/")
+        plus = "+" if any(o.startswith(f"+{group}=") for o in overrides) else ""
+        where = re.match(r"In '([^']+)':", str(exc))
+        asked_by = f" (asked for by {where[1]})" if where and where[1] != "config" else ""
+        valid = ", ".join(sorted(exc.options))
+        return f"{plus}{group}={option}: no such {group} option{asked_by}; valid: {valid}"
+    if isinstance(exc, OverrideParseException):
+        reason = exc.message.splitlines()[0]
+        return f"{exc.override}: not a valid override ({reason}); see {GRAMMAR_DOCS}"
+    key = getattr(exc.__cause__, "full_key", None)
+    override = re.search(r"use \+(\S+)", str(exc))
+    if isinstance(exc, ConfigCompositionException) and key and override:
+        return f"{override[1]}: unknown key; {_suggestion(key)}"
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
+def _suggestion(key: str) -> str:
+    parent, _, leaf = key.rpartition(".")
+    prefix = f"{parent}." if parent else ""
+    siblings = [k[len(prefix) :] for k in schema_keys(RunSpec) if k.startswith(prefix)]
+    siblings = [k for k in siblings if "." not in k]
+    close = difflib.get_close_matches(leaf, sorted(siblings), n=2, cutoff=0.8)
+    if close:
+        return "did you mean " + " or ".join(prefix + c for c in close) + "?"
+    return "`runner --cfg job` shows every key"
+
+
+def schema_keys(cls: type, prefix: str = "") -> set[str]:
+    """Every dotted key the schema knows, over every option of every group."""
+    keys: set[str] = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        keys.add(key)
+        for tp in _variants(hints[f.name]):
+            if dataclasses.is_dataclass(tp):
+                keys |= schema_keys(tp, key + ".")
+    return keys
+
+
+def _variants(tp: Any) -> tuple[Any, ...]:
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return typing.get_args(tp)
+    return (tp,)
