@@ -67,13 +67,14 @@ def _problems_text(problems: list[str]) -> str:
     return f"runner: invalid configuration ({count} problem{'s' * (count > 1)}):\n{lines}"
 
 
-def _discard(run_dir: Path) -> None:
-    """Remove the directory Hydra made for a run that never started (only Hydra's files in it)."""
+def _discard(run_dir: Path, hydra_files: frozenset[str] = frozenset({".hydra"})) -> None:
+    """Remove the directory Hydra made for a run or sweep that never started (only Hydra's
+    files in it)."""
     for node_dir in run_dir.glob("node*"):  # another node's Hydra files (see _node_subdir)
         if {p.name for p in node_dir.iterdir()} <= {".hydra"}:
             shutil.rmtree(node_dir, ignore_errors=True)
     leftovers = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
-    if leftovers <= {".hydra"}:
+    if leftovers <= hydra_files:
         shutil.rmtree(run_dir, ignore_errors=True)
         if run_dir.parent.resolve() == (Path.cwd() / "runs").resolve():
             with contextlib.suppress(OSError):
@@ -270,6 +271,8 @@ def main() -> None:
         if user_wants_hydra_errors:
             raise
         print(_problems_text([composition_problem(exc, sys.argv[1:])]), file=sys.stderr)
+        if SweepTable.sweep_dir is not None:  # a sweep whose jobs could not be composed
+            _discard(SweepTable.sweep_dir, frozenset({"multirun.yaml"}))
         sys.exit(2)
     finally:
         if not user_wants_hydra_errors:

@@ -113,6 +113,10 @@ class SweepTable(Callback):
     """Hydra callback (conf/config.yaml): the final sweep table, printed at the sweep's end."""
 
     failed: list[str] | None = None  # read by runner.cli.main for the exit code
+    sweep_dir: Path | None = None  # read by runner.cli.main to discard a sweep that never ran
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        SweepTable.sweep_dir = Path(config.hydra.sweep.dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

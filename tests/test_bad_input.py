@@ -205,17 +205,26 @@ def test_composition_errors_name_the_override_and_what_is_valid(
     assert expected in composition_problem(info.value, [override])
 
 
-def test_rejected_run_leaves_no_default_runs_dir(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["grad_accum=0"], "grad_accum=0: must be >= 1"),
+        (["-m", "model=mlp,vit"], "model=vit: no such model option"),  # before any job
+    ],
+)
+def test_rejected_run_or_sweep_leaves_no_default_runs_dir(
+    tmp_path: Path, overrides: list[str], expected: str
+) -> None:
     import subprocess
 
     from tests.conftest import child_env, runner_command
 
     proc = subprocess.run(
-        runner_command("grad_accum=0"),
+        runner_command(*overrides),
         cwd=tmp_path,
         env=child_env(),
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 2 and "grad_accum=0: must be >= 1" in proc.stderr
+    assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == []
