@@ -124,12 +124,12 @@ def outside_runner(
 ) -> tuple[float, float]:
     """(wall seconds, seconds from the command's start to the first optimizer step done).
 
-    Without `prestart` the run goes through `python -m runner.cli`, which starts the
+    Without `prestart` the run goes through `python -m runner.cli.main`, which starts the
     launcher only after Hydra is done (the console script `runner` starts it first).
     """
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        command = [_venv_tool("runner")] if prestart else [sys.executable, "-m", "runner.cli"]
+        command = [_venv_tool("runner")] if prestart else [sys.executable, "-m", "runner.cli.main"]
         command += [f"model={model}", "data=synthetic", f"nproc={nproc}"]
         command += ["global_batch_size=64", f"max_steps={steps}", "max_epochs=null"]
         command += ["eval_interval=1000000", f"hydra.run.dir={run_dir}"]  # eval: last step only

@@ -42,7 +42,7 @@ class CliResult:
 
 
 def runner_command(*overrides: str) -> list[str]:
-    return [sys.executable, "-m", "runner.entry", *overrides]
+    return [sys.executable, "-m", "runner.cli.entry", *overrides]
 
 
 def run_cli(tmp_path: Path, *overrides: str, name: str = "run", timeout: float = 240) -> CliResult:

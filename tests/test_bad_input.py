@@ -108,7 +108,7 @@ def test_bad_value_is_named(overrides: list[str], expected: str) -> None:
 
 
 def test_deepspeed_config_merges_what_runner_does_not_model() -> None:
-    from runner.engines.deepspeed_config import merge_user_config
+    from runner.spec.deepspeed_config import merge_user_config
 
     spec = resolve_spec(
         compose_config(
@@ -198,7 +198,7 @@ def test_composition_errors_name_the_override_and_what_is_valid(
 ) -> None:
     from hydra.errors import HydraException
 
-    from runner.compose_errors import composition_problem
+    from runner.cli.compose_errors import composition_problem
 
     with pytest.raises(HydraException) as info:
         compose_config([override])

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 
 from runner.data.datasets import build_datasets
 from runner.data.sampler import GlobalBatchSampler
+from runner.engines.optim import build_optimizer, build_scheduler
 from runner.models import build_model
-from runner.optim import build_optimizer, build_scheduler
 from runner.spec import RunSpec, load_spec, resolve_spec
-from runner.trainer import seed_everything
+from runner.train.trainer import seed_everything
 from tests.conftest import FAST
 from tests.test_compose import compose_config
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from runner.failures import RankFailure, format_error, is_comms_error, root_cause
+from runner.cli.outcome import format_error
+from runner.launch.failures import RankFailure, is_comms_error, root_cause
 
 
 def test_comms_errors_are_recognised() -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli import _node_subdir
-from runner.failures import RankFailure
-from runner.network import interface_towards, local_address_towards
-from runner.nodes import config_differences
+from runner.cli.main import _node_subdir
+from runner.launch.failures import RankFailure
+from runner.launch.network import interface_towards, local_address_towards
+from runner.launch.nodes import config_differences
 from tests.conftest import child_env, runner_command
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from runner.engines.optim import LRSchedule, build_optimizer
 from runner.hardware import auto_precision, cpu_has_native_bf16
 from runner.models import build_model
-from runner.optim import LRSchedule, build_optimizer
 from runner.spec import SpecError, resolve_spec
 from runner.spec.schema import ConstantSpec, ResNetSpec, SGDSpec
 from tests.test_compose import compose_config

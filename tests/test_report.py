@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from runner.report import differing_keys, run_config
+from runner.cli.report import differing_keys, run_config
 
 
 def write_run(root: Path, name: str, config: dict, resolved: bool = True) -> Path:

@@ -11,9 +11,9 @@ import torch
 from runner.checkpoint_store import CheckpointStore
 from runner.data.shapes import data_shape
 from runner.models import build_model
-from runner.resume_check import META_FILE, checkpoint_meta
+from runner.models.shapes import configured_state_shapes, state_shapes
 from runner.spec import SpecError, resolve_spec
-from runner.state_shapes import configured_state_shapes, state_shapes
+from runner.spec.resume_check import META_FILE, checkpoint_meta
 from tests.test_compose import compose_config
 
 MLP = ["model=mlp", "data=digits", "device=cpu"]

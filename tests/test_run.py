@@ -101,9 +101,9 @@ def test_parent_process_does_not_import_torch(tmp_path: Path) -> None:
     code = f"""
 import sys
 sys.argv = ['runner', '--cfg', 'job']
-import runner.entry
+import runner.cli.entry
 try:
-    runner.entry.main()
+    runner.cli.entry.main()
 except SystemExit:
     pass
 from runner.artifacts import environment_info

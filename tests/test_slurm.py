@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runner.slurm import expand_hostlist, job_port, placement
 from runner.spec import SpecError, resolve_spec
+from runner.spec.slurm import expand_hostlist, job_port, placement
 from tests.test_compose import compose_config
 
 

@@ -55,7 +55,7 @@ def test_failing_jobs_do_not_stop_the_sweep_and_are_listed(tmp_path: Path) -> No
     assert markdown in proc.stdout  # printed at the end, too
 
     report = subprocess.run(
-        [sys.executable, "-m", "runner.report", str(root)],
+        [sys.executable, "-m", "runner.cli.report", str(root)],
         capture_output=True,
         text=True,
         env=child_env(),
@@ -67,7 +67,7 @@ def test_failing_jobs_do_not_stop_the_sweep_and_are_listed(tmp_path: Path) -> No
     assert "seed" not in header  # the same in every job: not a difference
     assert (root / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     missing = subprocess.run(
-        [sys.executable, "-m", "runner.report", str(tmp_path / "nope")],
+        [sys.executable, "-m", "runner.cli.report", str(tmp_path / "nope")],
         capture_output=True,
         text=True,
         env=child_env(),

@@ -111,7 +111,7 @@ def worker(rank: int, init_file: str) -> None:
     finally:
         dist.destroy_process_group()
     # Passed: leave without interpreter teardown, where torch 2.14's gloo sometimes aborts
-    # ("terminate called without an active exception"; runner.worker does the same).
+    # ("terminate called without an active exception"; runner.train.worker does the same).
     os._exit(0)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from runner.tensorboard import EventWriter, _crc32c
+from runner.train.tensorboard import EventWriter, _crc32c
 
 
 def scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from runner.artifacts import RunDir
 from runner.spec import resolve_spec
-from runner.trainer import Trainer
+from runner.train.trainer import Trainer
 from tests.conftest import FAST
 from tests.test_compose import compose_config
 

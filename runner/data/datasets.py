@@ -2,18 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
+from runner.data.types import Datasets
 from runner.spec.schema import DataSpec
-
-
-@dataclass
-class Datasets:
-    train: Any
-    val: Any
-    input_shape: tuple[int, ...]
-    num_classes: int
 
 
 def build_datasets(spec: DataSpec) -> Datasets:

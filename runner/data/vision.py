@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
-from runner.data.datasets import Datasets
+from runner.data.types import Datasets
 from runner.spec.schema import Cifar10Spec, ImageFolderSpec
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

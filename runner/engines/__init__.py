@@ -2,7 +2,7 @@
 
 `build_engine` picks one by `parallelism.name`; the trainer only sees `Engine`
 (runner.engines.base). Nothing here imports torch until an engine is built, so
-the parent can use `runner.engines.deepspeed_config`.
+the parent can use `runner.spec.deepspeed_config`.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from runner import dist as rdist
 from runner.engines.base import Engine
-from runner.optim import build_optimizer, build_scheduler, optimizer_state_bytes
-from runner.precision import grad_scaler
+from runner.engines.optim import build_optimizer, build_scheduler, optimizer_state_bytes
+from runner.engines.precision import grad_scaler
 from runner.spec import RunSpec, SyncStrategy
 
 STATE_FILE = "state.pt"

@@ -19,9 +19,9 @@ from torch import nn
 
 from runner import dist as rdist
 from runner.engines.base import Engine
-from runner.engines.deepspeed_config import merge_user_config
-from runner.optim import build_optimizer, build_scheduler, optimizer_state_bytes
+from runner.engines.optim import build_optimizer, build_scheduler, optimizer_state_bytes
 from runner.spec import Precision, RunSpec
+from runner.spec.deepspeed_config import merge_user_config
 
 DEEPSPEED_TAG = "state"
 

@@ -110,7 +110,7 @@ def _resolve_nodes(spec: RunSpec, problems: list[str], environ: Mapping[str, str
     """nodes=auto: the SLURM allocation this runs in (nodes, node_rank, master), else 1 node."""
     if spec.nodes != "auto":
         return spec
-    from runner import slurm
+    from runner.spec import slurm
 
     try:
         place = slurm.placement(environ, spec.master_port)
@@ -192,7 +192,7 @@ def _check_deepspeed(spec: RunSpec, problems: list[str]) -> None:
             f"parallelism={spec.parallelism.name}: needs DeepSpeed, which is not installed "
             "(make install installs it; or pip install deepspeed)"
         )
-    from runner.engines.deepspeed_config import merge_user_config
+    from runner.spec.deepspeed_config import merge_user_config
 
     problems.extend(merge_user_config(spec)[1])
 
@@ -225,7 +225,7 @@ def _check_run_control(spec: RunSpec, problems: list[str]) -> None:
 def _check_resume(spec: RunSpec, problems: list[str], run_dir: Path | None) -> None:
     """Find the checkpoint this run starts from and check that it fits the spec."""
     from runner.checkpoint_store import CheckpointStore, resolve_checkpoint_path
-    from runner.resume_check import check_resume
+    from runner.spec.resume_check import check_resume
 
     own = CheckpointStore(run_dir / "checkpoints", keep=1).latest() if run_dir else None
     if spec.resume is None:

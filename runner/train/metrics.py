@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.artifacts import read_jsonl, write_atomic
-from runner.tensorboard import EventWriter
+from runner.train.tensorboard import EventWriter
 
 
 class MetricsLog:

@@ -1,4 +1,4 @@
-"""Stage 5: one rank. `python -m runner.worker RUN_DIR`, started by the elastic agent.
+"""Stage 5: one rank. `python -m runner.train.worker RUN_DIR`, started by the elastic agent.
 
 Reads the resolved spec from the run directory (never Hydra), sends its own
 output to logs/rank{R}.log, joins the process group, trains, and on any
@@ -73,7 +73,7 @@ def run(run_dir: RunDir, terminal: TextIO | None) -> None:
 
     from runner import dist as rdist
     from runner.spec import load_spec
-    from runner.trainer import Trainer
+    from runner.train.trainer import Trainer
 
     spec = load_spec(os.environ.get("RUNNER_NODE_DIR", run_dir.root))  # this node's config
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

@@ -1,6 +1,6 @@
 """The parent's side of a launch: start the agent process, relay signals, wait.
 
-The agent (runner.launch) runs in its own session so that Ctrl-C reaches it
+The agent (runner.launch.agent) runs in its own session so that Ctrl-C reaches it
 exactly once, through us. A second Ctrl-C, or an agent that does not stop in
 time, gets SIGKILL; the ranks die with it (they hold PR_SET_PDEATHSIG).
 
@@ -60,7 +60,7 @@ def prestart_agent(argv: list[str]) -> None:
         return
     env = {**os.environ, "RUNNER_PARENT_PID": str(os.getpid())}
     _prestarted = subprocess.Popen(
-        [sys.executable, "-m", "runner.launch", "-"],
+        [sys.executable, "-m", "runner.launch.agent", "-"],
         env=env,
         stdin=subprocess.PIPE,
         start_new_session=True,
@@ -89,7 +89,7 @@ def _start_agent(run_dir: Path, start_time: float) -> subprocess.Popen:
     env["RUNNER_START_TIME"] = repr(start_time)
     env["RUNNER_PARENT_PID"] = str(os.getpid())
     return subprocess.Popen(
-        [sys.executable, "-m", "runner.launch", str(run_dir)], env=env, start_new_session=True
+        [sys.executable, "-m", "runner.launch.agent", str(run_dir)], env=env, start_new_session=True
     )
 
 

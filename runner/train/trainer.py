@@ -21,7 +21,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from runner import chaos, checkpointing
 from runner import dist as rdist
 from runner.artifacts import RunDir, write_atomic
 from runner.checkpoint_store import CheckpointStore
@@ -29,10 +28,8 @@ from runner.data.datasets import build_datasets
 from runner.data.loaders import build_eval_loader, build_train_loader
 from runner.data.sampler import GlobalBatchSampler
 from runner.engines import build_engine
-from runner.metrics import MetricsLog, Throughput
-from runner.models import build_model
-from runner.precision import autocast
-from runner.progress import Progress
+from runner.engines.precision import autocast
+from runner.models.builders import build_model
 from runner.spec import RunSpec
 from runner.summary import (
     COMPLETED,
@@ -42,6 +39,9 @@ from runner.summary import (
     record_attempt,
     write_summary,
 )
+from runner.train import chaos, checkpointing
+from runner.train.metrics import MetricsLog, Throughput
+from runner.train.progress import Progress
 
 
 def peak_rss_bytes() -> int:

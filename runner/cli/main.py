@@ -27,9 +27,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from runner.artifacts import RunDir, environment_info, read_json, write_json
-from runner.compose_errors import composition_problem
-from runner.failures import format_error
-from runner.rerun import rerun_argv
+from runner.cli.compose_errors import composition_problem
+from runner.cli.outcome import report_outcome, shown
+from runner.cli.rerun import rerun_argv
+from runner.cli.supervise import run_agent
+from runner.cli.sweep import SweepTable, write_sweep_table
 from runner.spec import RunSpec, SpecError, resolve_spec, save_spec
 from runner.summary import (
     FAILED,
@@ -38,14 +40,12 @@ from runner.summary import (
     read_summary,
     write_unfinished_summary,
 )
-from runner.supervise import run_agent
-from runner.sweep import SweepTable, write_sweep_table
 
 log = logging.getLogger("runner")
 
 
 def _conf_dir() -> str:
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # runner/
     for candidate in (package / "conf", package.parent / "conf"):
         if (candidate / "config.yaml").is_file():
             return str(candidate)
@@ -79,35 +79,6 @@ def _discard(run_dir: Path, hydra_files: frozenset[str] = frozenset({".hydra"}))
         if run_dir.parent.resolve() == (Path.cwd() / "runs").resolve():
             with contextlib.suppress(OSError):
                 run_dir.parent.rmdir()  # the default runs/ itself, if this was its only run
-
-
-def _report(summary: dict[str, Any], run_dir: RunDir) -> None:
-    status = summary.get("status")
-    final = summary.get("final", {})
-    if status == "completed":
-        shown = [
-            f"{k} {final[k]:.4f}" for k in ("val/accuracy", "val/loss", "train/loss") if k in final
-        ]
-        log.info(
-            "runner: completed %s steps on %s rank(s) in %.1fs | %s",
-            summary.get("steps"),
-            summary.get("world_size"),
-            summary.get("wall_time_s", 0),
-            " | ".join(shown),
-        )
-    elif status == "failed" and summary.get("error"):
-        log.error("runner: %s", format_error(summary["error"]))
-    else:
-        log.error("runner: run %s after %s steps", status, summary.get("steps"))
-    log.info("run directory: %s", _shown(run_dir.root))
-
-
-def _shown(path: Path) -> str:
-    """`path` relative to the working directory when it lies below it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 def _run(cfg: DictConfig) -> float | None:
@@ -149,7 +120,7 @@ def _run(cfg: DictConfig) -> float | None:
             else {"rank": None, "exitcode": code, "message": f"launcher exited with {code}"}
         )
         summary = write_unfinished_summary(run_dir, status, spec.world_size, start_time, error)
-    _report(summary, run_dir)
+    report_outcome(summary, run_dir)
     if not in_sweep:
         if code != 0:
             sys.exit(code)
@@ -195,14 +166,14 @@ def _run_other_node(spec: RunSpec, run_dir: RunDir, start_time: float) -> float 
         spec.node_rank,
         first,
         first + spec.nproc - 1,  # type: ignore[operator]
-        _shown(node_dir),
+        shown(node_dir),
     )
     run_summary = read_summary(RunDir(ranks_root))
-    shown = run_summary if summary.get("status") == "completed" and run_summary else summary
-    _report(shown, RunDir(ranks_root))
+    final_summary = run_summary if summary.get("status") == "completed" and run_summary else summary
+    report_outcome(final_summary, RunDir(ranks_root))
     if code != 0 and HydraConfig.get().mode != RunMode.MULTIRUN:
         sys.exit(code)
-    return shown.get("final", {}).get("val/accuracy", math.nan)
+    return final_summary.get("final", {}).get("val/accuracy", math.nan)
 
 
 def _update_sweep_table(hydra_cfg: Any) -> None:
@@ -217,7 +188,7 @@ def _node_subdir(nodes: Any, node_rank: Any) -> str:
     sharing a run directory never write each other's Hydra files."""
     rank = int(node_rank or 0)
     if str(nodes) == "auto":
-        from runner import slurm
+        from runner.spec import slurm
 
         try:
             place = slurm.placement(os.environ, None)

@@ -1,9 +1,9 @@
 """Stage 4: the launcher process. Runs torch's elastic agent, which fans out the ranks.
 
-`python -m runner.launch NODE_DIR` is started by the `runner` parent (which never
+`python -m runner.launch.agent NODE_DIR` is started by the `runner` parent (which never
 imports torch). It reads the resolved spec, on a multi-node run agrees with the
-other nodes' agents (runner.nodes), starts `nproc` ranks of
-`python -m runner.worker RUN_DIR` through a static TCP rendezvous, restarts them
+other nodes' agents (runner.launch.nodes), starts `nproc` ranks of
+`python -m runner.train.worker RUN_DIR` through a static TCP rendezvous, restarts them
 up to `max_restarts` times, and when the ranks fail or a signal arrives it
 stops them all and writes summary.json with the root cause.
 """
@@ -18,9 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from runner import hardware, network, nodes, rendezvous
+from runner import hardware
 from runner.artifacts import RunDir, read_json, tail, write_json
-from runner.failures import RankFailure, root_cause
+from runner.launch import network, nodes, rendezvous
+from runner.launch.failures import RankFailure, root_cause
 from runner.procs import die_with_parent, exit_code_for_signal
 from runner.spec import RunSpec, load_spec
 from runner.summary import (
@@ -121,7 +122,7 @@ def _outcome_writer(spec: RunSpec, node_dir: Path, start_time: float):
 
 
 def _join_nodes(spec: RunSpec, node_dir: Path, run_root: Path) -> tuple[nodes.NodeLink, Path]:
-    """Meet the other nodes (see runner.nodes); returns the link and where the ranks write."""
+    """Meet the other nodes (see launch.nodes); returns the link and where the ranks write."""
     assert spec.master_port is not None, "multi-node runs have a fixed master_port"
     if spec.node_rank > 0:
         log.info(
@@ -155,7 +156,7 @@ def _join_nodes(spec: RunSpec, node_dir: Path, run_root: Path) -> tuple[nodes.No
             f"{nodes.JOIN_TIMEOUT_S} s on {spec.master_addr}:{spec.master_port}: "
             + _first_line(exc)
         ) from None
-    if "GLOO_SOCKET_IFNAME" not in os.environ:  # see runner.network
+    if "GLOO_SOCKET_IFNAME" not in os.environ:  # see runner.launch.network
         interface = network.interface_towards(spec.master_addr)
         if interface:
             os.environ["GLOO_SOCKET_IFNAME"] = interface
@@ -232,7 +233,7 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
     if link is not None:
         link.watch()
     try:
-        elastic_launch(config, sys.executable)("-u", "-m", "runner.worker", str(run_dir.root))
+        elastic_launch(config, sys.executable)("-u", "-m", "runner.train.worker", str(run_dir.root))
     except ChildFailedError as exc:
         _settle(link)
         failures = _rank_failures(run_dir, exc.failures)
@@ -296,7 +297,7 @@ def _stopped_by_other_node(notices: list[nodes.StopNotice], run_dir: RunDir, wri
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit(
-            "usage: python -m runner.launch NODE_DIR  (the run directory on node 0), or - to "
+            "usage: python -m runner.launch.agent NODE_DIR  (the run directory on node 0), or - to "
             "import torch first and then read 'NODE_DIR<TAB>START_TIME' from stdin"
         )
     parent = os.environ.get("RUNNER_PARENT_PID")

@@ -23,7 +23,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from runner.artifacts import read_json, write_atomic
-from runner.report import METRICS, job_order
+from runner.cli.report import METRICS, job_order
 
 SWEEP_CSV, SWEEP_MD = "sweep.csv", "sweep.md"
 

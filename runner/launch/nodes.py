@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from runner.artifacts import read_json
-from runner.failures import RankFailure
+from runner.launch.failures import RankFailure
 
 JOIN_TIMEOUT_S = 900  # how long a node waits for the others to show up
 POLL_S = 0.2

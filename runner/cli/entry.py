@@ -2,7 +2,7 @@
 
 It starts the launcher process first, so that the launcher's torch import
 (seconds) runs while Hydra composes and checks the config here, then hands over
-to runner.cli. Time to the first step drops by the parent's own startup.
+to runner.cli.main. Time to the first step drops by the parent's own startup.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import sys
 
 
 def main() -> None:
-    from runner import supervise
+    from runner.cli import supervise
 
     supervise.prestart_agent(sys.argv[1:])
-    from runner.cli import main as cli_main
+    from runner.cli.main import main as cli_main
 
     cli_main()
 

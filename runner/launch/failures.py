@@ -1,4 +1,4 @@
-"""Which rank's failure caused a run to fail, and how to tell the user.
+"""Which rank's failure caused a run to fail (cli.outcome tells the user).
 
 When one rank dies, its peers usually fail a moment later inside a collective
 ("Connection closed by peer"). Those are consequences, not causes: the root
@@ -98,20 +98,3 @@ def root_cause(failures: Iterable[RankFailure]) -> RankFailure:
     if not ordered:
         raise ValueError("root_cause() needs at least one failure")
     return ordered[0]
-
-
-def format_error(error: dict, traceback_lines: int = 15) -> str:
-    """The multi-line message the user sees for a failed run (from summary.json's `error`)."""
-    lines = [f"run failed: {error.get('message')}"]
-    body = (error.get("traceback") or "").strip()
-    label = "traceback (last lines)"
-    if not body:
-        body, label = (error.get("log_tail") or "").strip(), "last lines of its log"
-    if body:
-        lines.append(f"  {label}:")
-        lines.extend("    " + line for line in body.splitlines()[-traceback_lines:])
-    if error.get("log"):
-        lines.append(f"  full log: {error['log']}")
-    if error.get("other_failed_ranks"):
-        lines.append(f"  ({error['other_failed_ranks']} other rank(s) failed as a consequence)")
-    return "\n".join(lines)

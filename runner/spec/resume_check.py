@@ -18,7 +18,6 @@ from typing import Any
 
 import yaml
 
-from runner.data.shapes import data_shape
 from runner.spec.convert import to_dict
 from runner.spec.schema import RunSpec, ZeroSpec
 
@@ -101,6 +100,8 @@ def check_resume(spec: RunSpec, checkpoint: Path) -> list[str]:
 
 def _model_input(spec: RunSpec) -> dict[str, Any]:
     """What decides the model's state shapes: equal values mean equal shapes."""
+    from runner.data.shapes import data_shape  # torch-free; data/ sits above spec/
+
     input_shape, num_classes = data_shape(spec.data)
     return {
         "model": to_dict(spec.model),
@@ -111,7 +112,7 @@ def _model_input(spec: RunSpec) -> dict[str, Any]:
 
 def _configured_shapes(spec: RunSpec) -> list[tuple[str, list[int]]]:
     if "torch" in sys.modules:  # already paid for here (an embedding program, a test)
-        from runner.state_shapes import configured_state_shapes
+        from runner.models.shapes import configured_state_shapes
 
         try:
             return configured_state_shapes(spec)
@@ -119,7 +120,7 @@ def _configured_shapes(spec: RunSpec) -> list[tuple[str, list[int]]]:
             raise RuntimeError(f"could not build the configured model: {exc}") from exc
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # meta tensors only; no device needed
     result = subprocess.run(
-        [sys.executable, "-m", "runner.state_shapes"],
+        [sys.executable, "-m", "runner.models.shapes"],
         input=yaml.safe_dump(to_dict(spec)),
         capture_output=True,
         text=True,

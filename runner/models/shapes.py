@@ -1,7 +1,7 @@
 """Names and shapes of a model's state: what a checkpoint must match to be resumed.
 
 The parent never imports torch, so when it has to compare a checkpoint with a
-model configured differently it runs `python -m runner.state_shapes` with the
+model configured differently it runs `python -m runner.models.shapes` with the
 run spec (YAML) on stdin; the model is built on the meta device (no memory, no
 init cost) and its state's names and shapes are printed as JSON. A process that has
 imported torch already calls `configured_state_shapes` directly.
@@ -16,7 +16,7 @@ import yaml
 from torch import nn
 
 from runner.data.shapes import data_shape
-from runner.models import build_model
+from runner.models.builders import build_model
 from runner.spec import RunSpec, from_dict
 
 

@@ -21,9 +21,9 @@ from runner import dist as rdist
 from runner.artifacts import write_atomic
 from runner.checkpoint_store import CheckpointStore, resolve_checkpoint_path
 from runner.engines.base import Engine
-from runner.resume_check import META_FILE, checkpoint_meta
+from runner.models.shapes import state_shapes
 from runner.spec import RunSpec, to_dict
-from runner.state_shapes import state_shapes
+from runner.spec.resume_check import META_FILE, checkpoint_meta
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,0 +1,15 @@
+"""runner: a declarative, Hydra-driven experiment runner for distributed PyTorch training.
+
+One folder per process, in the order a run flows through them; imports only go down
+this list (tests/test_layers.py checks it):
+
+    cli/      the parent: the `runner` and `runner-report` commands (never imports torch)
+    launch/   the agent: torch's elastic agent, rendezvous, nodes, which rank failed
+    train/    one rank: worker, training loop, checkpoints, metrics
+    engines/  how the model is distributed and stepped: ddp, deepspeed; optimizer, precision
+    models/   built-in models, and the shapes of a model's state
+    data/     datasets, the global-batch sampler, loaders
+    spec/     the run spec: schema, resolution and every check made before a rank starts
+    *.py      what every process shares and nothing else: dist, artifacts, summary,
+              hardware, procs, checkpoint_store
+"""

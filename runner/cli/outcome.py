@@ -1,0 +1,63 @@
+"""Stage 9 in the parent: tell the user how the run ended, from its summary.json.
+
+A failed run shows the root-cause rank's message, the last lines of its traceback (or of
+its log, when it died without one), where the full log is, and how many ranks failed as
+a consequence.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from runner.artifacts import RunDir
+
+log = logging.getLogger("runner")
+
+
+def report_outcome(summary: dict[str, Any], run_dir: RunDir) -> None:
+    """One line for a completed run; the root cause for a failed one; where its files are."""
+    status = summary.get("status")
+    final = summary.get("final", {})
+    if status == "completed":
+        parts = [
+            f"{k} {final[k]:.4f}" for k in ("val/accuracy", "val/loss", "train/loss") if k in final
+        ]
+        log.info(
+            "runner: completed %s steps on %s rank(s) in %.1fs | %s",
+            summary.get("steps"),
+            summary.get("world_size"),
+            summary.get("wall_time_s", 0),
+            " | ".join(parts),
+        )
+    elif status == "failed" and summary.get("error"):
+        log.error("runner: %s", format_error(summary["error"]))
+    else:
+        log.error("runner: run %s after %s steps", status, summary.get("steps"))
+    log.info("run directory: %s", shown(run_dir.root))
+
+
+def shown(path: Path) -> str:
+    """`path` relative to the working directory when it lies below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def format_error(error: dict, traceback_lines: int = 15) -> str:
+    """The multi-line message the user sees for a failed run (from summary.json's `error`)."""
+    lines = [f"run failed: {error.get('message')}"]
+    body = (error.get("traceback") or "").strip()
+    label = "traceback (last lines)"
+    if not body:
+        body, label = (error.get("log_tail") or "").strip(), "last lines of its log"
+    if body:
+        lines.append(f"  {label}:")
+        lines.extend("    " + line for line in body.splitlines()[-traceback_lines:])
+    if error.get("log"):
+        lines.append(f"  full log: {error['log']}")
+    if error.get("other_failed_ranks"):
+        lines.append(f"  ({error['other_failed_ranks']} other rank(s) failed as a consequence)")
+    return "\n".join(lines)
