@@ -27,8 +27,8 @@ test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check runner tests benchmarks
-	$(BIN)/ruff format --check runner tests benchmarks
+	$(BIN)/ruff check runner tests benchmarks examples
+	$(BIN)/ruff format --check runner tests benchmarks examples
 
 clean-runs:
 	rm -rf runs

@@ -22,8 +22,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from runner.data.synthetic import make_synthetic  # the dataset only, none of the machinery
-from runner.spec.schema import SyntheticSpec
+from runner.data.synthetic import synthetic  # the dataset only, none of the machinery
 
 
 def build_model(name: str) -> torch.nn.Module:
@@ -55,7 +54,7 @@ def main() -> None:
     torch.manual_seed(0)
     # The same images runner trains on: speed depends on the data (random labels on
     # noise ran about 40% slower here than this learnable set).
-    data = make_synthetic(SyntheticSpec())
+    data = synthetic()
     inputs, labels = data.train.inputs, data.train.labels
     per_rank = args.global_batch_size // world
     sampler = DistributedSampler(

@@ -13,6 +13,7 @@ import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -140,10 +141,10 @@ def _git_commit(cwd: Path) -> dict[str, Any] | None:
         return None
 
 
-def environment_info() -> dict[str, Any]:
-    """Versions, code revision and host: enough to tell two runs' environments apart.
-
-    Package versions come from metadata, so nothing heavy is imported.
+def environment_info(code_dirs: Sequence[str] = ()) -> dict[str, Any]:
+    """Versions, code revisions (runner's, the launch directory's and each `code_dir`'s:
+    commit and whether the tree is dirty) and host: enough to tell two runs' environments
+    apart. Package versions come from metadata, so nothing heavy is imported.
     """
     package_root = Path(__file__).resolve().parent.parent
     return {
@@ -160,7 +161,11 @@ def environment_info() -> dict[str, Any]:
                 "runner",
             )
         },
-        "git": {"runner": _git_commit(package_root), "cwd": _git_commit(Path.cwd())},
+        "git": {
+            "runner": _git_commit(package_root),
+            "cwd": _git_commit(Path.cwd()),
+            "code_dir": {d: _git_commit(Path(d)) for d in code_dirs},
+        },
         "hosts": [socket.gethostname()],
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),

@@ -11,6 +11,7 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Sequence
 
 _PR_SET_PDEATHSIG = 1
 
@@ -35,3 +36,16 @@ def die_with_parent(sig: signal.Signals, expected_parent: int | None = None) -> 
 def exit_code_for_signal(sig: int) -> int:
     """The shell convention for 'ended by signal sig'."""
     return 128 + int(sig)
+
+
+def add_code_dirs(directories: Sequence[str]) -> None:
+    """Make the user's code importable here and in every process started from here
+    (sys.path now, PYTHONPATH for children); the first directory wins a name clash."""
+    directories = [d for d in directories if d]
+    for directory in reversed(directories):
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    merged = list(dict.fromkeys([*directories, *inherited]))
+    if merged:
+        os.environ["PYTHONPATH"] = os.pathsep.join(merged)

@@ -55,7 +55,10 @@ CASES = [
         ["parallelism.static_graph=maybe"],
         "parallelism.static_graph='maybe': expected true or false",
     ),
-    (["+model.depth=3"], "model.depth: unknown key; valid keys here: hidden_sizes, name"),
+    (["model=custom"], "model._target_=None: expected the dotted path of a class or function"),
+    (["loss._target_=cross entropy"], "loss._target_='cross entropy': expected the dotted path"),
+    (["data.num_workers=-1"], "data.num_workers=-1: must be >= 0"),
+    (["code_dir=[no/such/dir]"], "code_dir='no/such/dir': directory does not exist"),
     (["chaos.kill_rank=5", "chaos.at_step=2"], "chaos.kill_rank=5: must be a rank in 0..1"),
     (["chaos.kill_rank=1"], "set both or neither"),
     (["resume=/no/such/checkpoint"], "resume='/no/such/checkpoint': no such file or directory"),
@@ -165,7 +168,7 @@ CLI_CASES = [
     # Hydra's composition errors, reported the same way
     (["parallelism=fsdp"], "parallelism=fsdp: no such parallelism option; valid: ddp, zero1,"),
     (["nprocs=2"], "nprocs=2: unknown key; did you mean nproc?"),
-    (["+recipe=nope"], "+recipe=nope: no such recipe option; valid: mlp_digits,"),
+    (["+recipe=nope"], "+recipe=nope: no such recipe option; valid: gpt_text, mlp_digits,"),
     (["nproc=[1"], "nproc=[1: not a valid override"),
 ]
 
@@ -184,13 +187,68 @@ def test_cli_rejects_before_any_rank_starts(
     assert not result.run_dir.exists(), "a rejected run must leave no run directory"
 
 
+# Components are checked by the agent (torch is loaded there, never in the parent): every
+# `_target_` imports and binds to its signature, all problems at once, before any rank starts.
+COMPONENT_CASES = [
+    (
+        [
+            "+model.hidden_size=[8]",
+            "+loss.label_smothing=0.1",
+            "+metrics.f1._target_=nosuchpkg.F1",
+            "+metrics.pi._target_=math.pi",
+            "data._target_=runner.data.digits.digitz",
+        ],
+        [
+            "model.hidden_size: unexpected argument of runner.models.builders.mlp; "
+            "did you mean hidden_sizes?",
+            "loss.label_smothing: unexpected argument of runner.train.losses.CrossEntropy; "
+            "did you mean label_smoothing?",
+            "metrics.f1._target_=nosuchpkg.F1: no module named 'nosuchpkg'",
+            "metrics.pi._target_=math.pi: is a float, not a class or function",
+            "data._target_=runner.data.digits.digitz: runner.data.digits has no attribute "
+            "'digitz'; did you mean digits?",
+        ],
+    ),
+    (
+        [
+            "model=custom",
+            "model._target_=torch.nn.Linear",
+            "+model._args_=[64]",
+            "+model.in_features=64",
+        ],
+        [
+            "model.in_features: given twice to torch.nn.Linear, by `_args_` and by name",
+            "model.out_features: missing; torch.nn.Linear needs it (set +model.out_features=...)",
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"), COMPONENT_CASES, ids=["bind and import", "missing and twice"]
+)
+def test_components_are_checked_before_any_rank_starts(
+    cli, overrides: list[str], expected: list[str]
+) -> None:
+    result = cli(*overrides)
+    assert result.returncode == 2, result.output
+    assert f"invalid configuration ({len(expected)} problems)" in result.stderr, result.stderr
+    for line in expected:
+        assert f"  - {line}" in result.stderr, result.stderr
+    assert "Traceback" not in result.output
+    assert not result.run_dir.exists(), "a rejected run must leave no run directory"
+
+
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
         ("optimizer.weight_decai=0.1", "unknown key; did you mean optimizer.weight_decay?"),
         ("max_step=3", "max_step=3: unknown key; did you mean max_steps?"),
         ("data.bach=3", "data.bach=3: unknown key; `runner --cfg job` shows every key"),
-        ("model=vit", "model=vit: no such model option; valid: mlp, resnet18, resnet50"),
+        (
+            "model=vit",
+            "model=vit: no such model option; valid: custom, gpt, mlp, resnet18, resnet50",
+        ),
     ],
 )
 def test_composition_errors_name_the_override_and_what_is_valid(

@@ -11,7 +11,18 @@ from omegaconf import OmegaConf
 from runner.spec import RunSpec, SyncStrategy, load_spec, resolve_spec, save_spec
 from tests.conftest import CONF_DIR
 
-GROUPS = ["model", "data", "optimizer", "scheduler", "parallelism", "sync_strategy", "precision"]
+GROUPS = [
+    "model",
+    "data",
+    "loss",
+    "metrics",
+    "optimizer",
+    "scheduler",
+    "parallelism",
+    "sync_strategy",
+    "precision",
+]
+COMPONENT_GROUPS = ("model", "data", "loss")
 
 
 def options(group: str) -> list[str]:
@@ -26,6 +37,10 @@ def compose_config(overrides: list[str]) -> dict:
 
 @pytest.fixture
 def image_roots(tmp_path: Path) -> dict[str, str]:
+    """A data.root for each shipped data option that reads files."""
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("hello world " * 100)
     folder = tmp_path / "images"
     for split in ("train", "val"):
         (folder / split / "cat").mkdir(parents=True)
@@ -33,7 +48,7 @@ def image_roots(tmp_path: Path) -> dict[str, str]:
     cifar.mkdir(parents=True)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]:
         (cifar / name).write_bytes(b"")
-    return {"image_folder": str(folder), "cifar10": str(cifar.parent)}
+    return {"image_folder": str(folder), "cifar10": str(cifar.parent), "text": str(texts)}
 
 
 def test_every_group_has_options() -> None:
@@ -55,13 +70,23 @@ def test_every_option_composes_and_resolves(group: str, image_roots: dict[str, s
         overrides = [f"{group}={option}", "device=cpu"]
         if group == "data" and option in image_roots:
             overrides.append(f"data.root={image_roots[option]}")
+        if option == "custom":  # the user names the target on the command line
+            overrides.append(f"{group}._target_=mypackage.module.Thing")
         if group == "precision" and option == "fp16":
             spec = resolve_spec(compose_config(overrides[:1]), cuda_devices=2)
             assert spec.device == "cuda"
             continue
         spec = resolve_spec(compose_config(overrides))
         assert isinstance(spec, RunSpec)
-        name = getattr(spec, group).name
+        chosen = getattr(spec, group)
+        if group in COMPONENT_GROUPS:  # the option's file names the target
+            written = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")["_target_"]
+            assert chosen.target == (written or "mypackage.module.Thing"), option
+            continue
+        if group == "metrics":
+            assert set(chosen) == set(OmegaConf.load(CONF_DIR / group / f"{option}.yaml"))
+            continue
+        name = chosen.name
         resolved_elsewhere = (group, option) in (("sync_strategy", "auto"), ("precision", "auto"))
         assert getattr(name, "value", name) == option or resolved_elsewhere
 
@@ -71,7 +96,7 @@ def test_every_recipe_composes(image_roots: dict[str, str]) -> None:
     assert recipes, "recipes/ is empty"
     for recipe in recipes:
         config = compose_config([f"+recipe={recipe}", "device=cpu"])
-        root = image_roots.get(config["data"]["name"])
+        root = image_roots.get(config["data"]["_target_"].rsplit(".", 1)[-1])
         overrides = [f"data.root={root}"] if root else []
         resolve_spec(compose_config([f"+recipe={recipe}", "device=cpu", *overrides]))
 
@@ -104,5 +129,5 @@ def test_command_line_beats_recipe() -> None:
 def test_command_line_beats_the_recipe() -> None:
     config = compose_config(["+recipe=resnet50", "parallelism=zero2", "nproc=8", "data.root=/x"])
     assert config["parallelism"]["name"] == "zero2" and config["nproc"] == 8
-    assert config["model"]["name"] == "resnet50"  # the rest of the recipe still applies
+    assert config["model"]["_target_"].endswith(".resnet50")  # the rest of the recipe applies
     assert config["optimizer"]["momentum"] == 0.875

@@ -1,4 +1,4 @@
-"""Every dataset builds from local data only, and the loaders serve weighted microbatches."""
+"""Every dataset builds from local data only, and the loaders mark placeholder microbatches."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import pytest
 import torch
 from PIL import Image
 
+from runner.data import Datasets
 from runner.data.datasets import build_datasets
-from runner.data.digits import read_digits
+from runner.data.digits import digits, read_digits
 from runner.data.loaders import build_train_loader
 from runner.data.sampler import PLACEHOLDER, GlobalBatchSampler
-from runner.data.shapes import data_shape
-from runner.spec.schema import Cifar10Spec, DigitsSpec, ImageFolderSpec, SyntheticSpec
+from runner.data.synthetic import synthetic
+from runner.data.vision import cifar10, image_folder
+from runner.spec.schema import DataSpec
 
 
 def make_image_folder(root: Path, classes: int = 3, per_class: int = 4, size: int = 20) -> Path:
@@ -48,17 +50,17 @@ def make_cifar10(root: Path, per_batch: int = 8) -> Path:
 
 
 def test_digits_fixed_split() -> None:
-    data = build_datasets(DigitsSpec())
+    data = build_datasets(DataSpec())  # the default data component
     assert (len(data.train), len(data.val)) == (1438, 359)
-    assert data.input_shape == (1, 8, 8) and data.num_classes == 10
-    again = build_datasets(DigitsSpec())
+    assert data.info == {"input_shape": (1, 8, 8), "num_classes": 10}
+    again = digits()
     assert torch.equal(data.val.labels, again.val.labels)
 
 
 def test_synthetic_is_fixed_and_learnable() -> None:
-    a, b = build_datasets(SyntheticSpec()), build_datasets(SyntheticSpec())
+    a, b = synthetic(), synthetic()
     assert torch.equal(a.train.inputs, b.train.inputs)
-    assert a.input_shape == (3, 32, 32) and len(a.train) == 2048
+    assert a.info["input_shape"] == (3, 32, 32) and len(a.train) == 2048
     # nearest class template (mean of train images per class) beats chance by far
     x, y = a.train.inputs.flatten(1), a.train.labels
     means = torch.stack([x[y == c].mean(0) for c in range(10)])
@@ -68,50 +70,55 @@ def test_synthetic_is_fixed_and_learnable() -> None:
 
 def test_image_folder_reads_local_files(tmp_path: Path) -> None:
     root = make_image_folder(tmp_path / "imgs")
-    data = build_datasets(ImageFolderSpec(root=str(root), image_size=16, num_workers=0))
-    assert (len(data.train), len(data.val), data.num_classes) == (12, 12, 3)
+    data = image_folder(str(root), image_size=16)
+    assert (len(data.train), len(data.val), data.info["num_classes"]) == (12, 12, 3)
     x, y = data.train[0]
-    assert x.shape == (3, 16, 16) and data.input_shape == (3, 16, 16)
+    assert x.shape == (3, 16, 16) and data.info["input_shape"] == (3, 16, 16)
 
 
 def test_cifar10_reads_the_pickle_layout_without_download(tmp_path: Path) -> None:
     root = make_cifar10(tmp_path / "cifar")
-    data = build_datasets(Cifar10Spec(root=str(root), num_workers=0))
+    data = cifar10(str(root))
     assert (len(data.train), len(data.val)) == (40, 8)
     assert data.train[0][0].shape == (3, 32, 32)
 
 
 @pytest.mark.parametrize("kind", ["tensor", "files"])
-def test_loader_marks_placeholders_with_zero_weight(tmp_path: Path, kind: str) -> None:
+def test_loader_marks_placeholder_microbatches(tmp_path: Path, kind: str) -> None:
     if kind == "tensor":
-        dataset = build_datasets(DigitsSpec()).train
+        dataset = digits().train
     else:
-        spec = ImageFolderSpec(
-            root=str(make_image_folder(tmp_path / "i")), image_size=8, num_workers=0
-        )
-        dataset = build_datasets(spec).train
+        dataset = image_folder(str(make_image_folder(tmp_path / "i")), image_size=8).train
     # 3 samples in the last global batch, 2 ranks x 2 microbatches: rank 1 gets a placeholder
     sampler = GlobalBatchSampler(len(dataset), len(dataset) - 1, 2, 1, 2, seed=0)
     batches = list(build_train_loader(dataset, sampler, num_workers=0))
     indices = list(sampler)
-    for (inputs, labels, weights), idx in zip(batches, indices, strict=True):
-        assert len(inputs) == len(labels) == len(weights) == len(idx)
-        assert weights.tolist() == [0.0 if i == PLACEHOLDER else 1.0 for i in idx]
+    for ((inputs, labels), real), idx in zip(batches, indices, strict=True):
+        assert len(inputs) == len(labels) == len(idx)
+        assert real == (idx != [PLACEHOLDER])
     assert any(PLACEHOLDER in idx for idx in indices)
 
 
-def test_data_shape_agrees_with_the_loaders(tmp_path: Path) -> None:
-    """The parent's resume check relies on data_shape() without loading any data."""
-    specs = [
-        DigitsSpec(),
-        SyntheticSpec(num_train=8, num_val=4, image_size=12, num_classes=5),
-        ImageFolderSpec(root=str(make_image_folder(tmp_path / "f")), image_size=16),
-        Cifar10Spec(root=str(make_cifar10(tmp_path / "c")), num_workers=0),
-    ]
-    for spec in specs:
-        data = build_datasets(spec)
-        assert data_shape(spec) == (data.input_shape, data.num_classes), spec.name
-        assert tuple(data.train[0][0].shape) == data.input_shape, spec.name
+def test_info_agrees_with_the_samples(tmp_path: Path) -> None:
+    """What the built-in data reports (and the model is built for) is what it serves."""
+    for data in [
+        digits(),
+        synthetic(num_train=8, num_val=4, image_size=12, num_classes=5),
+        image_folder(str(make_image_folder(tmp_path / "f")), image_size=16),
+        cifar10(str(make_cifar10(tmp_path / "c"))),
+    ]:
+        x, y = data.train[0]
+        assert tuple(x.shape) == data.info["input_shape"]
+        assert 0 <= int(y) < data.info["num_classes"]
+
+
+def test_a_data_component_may_return_a_mapping_a_pair_or_datasets() -> None:
+    train, val = [1, 2, 3], [4]
+    mapping = Datasets.of({"train": train, "val": val, "vocab_size": 7}, "data")
+    assert (mapping.train, mapping.val, mapping.info) == (train, val, {"vocab_size": 7})
+    assert Datasets.of((train, val), "data").val is val
+    with pytest.raises(TypeError, match="data returned list; expected a mapping"):
+        Datasets.of([train], "data")
 
 
 def test_digits_read_directly_match_scikit_learn() -> None:

@@ -50,7 +50,7 @@ def train_plain(spec: RunSpec, naive_microbatches: int = 1) -> dict[str, torch.T
     """
     seed_everything(spec.seed)
     data = build_datasets(spec.data)
-    model = build_model(spec.model, data.input_shape, data.num_classes)
+    model = build_model(spec.model, data.info)
     optimizer = build_optimizer(spec.optimizer, model)
     sampler = GlobalBatchSampler(len(data.train), spec.global_batch_size, 1, 0, seed=spec.seed)
     steps = spec.max_steps

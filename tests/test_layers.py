@@ -25,11 +25,12 @@ PACKAGE = REPO / "runner"
 SHARED = "shared"  # runner/*.py: what every process shares
 
 # What each folder may import (besides itself), top of the run's flow first. spec/ is read by
-# every process, so it sits low; the parent (cli/) and the agent (launch/) never import the
-# training side (train/, engines/, models/, data/), and nothing imports cli/ or launch/.
+# every process, so it sits low; the parent (cli/) never imports the training side (train/,
+# engines/, models/, data/), the agent (launch/) only the data (its pre-flight check asks the
+# data component what it reports), and nothing imports cli/ or launch/.
 MAY_IMPORT: dict[str, set[str]] = {
     "cli": {"spec", SHARED},
-    "launch": {"spec", SHARED},
+    "launch": {"data", "spec", SHARED},
     "train": {"engines", "models", "data", "spec", SHARED},
     "engines": {"models", "data", "spec", SHARED},
     "models": {"data", "spec", SHARED},
@@ -39,10 +40,10 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 
 # Lazy imports that reach up, each for a reason. The resume check (parent) compares a
-# checkpoint with the configured model: the data's shape is torch-free, and the model is built
-# in-process only when torch is loaded already (else in a `python -m runner.models.shapes` child).
+# checkpoint with the configured model, built in-process only when torch is loaded already
+# (else in a `python -m runner.models.shapes` child).
 LAZY_EXCEPTIONS: dict[str, set[str]] = {
-    "runner.spec.resume_check": {"runner.data.shapes", "runner.models.shapes"},
+    "runner.spec.resume_check": {"runner.models.shapes"},
 }
 
 HEAVY = ("torch", "torchvision", "deepspeed", "sklearn")

@@ -6,9 +6,9 @@ import pytest
 
 from runner.engines.optim import LRSchedule, build_optimizer
 from runner.hardware import auto_precision, cpu_has_native_bf16
-from runner.models import build_model
+from runner.models.builders import resnet18
 from runner.spec import SpecError, resolve_spec
-from runner.spec.schema import ConstantSpec, ResNetSpec, SGDSpec
+from runner.spec.schema import ConstantSpec, SGDSpec
 from tests.test_compose import compose_config
 
 
@@ -41,7 +41,7 @@ def test_precision_auto_resolves_on_cpu() -> None:
 
 
 def test_norm_layers_get_their_own_weight_decay() -> None:
-    model = build_model(ResNetSpec(name="resnet18"), (3, 32, 32), 10)
+    model = resnet18(num_classes=10, input_shape=(3, 32, 32))
     spec = SGDSpec(weight_decay=1e-4, norm_weight_decay=0.0)
     groups = build_optimizer(spec, model).param_groups
     assert [g["weight_decay"] for g in groups] == [1e-4, 0.0]

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from runner.data.shapes import data_shape
+from runner.data.datasets import build_datasets
 from runner.models import build_model
 from runner.spec import load_spec
 from tests.conftest import REPO
@@ -52,7 +52,7 @@ def test_recipe_runs(cli, tmp_path: Path, recipe: str) -> None:
         assert config["precision"]["name"] in ("bf16", "fp32")  # auto resolved for the CPU
     spec = load_spec(result.run_dir)  # model.pt loads into the model the config describes
     state = torch.load(result.run_dir / "model.pt", weights_only=True)
-    build_model(spec.model, *data_shape(spec.data)).load_state_dict(state, strict=True)
+    build_model(spec.model, build_datasets(spec.data).info).load_state_dict(state, strict=True)
 
 
 def test_recipe_rerun_reproduces(cli) -> None:
@@ -93,4 +93,4 @@ def test_user_recipe_directory(tmp_path: Path) -> None:
     listed = next(line for line in runner("--help").splitlines() if line.startswith("recipe:"))
     assert "tiny" in listed and "resnet50" in listed
     config = yaml.safe_load(runner("--cfg", "job", "+recipe=tiny", "global_batch_size=16"))
-    assert config["model"]["name"] == "resnet18" and config["global_batch_size"] == 16
+    assert config["model"]["_target_"].endswith(".resnet18") and config["global_batch_size"] == 16

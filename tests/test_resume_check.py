@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from runner.checkpoint_store import CheckpointStore
-from runner.data.shapes import data_shape
+from runner.data.datasets import build_datasets
 from runner.models import build_model
 from runner.models.shapes import configured_state_shapes, state_shapes
 from runner.spec import SpecError, resolve_spec
@@ -24,7 +24,7 @@ def save_checkpoint(run_dir: Path, overrides: list[str], world_size: int = 2) ->
     """A checkpoint's metadata as rank 0 writes it, for the model `overrides` configure."""
     spec = resolve_spec(compose_config(overrides))
     with torch.device("meta"):
-        module = build_model(spec.model, *data_shape(spec.data))
+        module = build_model(spec.model, build_datasets(spec.data).info)
     store = CheckpointStore(run_dir / "checkpoints", keep=2)
     partial = store.begin(4)
     meta = checkpoint_meta(spec, 4, 256, world_size, state_shapes(module))
@@ -118,5 +118,5 @@ def test_run_directory_with_checkpoints_needs_resume(tmp_path: Path) -> None:
 
 def test_meta_device_shapes_match_a_real_model() -> None:
     spec = resolve_spec(compose_config(RESNET))
-    real = build_model(spec.model, *data_shape(spec.data))
+    real = build_model(spec.model, build_datasets(spec.data).info)
     assert configured_state_shapes(spec) == state_shapes(real)

@@ -15,6 +15,8 @@ from runner.models import build_model
 from runner.spec import load_spec
 from tests.conftest import FAST, REPO, RESTARTABLE, child_env, runner_command
 
+DIGITS_INFO = {"input_shape": (1, 8, 8), "num_classes": 10}  # what data=digits reports
+
 pytestmark = pytest.mark.slow
 METRIC_KEYS = {"step", "samples", "train/loss", "lr", "throughput/samples_per_sec"}
 
@@ -25,7 +27,11 @@ def test_default_experiment_fills_the_run_directory(default_run) -> None:
 
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert "${" not in (run / "config.yaml").read_text()
-    assert config["nproc"] == 2 and config["device"] == "cpu" and config["model"]["name"] == "mlp"
+    assert (
+        config["nproc"] == 2
+        and config["device"] == "cpu"
+        and config["model"]["_target_"] == "runner.models.builders.mlp"
+    )
     assert config["sync_strategy"]["name"] == "single_auto_sync"
     assert (run / ".hydra" / "config.yaml").is_file() and (
         run / ".hydra" / "overrides.yaml"
@@ -66,7 +72,7 @@ def test_default_experiment_fills_the_run_directory(default_run) -> None:
     state = torch.load(run / "model.pt", weights_only=True)
     assert not any(k.startswith("module.") for k in state)
     spec = load_spec(run)
-    model = build_model(spec.model, (1, 8, 8), 10)
+    model = build_model(spec.model, DIGITS_INFO)
     model.load_state_dict(state, strict=True)
 
     assert "val/accuracy 0.9" in result.stderr
@@ -77,7 +83,7 @@ def test_default_experiment_fills_the_run_directory(default_run) -> None:
 @pytest.mark.parametrize(
     ("flag", "expected"),
     [
-        ("--help", "model: mlp, resnet18, resnet50"),
+        ("--help", "model: custom, gpt, mlp, resnet18, resnet50"),
         ("--cfg", "global_batch_size: 64"),
         ("--info", "Config search path"),
     ],
@@ -189,7 +195,7 @@ def test_zero_runs_hold_half_the_optimizer_state(cli, zero2_offload_run) -> None
         assert (result.run_dir / "logs" / "rank1.log").is_file()
         summary = result.summary()
         assert summary["status"] == "completed" and summary["parallelism"] == name
-        model = build_model(load_spec(result.run_dir).model, (1, 8, 8), 10)
+        model = build_model(load_spec(result.run_dir).model, DIGITS_INFO)
         full_state = 2 * 4 * sum(p.numel() for p in model.parameters())  # AdamW: 2 fp32 moments
         per_rank = summary["optimizer_state_bytes"]
         assert len(per_rank) == 2

@@ -32,6 +32,7 @@ from runner.cli.outcome import report_outcome, shown
 from runner.cli.rerun import rerun_argv
 from runner.cli.supervise import run_agent
 from runner.cli.sweep import SweepTable, write_sweep_table
+from runner.procs import add_code_dirs
 from runner.spec import RunSpec, SpecError, resolve_spec, save_spec
 from runner.summary import (
     FAILED,
@@ -42,6 +43,7 @@ from runner.summary import (
 )
 
 log = logging.getLogger("runner")
+INVALID_CONFIG = 2  # exit code of a configuration rejected before any rank started
 
 
 def _conf_dir() -> str:
@@ -81,6 +83,19 @@ def _discard(run_dir: Path, hydra_files: frozenset[str] = frozenset({".hydra"}))
                 run_dir.parent.rmdir()  # the default runs/ itself, if this was its only run
 
 
+def _discard_rejected(run_dir: RunDir) -> None:
+    """A launch the agent rejected before any rank started: remove what it wrote, and the
+    directory itself when it held nothing before (a resumed run keeps its directory)."""
+    earlier = (run_dir.checkpoints, run_dir.metrics, run_dir.logs / "previous_summary.json")
+    if any(p.exists() for p in earlier):
+        return
+    for path in (run_dir.config, run_dir.env, run_dir.summary):
+        path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        run_dir.logs.rmdir()  # empty: no rank wrote a log
+    _discard(run_dir.root)
+
+
 def _run(cfg: DictConfig) -> float | None:
     start_time = time.time()
     hydra_cfg = HydraConfig.get()
@@ -103,10 +118,11 @@ def _run(cfg: DictConfig) -> float | None:
         _update_sweep_table(hydra_cfg)
         return math.nan
 
+    add_code_dirs([os.getcwd(), *spec.code_dir])
     if spec.node_rank > 0:
         return _run_other_node(spec, run_dir, start_time)
     save_spec(spec, run_dir.root)
-    write_json(run_dir.env, {"run_id": uuid.uuid4().hex, **environment_info()})
+    write_json(run_dir.env, {"run_id": uuid.uuid4().hex, **environment_info(spec.code_dir)})
     run_dir.logs.mkdir(parents=True, exist_ok=True)
     archive_previous(run_dir)  # resuming in an earlier run's directory keeps its story
 
@@ -120,6 +136,14 @@ def _run(cfg: DictConfig) -> float | None:
             else {"rank": None, "exitcode": code, "message": f"launcher exited with {code}"}
         )
         summary = write_unfinished_summary(run_dir, status, spec.world_size, start_time, error)
+    rejected = (summary.get("error") or {}).get("problems") if code == INVALID_CONFIG else None
+    if rejected:  # the agent's check of the components: reported like the checks above
+        log.error("%s", _problems_text(rejected))
+        if not in_sweep:
+            _discard_rejected(run_dir)
+            sys.exit(INVALID_CONFIG)
+        _update_sweep_table(hydra_cfg)
+        return math.nan
     report_outcome(summary, run_dir)
     if not in_sweep:
         if code != 0:
@@ -142,7 +166,7 @@ def _run_other_node(spec: RunSpec, run_dir: RunDir, start_time: float) -> float 
     outcome = node_dir / "summary.json"
     outcome.unlink(missing_ok=True)
     save_spec(spec, node_dir)
-    write_json(node_dir / "env.json", environment_info())
+    write_json(node_dir / "env.json", environment_info(spec.code_dir))
     code, received = run_agent(node_dir, start_time)
     summary = read_json(outcome)
     if summary is None:  # the agent died before it could write one

@@ -21,9 +21,8 @@ def report_outcome(summary: dict[str, Any], run_dir: RunDir) -> None:
     status = summary.get("status")
     final = summary.get("final", {})
     if status == "completed":
-        parts = [
-            f"{k} {final[k]:.4f}" for k in ("val/accuracy", "val/loss", "train/loss") if k in final
-        ]
+        keys = sorted(k for k in final if k.startswith("val/")) + ["train/loss"]
+        parts = [f"{k} {final[k]:.4f}" for k in keys if k in final]
         log.info(
             "runner: completed %s steps on %s rank(s) in %.1fs | %s",
             summary.get("steps"),

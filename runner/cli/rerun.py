@@ -16,7 +16,30 @@ from pathlib import Path
 
 import yaml
 
-GROUPS = ("model", "data", "optimizer", "scheduler", "parallelism", "sync_strategy", "precision")
+GROUPS = (
+    "model",
+    "data",
+    "loss",
+    "metrics",
+    "optimizer",
+    "scheduler",
+    "parallelism",
+    "sync_strategy",
+    "precision",
+)
+
+
+def _option(conf_dir: Path, group: str, node: dict) -> str:
+    """The group option a resolved node came from: its `name`, or for a component the
+    shipped option with the same `_target_` (else `custom`; metrics: `none`)."""
+    if "name" in node:
+        return node["name"]
+    if group == "metrics":
+        return "none"
+    for path in sorted((conf_dir / group).glob("*.yaml")):
+        if (yaml.safe_load(path.read_text()) or {}).get("_target_") == node.get("_target_"):
+            return path.stem
+    return "custom"
 
 
 def rerun_config(run_dir: Path, conf_dir: Path) -> str:
@@ -29,7 +52,7 @@ def rerun_config(run_dir: Path, conf_dir: Path) -> str:
     spec = yaml.safe_load((run_dir / "config.yaml").read_text())
     spec["resume"] = None
     primary = yaml.safe_load((conf_dir / "config.yaml").read_text())
-    defaults = [{group: spec[group]["name"]} for group in GROUPS]
+    defaults = [{group: _option(conf_dir, group, spec[group])} for group in GROUPS]
     hydra_defaults = [  # runner's help text and log format
         d for d in primary["defaults"] if isinstance(d, dict) and "override hydra/" in str(d)
     ]

@@ -1,5 +1,8 @@
 """Datasets, the sampler that cuts them into global batches and microbatches, and loaders.
 
-Import the submodules directly: `runner.data.shapes` is used by the parent, which
-must not import torch.
+`Datasets` (runner.data.types) is what a data component returns; it imports no torch.
 """
+
+from runner.data.types import Datasets
+
+__all__ = ["Datasets"]

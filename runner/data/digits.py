@@ -11,7 +11,6 @@ import torch
 
 from runner.data.tensors import TensorData
 from runner.data.types import Datasets
-from runner.spec.schema import DigitsSpec
 
 
 def digits_file() -> Path:
@@ -29,17 +28,19 @@ def read_digits() -> tuple[np.ndarray, np.ndarray]:
     return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
 
 
-def load_digits(spec: DigitsSpec) -> Datasets:
+def digits(val_fraction: float = 0.2, split_seed: int = 0) -> Datasets:
+    """1797 images of 1x8x8, 10 classes; a fixed split (split_seed) holds out val_fraction."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction={val_fraction}: must be between 0 and 1")
     pixels, targets = read_digits()
     images = torch.from_numpy(pixels.astype(np.float32) / 16.0).unsqueeze(1)  # N x 1 x 8 x 8
     images = (images - 0.5) / 0.5
     labels = torch.from_numpy(targets)
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(spec.split_seed))
-    n_val = int(round(len(labels) * spec.val_fraction))
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(split_seed))
+    n_val = int(round(len(labels) * val_fraction))
     val, train = order[:n_val], order[n_val:]
     return Datasets(
         train=TensorData(images[train], labels[train]),
         val=TensorData(images[val], labels[val]),
-        input_shape=(1, 8, 8),
-        num_classes=10,
+        info={"input_shape": (1, 8, 8), "num_classes": 10},
     )

@@ -1,44 +1,48 @@
-"""DataLoaders over the samplers: microbatches of (inputs, labels, weights)."""
+"""DataLoaders over the samplers: each yields (batch, real) per microbatch.
+
+`real` is False for a placeholder microbatch (the sampler's PLACEHOLDER index: a rank with
+no sample left in the epoch's last, smaller global batch). It still runs forward and
+backward, so every rank meets every collective, but its loss counts zero.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from runner.data.sampler import PLACEHOLDER, GlobalBatchSampler, ShardSampler
 
 
-class WeightedBatches(Dataset):
-    """Serves a whole batch per call; placeholder indices become zero-weight samples."""
+class Batches(Dataset):
+    """Serves a whole batch per call, collated; a dataset with `batch(indices)` (an
+    in-memory TensorData) gathers it in one indexing op."""
 
-    def __init__(self, base: Any):
+    def __init__(self, base: Any, collate_fn: Callable[[list[Any]], Any] | None = None):
         self.base = base
+        self.collate_fn = collate_fn or default_collate
 
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getitems__(
-        self, indices: Sequence[int]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        real = [0 if i == PLACEHOLDER else i for i in indices]
-        weights = torch.tensor([0.0 if i == PLACEHOLDER else 1.0 for i in indices])
-        if hasattr(self.base, "batch"):
-            inputs, labels = self.base.batch(real)
-        else:
-            inputs, labels = default_collate([self.base[i] for i in real])
-        return inputs, labels, weights
+    def __getitems__(self, indices: Sequence[int]) -> tuple[Any, bool]:
+        real = indices[0] != PLACEHOLDER
+        chosen = list(indices) if real else [0]
+        if hasattr(self.base, "batch") and self.collate_fn is default_collate:
+            return self.base.batch(chosen), real
+        return self.collate_fn([self.base[i] for i in chosen]), real
 
 
 def _passthrough(batch: Any) -> Any:
     return batch
 
 
-def _loader(dataset: Any, batch_sampler: Any, num_workers: int, pin_memory: bool) -> DataLoader:
+def _loader(
+    dataset: Any, collate_fn: Any, batch_sampler: Any, num_workers: int, pin_memory: bool
+) -> DataLoader:
     return DataLoader(
-        WeightedBatches(dataset),
+        Batches(dataset, collate_fn),
         batch_sampler=batch_sampler,
         collate_fn=_passthrough,
         num_workers=num_workers,
@@ -52,8 +56,9 @@ def build_train_loader(
     sampler: GlobalBatchSampler,
     num_workers: int,
     pin_memory: bool = False,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader:
-    return _loader(dataset, sampler, num_workers, pin_memory)
+    return _loader(dataset, collate_fn, sampler, num_workers, pin_memory)
 
 
 def build_eval_loader(
@@ -63,6 +68,7 @@ def build_eval_loader(
     rank: int,
     num_workers: int,
     pin_memory: bool = False,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader:
     sampler = ShardSampler(len(dataset), batch_size, world_size, rank)
-    return _loader(dataset, sampler, num_workers, pin_memory)
+    return _loader(dataset, collate_fn, sampler, num_workers, pin_memory)

@@ -6,8 +6,8 @@ r, r+W, r+2W, ... of each global batch and splits them into `grad_accum`
 microbatches. Whatever the world size W and grad_accum, optimizer step k trains
 on exactly the samples of global batch k. Nothing is padded or repeated: the
 last global batch of an epoch may be smaller (unless drop_last), and a
-microbatch that gets no sample is sent as one placeholder index (-1) that the
-loader turns into a zero-weight sample, so every rank still runs every
+microbatch that gets no sample is sent as one placeholder index (-1): the loader
+serves a stand-in sample whose loss counts zero, so every rank still runs every
 forward/backward its collectives expect.
 """
 

@@ -6,32 +6,31 @@ import pickle
 from pathlib import Path
 
 from runner.data.types import Datasets
-from runner.spec.schema import Cifar10Spec, ImageFolderSpec
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 
-def load_image_folder(spec: ImageFolderSpec) -> Datasets:
+def image_folder(root: str, image_size: int = 224, augment: bool = True) -> Datasets:
+    """ImageNet-style folders: root/train/<class>/* and root/val/<class>/*."""
     from torchvision import datasets
     from torchvision import transforms as T
 
-    size = spec.image_size
+    size = image_size
     normalize = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-    if spec.augment:
+    if augment:
         train_tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *normalize])
     else:
         train_tf = T.Compose([T.Resize(round(size * 256 / 224)), T.CenterCrop(size), *normalize])
     val_tf = T.Compose([T.Resize(round(size * 256 / 224)), T.CenterCrop(size), *normalize])
-    root = Path(spec.root or "")
-    train = datasets.ImageFolder(str(root / "train"), transform=train_tf)
-    val = datasets.ImageFolder(str(root / "val"), transform=val_tf)
-    return Datasets(
-        train=train, val=val, input_shape=(3, size, size), num_classes=len(train.classes)
-    )
+    train = datasets.ImageFolder(str(Path(root) / "train"), transform=train_tf)
+    val = datasets.ImageFolder(str(Path(root) / "val"), transform=val_tf)
+    info = {"input_shape": (3, size, size), "num_classes": len(train.classes)}
+    return Datasets(train=train, val=val, info=info)
 
 
-def load_cifar10(spec: Cifar10Spec) -> Datasets:
+def cifar10(root: str, augment: bool = True) -> Datasets:
+    """CIFAR-10's python-pickle files under root/cifar-10-batches-py."""
     from torchvision import datasets
     from torchvision import transforms as T
 
@@ -49,8 +48,8 @@ def load_cifar10(spec: Cifar10Spec) -> Datasets:
             self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
     normalize = [T.ToTensor(), T.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
-    augment = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if spec.augment else []
-    root = str(spec.root)
+    augment = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if augment else []
+    root = str(root)
     train = LocalCIFAR10(root, train=True, transform=T.Compose(augment + normalize))
     val = LocalCIFAR10(root, train=False, transform=T.Compose(normalize))
-    return Datasets(train=train, val=val, input_shape=(3, 32, 32), num_classes=10)
+    return Datasets(train=train, val=val, info={"input_shape": (3, 32, 32), "num_classes": 10})

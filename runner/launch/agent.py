@@ -22,7 +22,8 @@ from runner import hardware
 from runner.artifacts import RunDir, read_json, tail, write_json
 from runner.launch import network, nodes, rendezvous
 from runner.launch.failures import RankFailure, root_cause
-from runner.procs import die_with_parent, exit_code_for_signal
+from runner.launch.preflight import INVALID, component_problems
+from runner.procs import add_code_dirs, die_with_parent, exit_code_for_signal
 from runner.spec import RunSpec, load_spec
 from runner.summary import (
     COMPLETED,
@@ -194,6 +195,13 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
     start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
     write_outcome = _outcome_writer(spec, node_dir, start_time)
     run_root = node_dir if spec.node_rank == 0 else node_dir.parent
+    add_code_dirs(spec.code_dir)  # here, and for the ranks through PYTHONPATH
+    problems = component_problems(spec)
+    if problems:  # the parent reports them like its own checks, and no rank starts
+        message = "invalid configuration: " + "; ".join(problems)
+        error = {"rank": None, "exitcode": INVALID, "message": message, "problems": problems}
+        write_outcome(RunDir(run_root), FAILED, error)
+        return INVALID
     link = None
     if spec.nodes > 1:
         try:

@@ -1,10 +1,10 @@
 """Names and shapes of a model's state: what a checkpoint must match to be resumed.
 
-The parent never imports torch, so when it has to compare a checkpoint with a
-model configured differently it runs `python -m runner.models.shapes` with the
-run spec (YAML) on stdin; the model is built on the meta device (no memory, no
-init cost) and its state's names and shapes are printed as JSON. A process that has
-imported torch already calls `configured_state_shapes` directly.
+The parent never imports torch or user code, so when it has to compare a checkpoint with
+a model configured differently it runs `python -m runner.models.shapes` with the run spec
+(YAML) on stdin; the data is built for what it reports (num_classes, ...), the model on
+the meta device (no memory, no init cost), and its state's names and shapes are printed
+as JSON. A process that has imported torch already calls `configured_state_shapes`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import yaml
 from torch import nn
 
-from runner.data.shapes import data_shape
+from runner.data.datasets import build_datasets
 from runner.models.builders import build_model
 from runner.spec import RunSpec, from_dict
 
@@ -28,9 +28,9 @@ def state_shapes(module: nn.Module) -> list[tuple[str, list[int]]]:
 def configured_state_shapes(spec: RunSpec) -> list[tuple[str, list[int]]]:
     import torch
 
-    input_shape, num_classes = data_shape(spec.data)
+    info = build_datasets(spec.data).info
     with torch.device("meta"):
-        return state_shapes(build_model(spec.model, input_shape, num_classes))
+        return state_shapes(build_model(spec.model, info))
 
 
 if __name__ == "__main__":

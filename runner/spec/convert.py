@@ -7,6 +7,7 @@ the bad value and what would be valid. No torch here: this runs in the parent.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,8 @@ class _Invalid(Exception):
 
 
 _NOTHING = object()
+TARGET = "_target_"
+_DOTTED_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
@@ -80,6 +83,8 @@ def _key(path: str, name: str) -> str:
 
 
 def _convert_dataclass(cls: type, data: Any, path: str, problems: list[str]) -> Any:
+    if getattr(cls, "component", False):
+        return _convert_component(cls, data, path, problems)
     if not isinstance(data, Mapping):
         problems.append(f"{path or 'config'}={data!r}: expected a mapping")
         return None
@@ -107,6 +112,37 @@ def _convert_dataclass(cls: type, data: Any, path: str, problems: list[str]) -> 
     except TypeError as exc:  # a required field missing: a schema bug or a missing key
         problems.append(f"{path or 'config'}: {exc}")
         return None
+
+
+def _convert_component(cls: type, data: Any, path: str, problems: list[str]) -> Any:
+    """`_target_`, runner's own keys of this node (the dataclass's fields), and the target's
+    arguments (everything else, kept as written)."""
+    if not isinstance(data, Mapping):
+        problems.append(
+            f"{path}={data!r}: expected a mapping with `_target_` (a dotted path) and its arguments"
+        )
+        return None
+    target = data.get(TARGET)
+    if not isinstance(target, str) or not _DOTTED_PATH.fullmatch(target):
+        problems.append(
+            f"{path}.{TARGET}={target!r}: expected the dotted path of a class or function, "
+            f"such as {path}.{TARGET}=mypackage.module.Name"
+        )
+    own = {f.name: f for f in dataclasses.fields(cls) if f.name not in ("target", "args")}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for name, f in own.items():
+        if name not in data:
+            continue
+        before = len(problems)
+        value = _convert(hints[name], data[name], _key(path, name), problems)
+        if len(problems) == before:
+            bound_problem = _check_bounds(f.metadata, value)
+            if bound_problem:
+                problems.append(f"{_key(path, name)}={data[name]!r}: {bound_problem}")
+            values[name] = value
+    args = {k: v for k, v in data.items() if k != TARGET and k not in own}
+    return cls(target=target if isinstance(target, str) else "", args=args, **values)
 
 
 def _convert(tp: Any, raw: Any, key: str, problems: list[str]) -> Any:
@@ -157,9 +193,17 @@ def _convert_value(tp: Any, raw: Any, key: str, problems: list[str]) -> Any:
     if origin is tuple:
         return _convert_tuple(tp, raw, key, problems)
     if origin is dict or tp is dict:
-        if isinstance(raw, Mapping):
+        if not isinstance(raw, Mapping):
+            raise _Invalid("expected a mapping")
+        value_type = (typing.get_args(tp) or (str, Any))[1]
+        if not dataclasses.is_dataclass(value_type):
             return dict(raw)
-        raise _Invalid("expected a mapping")
+        # A mapping of components (metrics): `name: null` leaves an entry out.
+        return {
+            str(name): _convert(value_type, item, _key(key, str(name)), problems)
+            for name, item in raw.items()
+            if item is not None
+        }
     raise TypeError(f"schema type {tp!r} of {key} is not supported")  # a bug, not user input
 
 
@@ -230,6 +274,13 @@ def _check_bounds(limits: Mapping[str, float], value: Any) -> str | None:
 
 def to_dict(obj: Any) -> Any:
     """The plain-data form of a spec (enums as their values), fit for YAML."""
+    if getattr(obj, "component", False) and not isinstance(obj, type):
+        own = [f.name for f in dataclasses.fields(obj) if f.name not in ("target", "args")]
+        return {
+            TARGET: obj.target,
+            **to_dict(obj.args),
+            **{n: to_dict(getattr(obj, n)) for n in own},
+        }
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, Enum):

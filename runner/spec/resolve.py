@@ -20,8 +20,6 @@ import yaml
 from runner import hardware
 from runner.spec.convert import SpecError, from_dict, to_dict
 from runner.spec.schema import (
-    Cifar10Spec,
-    ImageFolderSpec,
     Precision,
     RunSpec,
     SyncStrategy,
@@ -30,6 +28,8 @@ from runner.spec.schema import (
 
 CONFIG_FILE = "config.yaml"
 CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
+IMAGE_FOLDER, CIFAR10 = "runner.data.vision.image_folder", "runner.data.vision.cifar10"
+FILE_DATA = {IMAGE_FOLDER, CIFAR10, "runner.data.text.text_files"}  # built-ins that need a root
 
 
 def resolve_spec(
@@ -49,6 +49,7 @@ def resolve_spec(
     spec = _resolve_hardware(spec, problems, cuda_devices)
     spec = _resolve_nodes(spec, problems, os.environ if environ is None else environ)
     spec = _resolve_data_root(spec, problems)
+    spec = _resolve_code_dirs(spec, problems)
     if problems:  # the checks below need a resolved nproc and device
         raise SpecError(problems)
     _check_sizes(spec, problems)
@@ -129,32 +130,49 @@ def _resolve_nodes(spec: RunSpec, problems: list[str], environ: Mapping[str, str
 
 
 def _resolve_data_root(spec: RunSpec, problems: list[str]) -> RunSpec:
+    """`data.root`, where a data component takes one: made absolute and checked to exist (and,
+    for the built-in file formats, to hold what they read)."""
     data = spec.data
-    if not isinstance(data, (ImageFolderSpec, Cifar10Spec)):
+    value = data.args.get("root")
+    if value is None:
+        if "root" in data.args and data.target in FILE_DATA:
+            problems.append(
+                f"data.root=null: data={data.name} reads local files; set data.root=DIR"
+            )
         return spec
-    if data.root is None:
-        problems.append(f"data.root=null: data={data.name} reads local files; set data.root=DIR")
+    if not isinstance(value, str):
         return spec
-    root = Path(data.root).expanduser().resolve()
+    root = Path(value).expanduser().resolve()
     if not root.is_dir():
-        problems.append(f"data.root={data.root!r}: directory does not exist")
-    elif isinstance(data, ImageFolderSpec):
+        problems.append(f"data.root={value!r}: directory does not exist")
+    elif data.target == IMAGE_FOLDER:
         for split in ("train", "val"):
             split_dir = root / split
             if not split_dir.is_dir() or not any(p.is_dir() for p in split_dir.iterdir()):
                 problems.append(
-                    f"data.root={data.root!r}: data=image_folder needs {split}/<class>/<images> "
+                    f"data.root={value!r}: data=image_folder needs {split}/<class>/<images> "
                     f"under the root; {split_dir} has no class folders"
                 )
-    else:
+    elif data.target == CIFAR10:
         batches = root / "cifar-10-batches-py"
         missing = [f for f in CIFAR10_FILES if not (batches / f).is_file()]
         if missing:
             problems.append(
-                f"data.root={data.root!r}: data=cifar10 needs the python-pickle files under "
+                f"data.root={value!r}: data=cifar10 needs the python-pickle files under "
                 f"{batches} (missing: {', '.join(missing)}); runner never downloads data"
             )
-    return dataclasses.replace(spec, data=dataclasses.replace(data, root=str(root)))
+    args = {**data.args, "root": str(root)}
+    return dataclasses.replace(spec, data=dataclasses.replace(data, args=args))
+
+
+def _resolve_code_dirs(spec: RunSpec, problems: list[str]) -> RunSpec:
+    resolved = []
+    for directory in spec.code_dir:
+        path = Path(directory).expanduser().resolve()
+        if not path.is_dir():
+            problems.append(f"code_dir={directory!r}: directory does not exist")
+        resolved.append(str(path))
+    return dataclasses.replace(spec, code_dir=tuple(resolved))
 
 
 def _check_sizes(spec: RunSpec, problems: list[str]) -> None:

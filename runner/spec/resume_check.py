@@ -99,14 +99,11 @@ def check_resume(spec: RunSpec, checkpoint: Path) -> list[str]:
 
 
 def _model_input(spec: RunSpec) -> dict[str, Any]:
-    """What decides the model's state shapes: equal values mean equal shapes."""
-    from runner.data.shapes import data_shape  # torch-free; data/ sits above spec/
-
-    input_shape, num_classes = data_shape(spec.data)
+    """What decides the model's state shapes: equal values mean equal shapes (the data
+    component decides what the model is told: num_classes, vocab_size, ...)."""
     return {
-        "model": to_dict(spec.model),
-        "input_shape": list(input_shape),
-        "num_classes": num_classes,
+        "model": {"_target_": spec.model.target, **to_dict(spec.model.args)},
+        "data": {"_target_": spec.data.target, **to_dict(spec.data.args)},
     }
 
 

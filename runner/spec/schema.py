@@ -5,8 +5,9 @@ must satisfy. `runner.spec.convert` turns a composed config into a `RunSpec`
 and reports every problem at once. Field metadata carries value constraints
 (`min`, `gt`, `max`) so the error for a bad value names the bound.
 
-Groups whose options differ in shape (model, data, optimizer, ...) are unions
-of dataclasses told apart by their `name` field.
+Groups whose options differ in shape (optimizer, scheduler, parallelism) are unions
+of dataclasses told apart by their `name` field. The groups that take the user's own
+code (model, data, loss, metrics) are components: `_target_` plus arguments.
 """
 
 from __future__ import annotations
@@ -46,81 +47,58 @@ class Precision(str, Enum):
     """Pick for the device: bf16 on CPU and on GPUs that support it (Ampere+), else fp16."""
 
 
-# ----------------------------------------------------------------------------- model
+# ------------------------------------------------------------------------ components
 
 
 @dataclass(frozen=True)
-class MLPSpec:
-    """Flattens any input; no dropout and no batch norm, so every split trains alike."""
+class Component:
+    """User code or a built-in, named by `_target_` (an importable dotted path to a class or
+    function) with its arguments, as Hydra's instantiate reads them (`_partial_` and nested
+    `_target_` nodes included).
 
-    name: Literal["mlp"] = "mlp"
-    hidden_sizes: tuple[int, ...] = (128, 64)
+    In the config it is one flat node: `_target_`, the target's arguments, and the few keys
+    runner itself reads there (the subclass's own fields, such as `data.num_workers`).
+    """
 
+    component: ClassVar[bool] = True
+    target: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
 
-@dataclass(frozen=True)
-class ResNetSpec:
-    """A torchvision ResNet, built from scratch (weights are never downloaded)."""
-
-    name: Literal["resnet18", "resnet50"] = "resnet18"
-    small_input_stem: bool = False
-    zero_init_residual: bool = False
-    channels_last: bool = False
-
-
-ModelSpec = MLPSpec | ResNetSpec
-
-# ------------------------------------------------------------------------------ data
+    @property
+    def name(self) -> str:
+        """What error messages call it: the last part of the dotted path."""
+        return self.target.rsplit(".", 1)[-1]
 
 
 @dataclass(frozen=True)
-class DigitsSpec:
-    """scikit-learn's bundled 8x8 digits (1797 images), split once with `split_seed`."""
+class ModelSpec(Component):
+    """Any `torch.nn.Module`. Arguments named like what the data reports (`num_classes`,
+    `input_shape`, `vocab_size`, ...) are filled in from the data unless set here."""
 
-    name: Literal["digits"] = "digits"
-    val_fraction: float = _bound(0.2, gt=0.0, lt=1.0)
-    split_seed: int = 0
-    num_workers: int = _bound(0, min=0)
-    drop_last: bool = False
+    target: str = "runner.models.builders.mlp"
+    channels_last: bool = False  # NHWC memory format on CUDA (convolutional models)
 
 
 @dataclass(frozen=True)
-class SyntheticSpec:
-    """Random images with a class-dependent template: learnable, fixed, no files."""
+class DataSpec(Component):
+    """A callable returning the train and validation datasets (see runner.data.types)."""
 
-    name: Literal["synthetic"] = "synthetic"
-    num_train: int = _bound(2048, min=1)
-    num_val: int = _bound(512, min=1)
-    image_size: int = _bound(32, min=8)
-    num_classes: int = _bound(10, min=2)
-    signal: float = _bound(0.5, gt=0.0)
-    num_workers: int = _bound(0, min=0)
-    drop_last: bool = False
+    target: str = "runner.data.digits.digits"
+    num_workers: int = _bound(0, min=0)  # DataLoader worker processes per rank
+    drop_last: bool = False  # drop the epoch's last, smaller global batch
 
 
 @dataclass(frozen=True)
-class ImageFolderSpec:
-    """Images on disk: `root/train/<class>/*` and `root/val/<class>/*`."""
+class LossSpec(Component):
+    """`loss(outputs, targets) -> (summed loss, item count)` (see runner.train.losses)."""
 
-    name: Literal["image_folder"] = "image_folder"
-    root: str | None = None
-    image_size: int = _bound(224, min=8)
-    augment: bool = True
-    num_workers: int = _bound(2, min=0)
-    drop_last: bool = False
+    target: str = "runner.train.losses.CrossEntropy"
 
 
 @dataclass(frozen=True)
-class Cifar10Spec:
-    """CIFAR-10 in its python-pickle layout under `root/cifar-10-batches-py`."""
+class MetricSpec(Component):
+    """A metric with `update(outputs, targets)`, `compute()`, `reset()`: torchmetrics' shape."""
 
-    name: Literal["cifar10"] = "cifar10"
-    root: str | None = None
-    augment: bool = True
-    num_workers: int = _bound(2, min=0)
-    drop_last: bool = False
-
-
-DataSpec = DigitsSpec | SyntheticSpec | ImageFolderSpec | Cifar10Spec
 
 # ------------------------------------------------------------------------- optimizer
 
@@ -241,8 +219,11 @@ class ChaosSpec:
 class RunSpec:
     """Everything a rank needs to train, resolved and checked by the parent."""
 
-    model: ModelSpec = field(default_factory=MLPSpec)
-    data: DataSpec = field(default_factory=DigitsSpec)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    loss: LossSpec = field(default_factory=LossSpec)
+    metrics: dict[str, MetricSpec] = field(default_factory=dict)
+    code_dir: tuple[str, ...] = ()  # directories of user code, put on every process's path
     optimizer: OptimizerSpec = field(default_factory=AdamWSpec)
     scheduler: SchedulerSpec = field(default_factory=ConstantSpec)
     parallelism: ParallelismSpec = field(default_factory=DDPSpec)
@@ -264,7 +245,6 @@ class RunSpec:
     max_steps: int | None = _bound(None, min=1)
     max_epochs: int | None = _bound(None, min=1)
     grad_clip_norm: float | None = _bound(None, gt=0.0)
-    label_smoothing: float = _bound(0.0, min=0.0, lt=1.0)
 
     log_interval: int = _bound(10, min=1)
     eval_interval: int | None = _bound(None, min=1)

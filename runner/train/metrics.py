@@ -1,65 +1,76 @@
-"""metrics.jsonl: one JSON object per logged step, appended and flushed by rank 0."""
+"""Built-in evaluation metrics, in torchmetrics' shape: `update(outputs, targets)`,
+`compute()`, `reset()`. `compute()` returns the value over every rank's batches, as
+torchmetrics' own metrics do under torch.distributed, so a torchmetrics metric works as a
+`metrics` component unchanged (its arguments, such as num_classes, come from the data).
+"""
 
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-from typing import Any
+import math
 
-from runner.artifacts import read_jsonl, write_atomic
-from runner.train.tensorboard import EventWriter
+import torch
+import torch.nn.functional as F
 
-
-class MetricsLog:
-    """Appends records to metrics.jsonl (and TensorBoard's event file, if given a directory).
-
-    On (re)start it keeps only earlier records up to step `keep_until`, so a resumed run
-    does not repeat the steps it trains again.
-    """
-
-    def __init__(
-        self, path: Path, enabled: bool, keep_until: int = 0, tensorboard: Path | None = None
-    ):
-        self.records: list[dict[str, Any]] = []
-        self._file = None
-        self._events: EventWriter | None = None
-        if enabled:
-            self.records = [r for r in read_jsonl(path) if r.get("step", 0) <= keep_until]
-            write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
-            self._file = open(path, "a", buffering=1)  # noqa: SIM115
-            if tensorboard is not None:
-                self._events = EventWriter(tensorboard, self.records)
-
-    def write(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
-        if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
-        if self._events is not None:
-            self._events.add(record)
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        if self._events is not None:
-            self._events.close()
+from runner import dist as rdist
 
 
-class Throughput:
-    """Samples per second between two log points, with evaluation time left out."""
+class _Summed:
+    """A metric made of sums, all-reduced once in compute()."""
 
-    def __init__(self, samples: int = 0):
-        self._t0 = time.perf_counter()
-        self._samples0 = samples
-        self._paused = 0.0
+    def __init__(self, size: int):
+        self.size = size
+        self.reset()
 
-    def pause(self, seconds: float) -> None:
-        self._paused += seconds
+    def reset(self) -> None:
+        self.totals = torch.zeros(self.size, dtype=torch.float64)
 
-    def rate(self, samples: int) -> float:
-        now = time.perf_counter()
-        elapsed = max(1e-9, now - self._t0 - self._paused)
-        rate = (samples - self._samples0) / elapsed
-        self._t0, self._samples0, self._paused = now, samples, 0.0
-        return rate
+    def add(self, *values: torch.Tensor | float) -> None:
+        device = next((v.device for v in values if isinstance(v, torch.Tensor)), None)
+        if device is not None and self.totals.device != device:
+            self.totals = self.totals.to(device)
+        self.totals += torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in values]).to(
+            self.totals.device
+        )
+
+    def reduced(self) -> list[float]:
+        totals = self.totals.clone()
+        rdist.all_reduce(totals)
+        return totals.tolist()
+
+
+class Accuracy(_Summed):
+    """Top-1 accuracy of logits [N, C] against class indices [N]."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+
+    def update(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        correct = (outputs.argmax(dim=-1) == targets).sum()
+        self.add(correct, torch.tensor(targets.numel(), device=targets.device))
+
+    def compute(self) -> float:
+        correct, total = self.reduced()
+        return correct / total if total else math.nan
+
+
+class Perplexity(_Summed):
+    """exp(mean next-token loss) of a causal language model: logits [N, T, V], tokens [N, T];
+    targets equal to `ignore_index` are left out."""
+
+    def __init__(self, ignore_index: int = -100) -> None:
+        super().__init__(2)
+        self.ignore_index = ignore_index
+
+    def update(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        logits, shifted = outputs[:, :-1].float(), targets[:, 1:]
+        nll = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]),
+            shifted.reshape(-1),
+            ignore_index=self.ignore_index,
+            reduction="sum",
+        )
+        self.add(nll, (shifted != self.ignore_index).sum())
+
+    def compute(self) -> float:
+        nll, count = self.reduced()
+        return math.exp(nll / count) if count else math.nan

@@ -1,9 +1,10 @@
 """Stages 6-8 on one rank: build from the spec, train, evaluate, report.
 
 One optimizer step trains on one global batch. Each rank runs its share as
-`grad_accum` microbatches; every sample's loss is weighted by 1/(samples in the
-global batch), so any split of the batch over ranks and microbatches gives the
-same gradient (see runner.data.sampler).
+`grad_accum` microbatches; the loss component sums over the items of a microbatch
+(samples, or tokens), and every sum is divided by the items of the whole global batch,
+so any split of the batch over ranks and microbatches gives the same gradient (see
+runner.data.sampler and runner.train.losses).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from typing import Any, TextIO
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from runner import dist as rdist
 from runner.artifacts import RunDir, write_atomic
 from runner.checkpoint_store import CheckpointStore
+from runner.components import instantiate
 from runner.data.datasets import build_datasets
 from runner.data.loaders import build_eval_loader, build_train_loader
 from runner.data.sampler import GlobalBatchSampler
@@ -40,7 +41,8 @@ from runner.summary import (
     write_summary,
 )
 from runner.train import chaos, checkpointing
-from runner.train.metrics import MetricsLog, Throughput
+from runner.train.batches import logits_of, split, to_device
+from runner.train.metrics_log import MetricsLog, Throughput
 from runner.train.progress import Progress
 
 
@@ -64,12 +66,15 @@ class Trainer:
 
         seed_everything(spec.seed)  # same on every rank: identical initial weights
         data = build_datasets(spec.data)
-        module = build_model(spec.model, data.input_shape, data.num_classes).to(device)
-        self.channels_last = (
-            getattr(spec.model, "channels_last", False) and self.device_type == "cuda"
-        )
+        module = build_model(spec.model, data.info).to(device)
+        self.channels_last = spec.model.channels_last and self.device_type == "cuda"
         if self.channels_last:
             module = module.to(memory_format=torch.channels_last)
+        self.loss_fn = instantiate({"_target_": spec.loss.target, **spec.loss.args}, data.info)
+        self.metrics_fns = {
+            name: _on_device(instantiate({"_target_": m.target, **m.args}, data.info), device)
+            for name, m in spec.metrics.items()
+        }
 
         self.sampler = GlobalBatchSampler(
             len(data.train),
@@ -85,13 +90,27 @@ class Trainer:
         self.total_steps = self._total_steps()
         self.engine = build_engine(self._with_warmup_steps(spec), module, device, self.total_steps)
         pin = self.device_type == "cuda"
-        self.train_loader = build_train_loader(data.train, self.sampler, spec.data.num_workers, pin)
-        self.val_loader = build_eval_loader(
-            data.val, spec.per_rank_batch_size, self.world, self.rank, spec.data.num_workers, pin
+        workers = spec.data.num_workers
+        self.train_loader = build_train_loader(
+            data.train, self.sampler, workers, pin, data.collate_fn
+        )
+        self.val_loader = (
+            build_eval_loader(
+                data.val,
+                spec.per_rank_batch_size,
+                self.world,
+                self.rank,
+                workers,
+                pin,
+                data.collate_fn,
+            )
+            if data.val is not None
+            else None
         )
         seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
 
         self.step, self.samples, self.resumed_from = 0, 0, None
+        self.check_items = True  # the first step checks the loss's item counts
         self.first_step_at: float | None = None  # wall clock, for time-to-first-step
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
@@ -153,7 +172,7 @@ class Trainer:
                 n_global = self.sampler.global_count(step_in_epoch)
                 lr = self.engine.lr
                 batch = [next(microbatches) for _ in range(spec.grad_accum)]
-                loss_sum = self.train_step(batch, n_global)
+                loss_sum, items = self.train_step(batch, n_global)
                 if self.first_step_at is None:
                     self.first_step_at = time.time()
                 samples += n_global
@@ -162,7 +181,7 @@ class Trainer:
                 last = step == self.total_steps
                 evaluate = last or self._is_eval_step(step)
                 if evaluate or step % spec.log_interval == 0:
-                    record = self._train_record(step, samples, loss_sum, n_global, lr, throughput)
+                    record = self._train_record(step, samples, loss_sum, items, lr, throughput)
                     if evaluate:
                         started = time.perf_counter()
                         record.update(self.evaluate())
@@ -174,51 +193,80 @@ class Trainer:
                     break
         return self._finish(start_time)
 
-    def train_step(self, batch: list[tuple[torch.Tensor, ...]], n_global: int) -> torch.Tensor:
-        """Forward and backward every microbatch of this rank, then step. Returns the loss sum."""
-        weight = self.world / n_global  # DDP averages over ranks; this makes it a sample mean
+    def train_step(
+        self, microbatches: list[tuple[Any, bool]], n_global: int
+    ) -> tuple[torch.Tensor, torch.Tensor | int]:
+        """Forward and backward every microbatch of this rank, then step.
+
+        Returns this rank's loss sum and the items of the whole global batch."""
+        items = self._global_items(microbatches, n_global)
+        weight = self.world / items  # DDP averages over ranks; this makes it a mean over items
         loss_sum = torch.zeros((), device=self.device)
-        for i, (inputs, labels, weights) in enumerate(batch):
-            inputs, labels, weights = self._to_device(inputs, labels, weights)
-            with self.engine.microbatch(i, len(batch)):
+        for i, (batch, real) in enumerate(microbatches):
+            args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
+            with self.engine.microbatch(i, len(microbatches)):
                 with autocast(self.spec.precision, self.device_type):
-                    logits = self.engine.model(inputs)
-                losses = F.cross_entropy(
-                    logits.float(),
-                    labels,
-                    reduction="none",
-                    label_smoothing=self.spec.label_smoothing,
-                )
-                loss = (losses * weights).sum()
+                    outputs = self.engine.model(*args, **kwargs)
+                loss, count = self.loss_fn(logits_of(outputs), targets)
+                if not real:  # a placeholder: runs for the collectives, counts nothing
+                    loss = loss * 0.0
                 self.engine.backward(loss * weight)
+            if self.check_items and real:
+                self._check_items(count, targets)
             loss_sum += loss.detach()
+        self.check_items = False
         self.engine.step()
-        return loss_sum
+        return loss_sum, items
+
+    def _global_items(self, microbatches: list[tuple[Any, bool]], n_global: int) -> Any:
+        """Samples in the global batch, or, for a loss that counts its own items (tokens),
+        those of every microbatch on every rank, counted before any forward pass."""
+        count = getattr(self.loss_fn, "count", None)
+        if count is None:
+            return n_global
+        local = sum(count(split(batch)[2]) for batch, real in microbatches if real)
+        total = torch.as_tensor(local, dtype=torch.float64).to(self.device)
+        return rdist.all_reduce(total).float()
+
+    def _check_items(self, count: Any, targets: Any) -> None:
+        """On the first step only (it syncs with the host): the loss's item count agrees
+        with the one the step was weighted by."""
+        expected = self.loss_fn.count(targets) if hasattr(self.loss_fn, "count") else len(targets)
+        if int(count) != int(expected):
+            raise ValueError(
+                f"loss._target_={self.spec.loss.target}: returned {int(count)} items for a "
+                f"microbatch of {int(expected)} "
+                + ("(its count(targets))" if hasattr(self.loss_fn, "count") else "samples")
+                + "; a loss whose items are not samples (tokens) needs a count(targets) method "
+                "so every split of the batch is weighted alike"
+            )
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        if self.val_loader is None:
+            return {}
         module = self.engine.module
         module.eval()
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
-        for inputs, labels, _ in self.val_loader:
-            inputs, labels = self._to_device(inputs, labels)
+        for metric in self.metrics_fns.values():
+            metric.reset()
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss, items
+        for batch, _ in self.val_loader:
+            args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
             with autocast(self.spec.precision, self.device_type):
-                logits = module(inputs).float()
-            totals[0] += F.cross_entropy(logits, labels, reduction="sum").double()
-            totals[1] += (logits.argmax(dim=1) == labels).sum()
-            totals[2] += labels.numel()
+                logits = logits_of(module(*args, **kwargs))
+            loss, count = self.loss_fn(logits, targets)
+            totals[0] += loss.double()
+            totals[1] += count
+            for metric in self.metrics_fns.values():
+                metric.update(logits, targets)
         rdist.all_reduce(totals)
+        results = {"val/loss": (totals[0] / totals[1]).item()}
+        for name, metric in self.metrics_fns.items():
+            results[f"val/{name}"] = float(metric.compute())
         self.engine.model.train()
-        loss, correct, count = totals.tolist()
-        return {"val/loss": loss / count, "val/accuracy": correct / count}
+        return results
 
     # ------------------------------------------------------------------ helpers
-
-    def _to_device(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
-        moved = [t.to(self.device, non_blocking=True) for t in tensors]
-        if self.channels_last and moved[0].dim() == 4:
-            moved[0] = moved[0].contiguous(memory_format=torch.channels_last)
-        return moved
 
     def _is_eval_step(self, step: int) -> bool:
         if self.spec.eval_interval is None:
@@ -230,7 +278,7 @@ class Trainer:
         step: int,
         samples: int,
         loss_sum: torch.Tensor,
-        n_global: int,
+        items: torch.Tensor | int,
         lr: float,
         throughput: Throughput,
     ) -> dict[str, Any]:
@@ -239,7 +287,7 @@ class Trainer:
             "step": step,
             "epoch": round(step / self.steps_per_epoch, 4),
             "samples": samples,
-            "train/loss": total.item() / n_global,
+            "train/loss": total.item() / float(items),
             "lr": lr,
             "throughput/samples_per_sec": throughput.rate(samples),
         }
@@ -285,3 +333,8 @@ class Trainer:
             write_summary(self.run_dir, summary)  # last: a summary means the run is complete
         self.metrics.close()
         return summary
+
+
+def _on_device(metric: Any, device: str) -> Any:
+    """torchmetrics metrics are modules and keep their state on the model's device."""
+    return metric.to(device) if isinstance(metric, torch.nn.Module) else metric

@@ -1,0 +1,157 @@
+"""Components: user code (or runner's own) named by `_target_`, built with Hydra's instantiate.
+
+A component node is `_target_` (a dotted path to a class or function) plus its arguments,
+with Hydra's `_partial_`, `_args_` and nested `_target_` nodes. Values the run knows
+(`provided`: what the data reports, such as num_classes or vocab_size) reach a target only
+when its signature names them and the config leaves them unset, so a user never repeats them.
+
+`problems()` checks a node without calling anything: every `_target_` imports, is callable,
+and its arguments bind to its signature. The agent runs it before any rank starts (the
+parent never imports user code).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+TARGET = "_target_"
+_HYDRA_KEYS = {TARGET, "_partial_", "_args_", "_recursive_", "_convert_"}
+
+
+class ComponentError(ValueError):
+    """A component that cannot be located or bound; the message names the key."""
+
+
+def locate(path: str) -> Any:
+    """The object at a dotted path: the longest importable module prefix, then attributes.
+
+    Raises ComponentError naming the missing module or attribute."""
+    parts = path.split(".")
+    module, found = None, 0
+    for i in range(len(parts), 0, -1):
+        name = ".".join(parts[:i])
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and not name.startswith(exc.name):
+                raise ComponentError(f"importing {name} failed: {exc}") from None
+            continue
+        found = i
+        break
+    if module is None:
+        raise ComponentError(f"no module named {parts[0]!r}")
+    obj = module
+    for i, attr in enumerate(parts[found:], start=found):
+        if not hasattr(obj, attr):
+            where = ".".join(parts[:i])
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            hint = difflib.get_close_matches(attr, names, n=1)
+            suffix = f"; did you mean {hint[0]}?" if hint else ""
+            raise ComponentError(f"{where} has no attribute {attr!r}{suffix}")
+        obj = getattr(obj, attr)
+    return obj
+
+
+def _parameters(target: Any) -> dict[str, inspect.Parameter] | None:
+    try:
+        return dict(inspect.signature(target).parameters)
+    except (TypeError, ValueError):  # some builtins have no signature: nothing to check
+        return None
+
+
+def injected(target: Any, args: Mapping[str, Any], provided: Mapping[str, Any]) -> dict[str, Any]:
+    """The provided values `target` takes by name and `args` leaves unset."""
+    params = _parameters(target) or {}
+    named = {
+        n
+        for n, p in params.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in args
+    }
+    return {name: value for name, value in provided.items() if name in named}
+
+
+def instantiate(node: Mapping[str, Any], provided: Mapping[str, Any] | None = None) -> Any:
+    """Build the component `node` (plain data), passing it what it takes of `provided`."""
+    from hydra.utils import instantiate as hydra_instantiate
+
+    node = dict(node)
+    node.setdefault("_convert_", "all")  # plain lists and dicts, not OmegaConf containers
+    extra = injected(locate(node[TARGET]), node, provided or {})
+    return hydra_instantiate(node, **extra)
+
+
+def problems(
+    key: str,
+    node: Mapping[str, Any],
+    provided: Mapping[str, Any] | Callable[[], Mapping[str, Any] | None] = (),
+) -> list[str]:
+    """Everything wrong with component `node` at config key `key`, nested targets included.
+
+    `provided` (or a function returning it, called only when a required argument is
+    missing) holds the values runner passes itself; None when they cannot be known, and
+    then no argument is reported missing."""
+    found: list[str] = []
+    _check(key, node, provided, found)
+    return found
+
+
+def _check(key: str, node: Mapping[str, Any], provided: Any, found: list[str]) -> None:
+    path = node.get(TARGET)
+    try:
+        target = locate(str(path))
+    except ComponentError as exc:
+        found.append(f"{key}.{TARGET}={path}: {exc}")
+        return
+    except Exception as exc:  # the user's module raised while importing
+        found.append(f"{key}.{TARGET}={path}: importing it raised {type(exc).__name__}: {exc}")
+        return
+    if not callable(target):
+        found.append(
+            f"{key}.{TARGET}={path}: is a {type(target).__name__}, not a class or function"
+        )
+        return
+    for name, value in node.items():  # nested components first: their problems stand alone
+        if isinstance(value, Mapping) and TARGET in value:
+            _check(f"{key}.{name}", value, {}, found)
+    params = _parameters(target)
+    if params is None:
+        return
+    args = {k: v for k, v in node.items() if k not in _HYDRA_KEYS}
+    positional = list(node.get("_args_") or [])
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not takes_kwargs:
+        for name in args:
+            if name not in params or params[name].kind is params[name].POSITIONAL_ONLY:
+                hint = difflib.get_close_matches(name, named, n=1)
+                found.append(
+                    f"{key}.{name}: unexpected argument of {path}"
+                    + (f"; did you mean {hint[0]}?" if hint else f"; it takes {', '.join(named)}")
+                )
+    by_position = [
+        n for n, p in params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ][: len(positional)]
+    for name in by_position:
+        if name in args:
+            found.append(f"{key}.{name}: given twice to {path}, by `_args_` and by name")
+    if node.get("_partial_"):
+        return  # the rest of the arguments come when it is called
+    missing = [
+        n
+        for n, p in params.items()
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and n not in args
+        and n not in by_position
+    ]
+    if missing and callable(provided):
+        provided = provided()
+    if provided is None:
+        return  # what runner passes is unknown (the data itself is broken): no guessing
+    missing = [n for n in missing if n not in provided]
+    for name in missing:
+        found.append(f"{key}.{name}: missing; {path} needs it (set +{key}.{name}=...)")

@@ -1,0 +1,51 @@
+"""The agent's check of the user's components, before any rank starts.
+
+The parent never imports torch or user code, so it can only check that each `_target_`
+looks like a dotted path. The agent has torch loaded already (it was prestarted while
+Hydra composed), so it imports every `_target_`, and binds each node's arguments to the
+target's signature: unknown (with a did-you-mean), missing and duplicated arguments,
+nested `_target_` nodes included. The values runner passes itself (what the data reports,
+such as num_classes) count as given; the data is built to learn them only when a required
+argument is otherwise missing. Problems are reported like every other invalid
+configuration: all at once, exit 2, no rank started.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner import components
+from runner.data.datasets import build_datasets
+from runner.spec import RunSpec
+
+INVALID = 2  # the exit code of an invalid configuration, as in the parent
+
+
+def _node(component: Any) -> dict[str, Any]:
+    return {components.TARGET: component.target, **component.args}
+
+
+def component_problems(spec: RunSpec) -> list[str]:
+    found = components.problems("data", _node(spec.data))
+    reported: dict[str, Any] = {}
+
+    def provided() -> dict[str, Any] | None:
+        """What the data reports (built once, and only when asked); None if it cannot say."""
+        if "info" not in reported:
+            reported["info"] = None
+            if not found:
+                try:
+                    reported["info"] = build_datasets(spec.data).info
+                except Exception as exc:
+                    first = (str(exc).strip().splitlines() or [""])[0]
+                    found.append(
+                        f"data._target_={spec.data.target}: building the data raised "
+                        f"{type(exc).__name__}: {first}"
+                    )
+        return reported["info"]
+
+    found += components.problems("model", _node(spec.model), provided)
+    found += components.problems("loss", _node(spec.loss), provided)
+    for name, metric in spec.metrics.items():
+        found += components.problems(f"metrics.{name}", _node(metric), provided)
+    return found

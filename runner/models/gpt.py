@@ -1,0 +1,115 @@
+"""A small decoder-only transformer (nanoGPT scale), built in so language modelling works
+out of the box: `model=gpt`. Its layers are a `blocks` ModuleList, the unit that
+activation checkpointing and sharding work on.
+
+`forward(input_ids, attention_mask=None)` returns logits [batch, time, vocab_size];
+`vocab_size` and `block_size` come from the data.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"n_embd={n_embd}: must be divisible by n_head={n_head}")
+        self.n_head = n_head
+        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        batch, time, channels = x.shape
+        q, k, v = self.qkv(x).split(channels, dim=2)
+        q, k, v = (t.view(batch, time, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
+        dropout = self.dropout if self.training else 0.0
+        if key_mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout)
+        return self.proj(y.transpose(1, 2).reshape(batch, time, channels))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: attention, then a 4x MLP, each around a residual."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.mlp = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd, bias=bias),
+            nn.GELU(),
+            nn.Linear(4 * n_embd, n_embd, bias=bias),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), key_mask)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        block_size: int,
+        n_layer: int = 4,
+        n_head: int = 4,
+        n_embd: int = 128,
+        dropout: float = 0.0,
+        bias: bool = False,
+    ):
+        super().__init__()
+        self.block_size = block_size
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd, bias=bias)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.apply(self._init_weights)
+        for name, param in self.named_parameters():  # GPT-2's scaled init of residual outputs
+            if name.endswith(("attn.proj.weight", "mlp.2.weight")):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        time = input_ids.shape[1]
+        if time > self.block_size:
+            raise ValueError(
+                f"a sequence of {time} tokens is longer than block_size={self.block_size}"
+            )
+        positions = torch.arange(time, device=input_ids.device)
+        x = self.drop(self.wte(input_ids) + self.wpe(positions))
+        key_mask = _key_mask(attention_mask, time) if attention_mask is not None else None
+        for block in self.blocks:
+            x = block(x, key_mask)
+        return self.lm_head(self.ln_f(x))
+
+
+def _key_mask(attention_mask: torch.Tensor, time: int) -> torch.Tensor:
+    """Causal and padding mask [batch, 1, time, time]; a position always sees itself, so a
+    padded query never has an empty row (its output is ignored by the loss anyway)."""
+    causal = torch.ones(time, time, dtype=torch.bool, device=attention_mask.device).tril()
+    keys = attention_mask.bool()[:, None, None, :]
+    eye = torch.eye(time, dtype=torch.bool, device=attention_mask.device)
+    return (causal & keys) | eye

@@ -1,0 +1,201 @@
+"""A user's own code trains through `_target_`: the examples/ project from its own folder, a
+model named on the command line alone, a torchvision model, a Hugging Face causal LM built
+from its config class (no download), and torchmetrics metrics."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runner.components import instantiate, problems
+from tests.conftest import REPO, CliResult, child_env, runner_command
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = REPO / "examples" / "waves"
+
+
+def test_example_project_trains_from_its_own_folder(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        runner_command(
+            "--config-dir",
+            "conf",
+            "+recipe=waves",
+            "progress_bar=false",
+            f"hydra.run.dir={run_dir}",
+        ),
+        cwd=EXAMPLE,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    result = CliResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
+    assert result.returncode == 0, result.output
+    metrics = result.metrics()
+    assert metrics[-1]["train/loss"] < 0.3 * metrics[0]["train/loss"]
+    assert result.summary()["final"]["val/amplitude_mae"] < 0.2
+    assert not (EXAMPLE / "runs").exists()
+
+
+def run_in(cwd: Path, *overrides: str, timeout: float = 300) -> CliResult:
+    run_dir = cwd / "run"
+    proc = subprocess.run(
+        runner_command(*overrides, "progress_bar=false", f"hydra.run.dir={run_dir}"),
+        cwd=cwd,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
+
+
+USER_MODEL = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    """Keyword inputs and a dict output holding logits, as Hugging Face models have."""
+
+    def __init__(self, input_shape, num_classes, width=8):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU())
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, pixels):
+        return {"logits": self.head(self.body(pixels))}
+
+
+def dict_batches(val_fraction=0.2):
+    from runner.data.digits import digits
+
+    data = digits(val_fraction=val_fraction)
+
+    def collate(samples):
+        images, labels = zip(*samples)
+        return {"pixels": torch.stack(images), "labels": torch.stack(labels)}
+
+    return {"train": data.train, "val": data.val, "collate_fn": collate, **data.info}
+'''
+
+
+def test_command_line_alone_names_user_code_in_the_launch_directory_or_a_code_dir(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "mynets.py").write_text(USER_MODEL)
+    here = run_in(
+        tmp_path,
+        "model=custom",
+        "model._target_=mynets.Net",
+        "+model.width=16",
+        "data=custom",
+        "data._target_=mynets.dict_batches",
+        "optimizer.lr=0.01",
+        "max_steps=40",
+    )
+    assert here.returncode == 0, here.output
+    final = here.summary()["final"]
+    assert final["val/accuracy"] > 0.5 and "val/loss" in final
+
+    elsewhere = tmp_path / "launch"
+    elsewhere.mkdir()
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "mynets.py").rename(tmp_path / "lib" / "mynets.py")
+    subprocess.run(["git", "init", "-q", str(tmp_path / "lib")], check=True)
+    there = run_in(
+        elsewhere,
+        f"code_dir=[{tmp_path / 'lib'}]",
+        "model=custom",
+        "model._target_=mynets.Net",
+        "max_steps=2",
+    )
+    assert there.returncode == 0, there.output
+    env = __import__("json").loads((there.run_dir / "env.json").read_text())
+    assert str(tmp_path / "lib") in env["git"]["code_dir"]
+
+
+def test_torchvision_model_and_torchmetrics_metrics(tmp_path: Path) -> None:
+    """num_classes reaches torchmetrics' metrics from the data; their values are over every
+    rank's samples, as runner's own accuracy is."""
+    result = run_in(
+        tmp_path,
+        "model=custom",
+        "model._target_=torchvision.models.resnet18",
+        "+model.num_classes=10",
+        "data=synthetic",
+        "data.num_train=64",
+        "data.num_val=30",  # 15 per rank, batches of 8: uneven
+        "global_batch_size=16",
+        "max_steps=3",
+        "+metrics.f1._target_=torchmetrics.classification.MulticlassF1Score",
+        "+metrics.micro._target_=torchmetrics.classification.MulticlassAccuracy",
+        "+metrics.micro.average=micro",
+    )
+    assert result.returncode == 0, result.output
+    final = result.summary()["final"]
+    assert final["val/micro"] == pytest.approx(final["val/accuracy"], abs=1e-6)
+    assert 0.0 <= final["val/f1"] <= 1.0
+
+
+def test_hugging_face_causal_lm_trains_through_target(tmp_path: Path) -> None:
+    """GPT-2 built from its config class (no download): keyword inputs, an output object
+    holding logits, runner's token-weighted causal LM loss on ragged, padded batches."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    config = "+model.config"
+    result = run_in(
+        tmp_path,
+        "model=custom",
+        "model._target_=transformers.GPT2LMHeadModel",
+        f"{config}._target_=transformers.GPT2Config",
+        f"{config}.vocab_size=256",
+        f"{config}.n_positions=32",
+        f"{config}.n_embd=32",
+        f"{config}.n_layer=2",
+        f"{config}.n_head=2",
+        "data=text",
+        f"data.root={corpus}",
+        "data.block_size=32",
+        "data.min_length=8",
+        "loss=causal_lm",
+        "metrics=language_model",
+        "optimizer.lr=3e-3",
+        "global_batch_size=8",
+        "max_steps=16",
+        "log_interval=4",
+    )
+    assert result.returncode == 0, result.output
+    losses = [m["train/loss"] for m in result.metrics()]
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert result.summary()["final"]["val/perplexity"] < 256
+
+
+def test_problems_bind_arguments_without_calling_anything() -> None:
+    def build(width: int, depth: int = 2, *, num_classes: int) -> None:
+        raise AssertionError("never called")
+
+    node = {"_target_": f"{__name__}.FAKE", "width": 3}
+    globals()["FAKE"] = build
+    assert problems("model", node, {"num_classes": 10}) == []
+    assert problems("model", {**node, "wdth": 3}, {"num_classes": 10}) == [
+        f"model.wdth: unexpected argument of {__name__}.FAKE; did you mean width?"
+    ]
+    assert problems("model", node, {}) == [
+        f"model.num_classes: missing; {__name__}.FAKE needs it (set +model.num_classes=...)"
+    ]
+    assert problems("model", {**node, "_partial_": True, "width": 1}, {}) == []
+    nested = {"_target_": "collections.OrderedDict", "inner": {"_target_": "math.nope"}}
+    assert problems("x", nested) == ["x.inner._target_=math.nope: math has no attribute 'nope'"]
+
+
+def test_instantiate_passes_what_the_target_takes_of_the_provided_values() -> None:
+    made = instantiate({"_target_": "collections.Counter", "a": 1}, {"b": 2, "num_classes": 3})
+    assert made == {"a": 1}  # Counter(**kwargs) names none of them: nothing injected
+    linear = instantiate({"_target_": "torch.nn.Linear"}, {"in_features": 4, "out_features": 2})
+    assert tuple(linear.weight.shape) == (2, 4)
