@@ -55,8 +55,14 @@ def run_in(cwd: Path, *overrides: str, timeout: float = 300) -> CliResult:
 
 
 USER_MODEL = '''
+import sys
+from pathlib import Path
+
 import torch
 from torch import nn
+
+with open(Path(__file__).with_name("imported_by.txt"), "a") as log:  # which process imports us
+    log.write(sys.modules["__main__"].__spec__.name + "\\n")
 
 
 class Net(nn.Module):
@@ -101,11 +107,14 @@ def test_command_line_alone_names_user_code_in_the_launch_directory_or_a_code_di
     assert here.returncode == 0, here.output
     final = here.summary()["final"]
     assert final["val/accuracy"] > 0.5 and "val/loss" in final
+    importers = set((tmp_path / "imported_by.txt").read_text().split())
+    assert importers == {"runner.launch.agent", "runner.train.worker"}  # never the parent
 
     elsewhere = tmp_path / "launch"
     elsewhere.mkdir()
     (tmp_path / "lib").mkdir()
     (tmp_path / "mynets.py").rename(tmp_path / "lib" / "mynets.py")
+    (tmp_path / "imported_by.txt").unlink()
     subprocess.run(["git", "init", "-q", str(tmp_path / "lib")], check=True)
     there = run_in(
         elsewhere,

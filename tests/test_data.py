@@ -127,3 +127,36 @@ def test_digits_read_directly_match_scikit_learn() -> None:
     images, labels = read_digits()
     bunch = load_digits()
     assert np.array_equal(images, bunch.images) and np.array_equal(labels, bunch.target)
+
+
+class WordTokenizer:
+    """A tokenizer component of the user's: words of a fixed vocabulary."""
+
+    def __init__(self, words: list[str]):
+        self.ids = {w: i for i, w in enumerate(words)}
+        self.vocab_size = len(words)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.ids[w] for w in text.split()]
+
+
+def test_text_blocks_bytes_or_a_tokenizer_and_ragged_padding(tmp_path: Path) -> None:
+    from runner.data.text import text_files
+
+    (tmp_path / "a.txt").write_text("one two three " * 40)
+    data = text_files(str(tmp_path), block_size=8)
+    assert data.info == {"vocab_size": 256, "block_size": 8}
+    sample = data.train[0]
+    assert bytes(sample["input_ids"].tolist()) == b"one two "
+    assert torch.equal(sample["labels"], sample["input_ids"]) and data.collate_fn is None
+
+    words = text_files(
+        str(tmp_path), block_size=4, tokenizer=WordTokenizer(["one", "two", "three"])
+    )
+    assert words.info["vocab_size"] == 3 and words.train[0]["input_ids"].tolist() == [0, 1, 2, 0]
+
+    ragged = text_files(str(tmp_path), block_size=8, min_length=3)
+    batch = ragged.collate_fn([ragged.train[i] for i in range(4)])
+    lengths = batch["attention_mask"].sum(1)
+    assert len(set(lengths.tolist())) > 1 and batch["input_ids"].shape[1] == lengths.max()
+    assert ((batch["labels"] == -100) == (batch["attention_mask"] == 0)).all()
