@@ -8,5 +8,4 @@ from runner.spec.schema import DataSpec
 
 
 def build_datasets(spec: DataSpec) -> Datasets:
-    node = {"_target_": spec.target, **spec.args}
-    return Datasets.of(instantiate(node), f"data._target_={spec.target}")
+    return Datasets.of(instantiate(spec.node), f"data._target_={spec.target}")

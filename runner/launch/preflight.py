@@ -21,12 +21,8 @@ from runner.spec import RunSpec
 INVALID = 2  # the exit code of an invalid configuration, as in the parent
 
 
-def _node(component: Any) -> dict[str, Any]:
-    return {components.TARGET: component.target, **component.args}
-
-
 def component_problems(spec: RunSpec) -> list[str]:
-    found = components.problems("data", _node(spec.data))
+    found = components.problems("data", spec.data.node)
     reported: dict[str, Any] = {}
 
     def provided() -> dict[str, Any] | None:
@@ -44,8 +40,8 @@ def component_problems(spec: RunSpec) -> list[str]:
                     )
         return reported["info"]
 
-    found += components.problems("model", _node(spec.model), provided)
-    found += components.problems("loss", _node(spec.loss), provided)
+    found += components.problems("model", spec.model.node, provided)
+    found += components.problems("loss", spec.loss.node, provided)
     for name, metric in spec.metrics.items():
-        found += components.problems(f"metrics.{name}", _node(metric), provided)
+        found += components.problems(f"metrics.{name}", metric.node, provided)
     return found

@@ -18,7 +18,7 @@ from runner.spec.schema import ModelSpec
 
 def build_model(spec: ModelSpec, provided: Mapping[str, Any] | None = None) -> nn.Module:
     """Instantiate the `model` component; `provided` is what the data reports."""
-    module = instantiate({"_target_": spec.target, **spec.args}, provided)
+    module = instantiate(spec.node, provided)
     if not isinstance(module, nn.Module):
         raise TypeError(
             f"model._target_={spec.target} returned {type(module).__name__}, not a torch.nn.Module"

@@ -2,6 +2,14 @@
 
 Every problem is collected, not just the first, and each one names the full key,
 the bad value and what would be valid. No torch here: this runs in the parent.
+
+Why not pydantic v2, which does this job: measured on this machine (medians of 7
+interleaved runs), validating a RunSpec with pydantic's TypeAdapter cost 54 ms more
+import and 64 ms to build the schema and validate, against 2.7 ms here, on a parent
+start of 0.47 s (`runner --cfg job`): +25% for --help, --cfg and every config error.
+It would still need code of ours for what makes the messages useful: options told
+apart by `name`, flat component nodes (`_target_` beside runner's own keys), bounds
+and valid values phrased as `key=value: ...`. Revisit if the schema outgrows this file.
 """
 
 from __future__ import annotations

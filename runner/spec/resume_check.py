@@ -102,8 +102,8 @@ def _model_input(spec: RunSpec) -> dict[str, Any]:
     """What decides the model's state shapes: equal values mean equal shapes (the data
     component decides what the model is told: num_classes, vocab_size, ...)."""
     return {
-        "model": {"_target_": spec.model.target, **to_dict(spec.model.args)},
-        "data": {"_target_": spec.data.target, **to_dict(spec.data.args)},
+        "model": to_dict(spec.model.node),
+        "data": to_dict(spec.data.node),
     }
 
 

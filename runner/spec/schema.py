@@ -69,6 +69,11 @@ class Component:
         """What error messages call it: the last part of the dotted path."""
         return self.target.rsplit(".", 1)[-1]
 
+    @property
+    def node(self) -> dict[str, Any]:
+        """What Hydra's instantiate builds: `_target_` and the target's arguments."""
+        return {"_target_": self.target, **self.args}
+
 
 @dataclass(frozen=True)
 class ModelSpec(Component):

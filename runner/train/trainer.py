@@ -70,9 +70,9 @@ class Trainer:
         self.channels_last = spec.model.channels_last and self.device_type == "cuda"
         if self.channels_last:
             module = module.to(memory_format=torch.channels_last)
-        self.loss_fn = instantiate({"_target_": spec.loss.target, **spec.loss.args}, data.info)
+        self.loss_fn = instantiate(spec.loss.node, data.info)
         self.metrics_fns = {
-            name: _on_device(instantiate({"_target_": m.target, **m.args}, data.info), device)
+            name: _on_device(instantiate(m.node, data.info), device)
             for name, m in spec.metrics.items()
         }
 
