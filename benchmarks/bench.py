@@ -223,6 +223,29 @@ def memory_suite(steps: int) -> list[Config]:
     return configs
 
 
+# A sequence length where activations dominate: 1024 tokens, 8 sequences per rank.
+GPT_LONG = [
+    "+recipe=gpt_text",
+    "data.block_size=1024",
+    "global_batch_size=16",
+    "eval_interval=null",
+]
+
+
+def activation_suite(steps: int) -> list[Config]:
+    """Activation checkpointing on the gpt model: peak memory (RSS) against step time."""
+    configs = []
+    for mode in ("none", "full", "2"):
+        overrides = (*GPT_LONG, f"activation_checkpointing={mode}")
+        configs.append(
+            Config(
+                f"runner gpt activation_checkpointing={mode}",
+                lambda o=overrides: run_runner(*o, nproc=2, steps=steps),
+            )
+        )
+    return configs
+
+
 def scaling_suite(steps: int) -> list[Config]:
     """Samples/s at nproc 1 and 2 with one thread per rank: the second core's worth."""
     configs = []
@@ -268,6 +291,11 @@ SUITES = {
     "scaling": (
         "B5 scaling: resnet18, synthetic 3x32x32, global batch 64, 1 thread per rank",
         scaling_suite,
+    ),
+    "activation_checkpointing": (
+        "B3 activation checkpointing: gpt (4 layers, 128 wide), 1024-token blocks, nproc=2, "
+        "global batch 16, fp32, AdamW",
+        activation_suite,
     ),
 }
 

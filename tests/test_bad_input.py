@@ -58,6 +58,11 @@ CASES = [
     (["model=custom"], "model._target_=None: expected the dotted path of a class or function"),
     (["loss._target_=cross entropy"], "loss._target_='cross entropy': expected the dotted path"),
     (["data.num_workers=-1"], "data.num_workers=-1: must be >= 0"),
+    (["activation_checkpointing=0"], "activation_checkpointing=0: must be >= 1"),
+    (
+        ["activation_checkpointing=some"],
+        "activation_checkpointing='some': expected one of none, full or an integer",
+    ),
     (["code_dir=[no/such/dir]"], "code_dir='no/such/dir': directory does not exist"),
     (["chaos.kill_rank=5", "chaos.at_step=2"], "chaos.kill_rank=5: must be a rank in 0..1"),
     (["chaos.kill_rank=1"], "set both or neither"),
@@ -165,6 +170,7 @@ CLI_CASES = [
     (["device=cuda"], "device='cuda'"),
     (["precision=fp16"], "precision=fp16 needs CUDA"),
     (["data=image_folder", "data.root=missing_dir"], "directory does not exist"),
+    (["activation_checkpointing=full"], "activation_checkpointing=full: Sequential has no blocks"),
     # Hydra's composition errors, reported the same way
     (["parallelism=fsdp"], "parallelism=fsdp: no such parallelism option; valid: ddp, zero1,"),
     (["nprocs=2"], "nprocs=2: unknown key; did you mean nproc?"),

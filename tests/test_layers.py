@@ -26,11 +26,12 @@ SHARED = "shared"  # runner/*.py: what every process shares
 
 # What each folder may import (besides itself), top of the run's flow first. spec/ is read by
 # every process, so it sits low; the parent (cli/) never imports the training side (train/,
-# engines/, models/, data/), the agent (launch/) only the data (its pre-flight check asks the
-# data component what it reports), and nothing imports cli/ or launch/.
+# engines/, models/, data/), the agent (launch/) only data/ and models/ (its pre-flight check
+# asks the data what it reports and looks for the model's blocks on the meta device), and
+# nothing imports cli/ or launch/.
 MAY_IMPORT: dict[str, set[str]] = {
     "cli": {"spec", SHARED},
-    "launch": {"data", "spec", SHARED},
+    "launch": {"models", "data", "spec", SHARED},
     "train": {"engines", "models", "data", "spec", SHARED},
     "engines": {"models", "data", "spec", SHARED},
     "models": {"data", "spec", SHARED},

@@ -138,3 +138,23 @@ def test_split_trains_the_same_language_model(
     weights = torch.load(result.run_dir / "model.pt", weights_only=True)
     error = relative_error(weights, reference)
     assert error <= RTOL, f"{parallelism} {nproc}x{grad_accum}: {error:.2e}"
+
+
+@pytest.mark.parametrize(
+    ("nproc", "grad_accum", "parallelism", "every"),
+    [(2, 2, "ddp", "full"), (1, 4, "zero2", "2")],
+    ids=["2x2-ddp-full", "1x4-zero2-every-2nd"],
+)
+def test_activation_checkpointing_trains_the_same_model(
+    cli, corpus: Path, reference, nproc: int, grad_accum: int, parallelism: str, every: str
+) -> None:
+    result = cli(
+        *lm_args(corpus),
+        f"nproc={nproc}",
+        f"grad_accum={grad_accum}",
+        f"parallelism={parallelism}",
+        f"activation_checkpointing={every}",
+    )
+    assert result.returncode == 0, result.output
+    weights = torch.load(result.run_dir / "model.pt", weights_only=True)
+    assert relative_error(weights, reference) <= RTOL

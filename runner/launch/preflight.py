@@ -16,6 +16,8 @@ from typing import Any
 
 from runner import components
 from runner.data.datasets import build_datasets
+from runner.models.blocks import find_blocks
+from runner.models.builders import build_model
 from runner.spec import RunSpec
 
 INVALID = 2  # the exit code of an invalid configuration, as in the parent
@@ -44,4 +46,29 @@ def component_problems(spec: RunSpec) -> list[str]:
     found += components.problems("loss", spec.loss.node, provided)
     for name, metric in spec.metrics.items():
         found += components.problems(f"metrics.{name}", metric.node, provided)
+    if spec.checkpoint_every and not found:
+        found += _block_problems(spec, provided())
     return found
+
+
+def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
+    """Activation checkpointing needs blocks: build the model on the meta device (no memory,
+    no init cost) and look for them."""
+    import torch
+
+    if info is None:
+        return []
+    try:
+        with torch.device("meta"):
+            model = build_model(spec.model, info)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return [
+            f"model._target_={spec.model.target}: building it raised {type(exc).__name__}: {first}"
+        ]
+    if find_blocks(model):
+        return []
+    return [
+        f"activation_checkpointing={spec.activation_checkpointing}: {type(model).__name__} has "
+        "no blocks (a ModuleList of modules of one class) to checkpoint; valid here: none"
+    ]

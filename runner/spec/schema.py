@@ -250,6 +250,7 @@ class RunSpec:
     max_steps: int | None = _bound(None, min=1)
     max_epochs: int | None = _bound(None, min=1)
     grad_clip_norm: float | None = _bound(None, gt=0.0)
+    activation_checkpointing: Literal["none", "full"] | int = _bound("none", min=1)
 
     log_interval: int = _bound(10, min=1)
     eval_interval: int | None = _bound(None, min=1)
@@ -264,6 +265,12 @@ class RunSpec:
         assert isinstance(self.nproc, int), "nproc is resolved before use"
         assert isinstance(self.nodes, int), "nodes is resolved before use"
         return self.nodes * self.nproc
+
+    @property
+    def checkpoint_every(self) -> int:
+        """Activation checkpointing as 'every Nth block' (0: off, 1: every block)."""
+        ac = self.activation_checkpointing
+        return {"none": 0, "full": 1}[ac] if isinstance(ac, str) else ac
 
     @property
     def per_rank_batch_size(self) -> int:

@@ -30,6 +30,7 @@ from runner.data.loaders import build_eval_loader, build_train_loader
 from runner.data.sampler import GlobalBatchSampler
 from runner.engines import build_engine
 from runner.engines.precision import autocast
+from runner.models.blocks import apply_activation_checkpointing
 from runner.models.builders import build_model
 from runner.spec import RunSpec
 from runner.summary import (
@@ -67,6 +68,8 @@ class Trainer:
         seed_everything(spec.seed)  # same on every rank: identical initial weights
         data = build_datasets(spec.data)
         module = build_model(spec.model, data.info).to(device)
+        if spec.checkpoint_every:  # per block, before any engine wraps or shards it
+            apply_activation_checkpointing(module, spec.checkpoint_every)
         self.channels_last = spec.model.channels_last and self.device_type == "cuda"
         if self.channels_last:
             module = module.to(memory_format=torch.channels_last)
