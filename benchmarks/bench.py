@@ -197,30 +197,26 @@ def plain_resnet(grad_accum: int, steps: int, nproc: int = 2, threads: int | Non
     return Config(label, lambda: run_plain(*args, nproc=nproc, steps=steps, threads=threads))
 
 
+def runner_row(name: str, overrides: tuple[str, ...], steps: int) -> Config:
+    return Config(name, lambda: run_runner(*overrides, nproc=2, steps=steps))
+
+
 def sync_suite(steps: int) -> list[Config]:
-    configs = [plain_resnet(4, steps)]
-    for strategy in ("single_auto_sync", "multi_auto_sync", "forced_sync"):
-        overrides = (*RESNET, "grad_accum=4", f"sync_strategy={strategy}")
-        configs.append(
-            Config(
-                f"runner sync_strategy={strategy}",
-                lambda o=overrides: run_runner(*o, nproc=2, steps=steps),
-            )
+    rows = [
+        runner_row(
+            f"runner sync_strategy={s}", (*RESNET, "grad_accum=4", f"sync_strategy={s}"), steps
         )
-    return configs
+        for s in ("single_auto_sync", "multi_auto_sync", "forced_sync")
+    ]
+    return [plain_resnet(4, steps), *rows]
 
 
 def memory_suite(steps: int) -> list[Config]:
-    configs = [plain_resnet(1, steps)]
-    for parallelism in ("ddp", "zero1", "zero2"):
-        overrides = (*RESNET, f"parallelism={parallelism}")
-        configs.append(
-            Config(
-                f"runner parallelism={parallelism}",
-                lambda o=overrides: run_runner(*o, nproc=2, steps=steps),
-            )
-        )
-    return configs
+    rows = [
+        runner_row(f"runner parallelism={p}", (*RESNET, f"parallelism={p}"), steps)
+        for p in ("ddp", "zero1", "zero2")
+    ]
+    return [plain_resnet(1, steps), *rows]
 
 
 # A sequence length where activations dominate: 1024 tokens, 8 sequences per rank.
@@ -234,16 +230,14 @@ GPT_LONG = [
 
 def activation_suite(steps: int) -> list[Config]:
     """Activation checkpointing on the gpt model: peak memory (RSS) against step time."""
-    configs = []
-    for mode in ("none", "full", "2"):
-        overrides = (*GPT_LONG, f"activation_checkpointing={mode}")
-        configs.append(
-            Config(
-                f"runner gpt activation_checkpointing={mode}",
-                lambda o=overrides: run_runner(*o, nproc=2, steps=steps),
-            )
+    return [
+        runner_row(
+            f"runner gpt activation_checkpointing={m}",
+            (*GPT_LONG, f"activation_checkpointing={m}"),
+            steps,
         )
-    return configs
+        for m in ("none", "full", "2")
+    ]
 
 
 def scaling_suite(steps: int) -> list[Config]:
