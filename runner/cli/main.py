@@ -235,7 +235,7 @@ def _user_config_argv(directory: str) -> list[str]:
     if not Path(directory).is_dir():
         print(
             f"runner: {USER_CONFIG_ENV}={directory!r}: no such directory "
-            "(it should hold recipe/NAME.yaml files)",
+            "(it should hold GROUP/NAME.yaml files: recipe/, model/, data/, loss/, ...)",
             file=sys.stderr,
         )
         sys.exit(2)
