@@ -214,7 +214,7 @@ def sync_suite(steps: int) -> list[Config]:
 def memory_suite(steps: int) -> list[Config]:
     rows = [
         runner_row(f"runner parallelism={p}", (*RESNET, f"parallelism={p}"), steps)
-        for p in ("ddp", "zero1", "zero2")
+        for p in ("ddp", "zero1", "zero2", "fsdp")
     ]
     return [plain_resnet(1, steps), *rows]
 

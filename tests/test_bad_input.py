@@ -68,6 +68,10 @@ CASES = [
     (["chaos.kill_rank=1"], "set both or neither"),
     (["resume=/no/such/checkpoint"], "resume='/no/such/checkpoint': no such file or directory"),
     (
+        ["parallelism=fsdp", "sync_strategy=forced_sync"],
+        "sync_strategy=forced_sync: parallelism=fsdp reduces gradients itself",
+    ),
+    (
         ["parallelism=zero2", "sync_strategy=forced_sync"],
         "sync_strategy=forced_sync: parallelism=zero2 reduces gradients itself",
     ),
@@ -158,6 +162,11 @@ def test_every_problem_is_reported_at_once() -> None:
     assert len(found) == 3, found
 
 
+def test_fsdp_has_no_fp16_loss_scaling_yet() -> None:
+    (problem,) = problems("parallelism=fsdp", "precision=fp16", "device=cuda", cuda_devices=2)
+    assert problem.startswith("precision=fp16: parallelism=fsdp has no loss scaler here")
+
+
 def test_cuda_checks_use_the_visible_device_count() -> None:
     assert "only 2 CUDA device(s) visible" in problems("device=cuda", "nproc=4", cuda_devices=2)[0]
     spec = resolve_spec(compose_config(["device=auto", "nproc=auto"]), cuda_devices=4)
@@ -171,8 +180,12 @@ CLI_CASES = [
     (["precision=fp16"], "precision=fp16 needs CUDA"),
     (["data=image_folder", "data.root=missing_dir"], "directory does not exist"),
     (["activation_checkpointing=full"], "activation_checkpointing=full: Sequential has no blocks"),
+    (
+        ["parallelism=fsdp", "parallelism.wrap=[Blok]"],
+        "parallelism.wrap=['Blok']: Sequential has no module of that class; it has Flatten, Linear",
+    ),
     # Hydra's composition errors, reported the same way
-    (["parallelism=fsdp"], "parallelism=fsdp: no such parallelism option; valid: ddp, zero1,"),
+    (["parallelism=zero4"], "parallelism=zero4: no such parallelism option; valid: ddp, fsdp,"),
     (["nprocs=2"], "nprocs=2: unknown key; did you mean nproc?"),
     (["+recipe=nope"], "+recipe=nope: no such recipe option; valid: gpt_text, mlp_digits,"),
     (["nproc=[1"], "nproc=[1: not a valid override"),

@@ -89,7 +89,11 @@ def test_naive_split_is_detected(reference_spec: RunSpec, reference) -> None:
     assert relative_error(train_plain(reference_spec), reference) == 0.0  # deterministic
 
 
-ENGINES = [("ddp", s) for s in STRATEGIES] + [("zero1", "auto"), ("zero2", "auto")]
+ENGINES = [("ddp", s) for s in STRATEGIES] + [
+    ("zero1", "auto"),
+    ("zero2", "auto"),
+    ("fsdp", "auto"),
+]
 # Every engine and every split, each once (all 20 pairs passed when this was written; the
 # sample keeps `make test` under its time budget). tests/test_multinode.py trains 2x2 too.
 CASES = [
@@ -98,6 +102,8 @@ CASES = [
     ((2, 2), ("ddp", "forced_sync")),
     ((4, 1), ("zero2", "auto")),
     ((2, 3), ("ddp", "multi_auto_sync")),
+    ((2, 3), ("fsdp", "auto")),
+    ((1, 4), ("fsdp", "auto")),
 ]
 assert {e for _, e in CASES} == set(ENGINES) and {s for s, _ in CASES} == set(SPLITS)
 

@@ -3,7 +3,7 @@
 Each microbatch holds a different number of real tokens. runner weights every token by the
 tokens of the whole global batch (counted across microbatches and ranks before any
 backward), so (1 rank x grad_accum 4), (2 x 2) and (4 x 1) train the same weights as plain
-PyTorch on whole global batches, for ddp, zero1 and zero2. A mean of per-microbatch means
+PyTorch on whole global batches, for ddp, zero1, zero2 and fsdp. A mean of per-microbatch means
 (the gradient-accumulation bug Hugging Face fixed in 2024) is the negative control.
 """
 
@@ -31,7 +31,7 @@ GLOBAL_BATCH = 8
 STEPS = 6
 RTOL = 1e-5
 SPLITS = [(1, 4), (2, 2), (4, 1)]
-ENGINES = ["ddp", "zero1", "zero2"]
+ENGINES = ["ddp", "zero1", "zero2", "fsdp"]
 
 
 def lm_args(root: Path) -> list[str]:
@@ -142,8 +142,8 @@ def test_split_trains_the_same_language_model(
 
 @pytest.mark.parametrize(
     ("nproc", "grad_accum", "parallelism", "every"),
-    [(2, 2, "ddp", "full"), (1, 4, "zero2", "2")],
-    ids=["2x2-ddp-full", "1x4-zero2-every-2nd"],
+    [(2, 2, "ddp", "full"), (1, 4, "zero2", "2"), (2, 2, "fsdp", "full")],
+    ids=["2x2-ddp-full", "1x4-zero2-every-2nd", "2x2-fsdp-full"],
 )
 def test_activation_checkpointing_trains_the_same_model(
     cli, corpus: Path, reference, nproc: int, grad_accum: int, parallelism: str, every: str

@@ -116,3 +116,24 @@ def test_ddp_checkpoint_resumes_at_another_world_size(cli, ddp_reference) -> Non
     for record in second.metrics():
         assert record["step"] > 6
         assert record["train/loss"] == pytest.approx(expected[record["step"]], rel=1e-5)
+
+
+def test_fsdp_restarts_bit_for_bit_and_resumes_at_another_world_size(cli) -> None:
+    """DCP checkpoints: a killed rank's restart ends bit for bit; 2 ranks' checkpoint
+    continues on 1 rank (grad_accum 2, the same global batch) to the same weights."""
+    fsdp = [*ARGS, "parallelism=fsdp"]
+    reference = cli(*fsdp, "checkpoint.keep=6", name="reference")
+    assert reference.returncode == 0, reference.output
+    assert (reference.run_dir / "checkpoints" / "step_00000006" / "dcp").is_dir()
+    killed = cli(*fsdp, "max_restarts=1", "chaos.kill_rank=1", "chaos.at_step=5", name="killed")
+    assert killed.returncode == 0, killed.output
+    assert same_weights(reference.run_dir, killed.run_dir)
+    assert killed.summary()["resumed_from"] == 4
+
+    step6 = reference.run_dir / "checkpoints" / "step_00000006"
+    one = cli(*fsdp, "nproc=1", "grad_accum=2", f"resume={step6}", name="one_rank")
+    assert one.returncode == 0, one.output
+    assert one.summary()["resumed_from"] == 6
+    x = torch.load(reference.run_dir / "model.pt", weights_only=True)
+    y = torch.load(one.run_dir / "model.pt", weights_only=True)
+    assert max(((x[k] - y[k]).norm() / x[k].norm()).item() for k in x) <= 1e-5

@@ -25,4 +25,8 @@ def build_engine(spec: RunSpec, module: nn.Module, device: str, total_steps: int
         from runner.engines.deepspeed import DeepSpeedEngine
 
         return DeepSpeedEngine(spec, module, device, total_steps)
+    if spec.parallelism.name == "fsdp":
+        from runner.engines.fsdp import FSDPEngine
+
+        return FSDPEngine(spec, module, device, total_steps)
     raise ValueError(f"parallelism.name={spec.parallelism.name!r} has no engine")

@@ -85,5 +85,6 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     for state in optimizer.state.values():
         for key, value in state.items():
             if torch.is_tensor(value) and key != "step":
-                total += value.numel() * value.element_size()
+                local = value.to_local() if hasattr(value, "to_local") else value  # a shard
+                total += local.numel() * local.element_size()
     return total

@@ -46,7 +46,8 @@ def component_problems(spec: RunSpec) -> list[str]:
     found += components.problems("loss", spec.loss.node, provided)
     for name, metric in spec.metrics.items():
         found += components.problems(f"metrics.{name}", metric.node, provided)
-    if spec.checkpoint_every and not found:
+    wrap = getattr(spec.parallelism, "wrap", ())
+    if (spec.checkpoint_every or wrap) and not found:
         found += _block_problems(spec, provided())
     return found
 
@@ -66,9 +67,17 @@ def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
         return [
             f"model._target_={spec.model.target}: building it raised {type(exc).__name__}: {first}"
         ]
-    if find_blocks(model):
-        return []
-    return [
-        f"activation_checkpointing={spec.activation_checkpointing}: {type(model).__name__} has "
-        "no blocks (a ModuleList of modules of one class) to checkpoint; valid here: none"
-    ]
+    found = []
+    wrap = list(getattr(spec.parallelism, "wrap", ()))
+    if wrap and not find_blocks(model, wrap):
+        classes = sorted({type(m).__name__ for m in model.modules()} - {type(model).__name__})
+        found.append(
+            f"parallelism.wrap={wrap}: {type(model).__name__} has no module of that class; "
+            f"it has {', '.join(classes)}"
+        )
+    if spec.checkpoint_every and not find_blocks(model):
+        found.append(
+            f"activation_checkpointing={spec.activation_checkpointing}: {type(model).__name__} "
+            "has no blocks (a ModuleList of modules of one class) to checkpoint; valid here: none"
+        )
+    return found

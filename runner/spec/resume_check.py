@@ -56,7 +56,7 @@ def check_resume(spec: RunSpec, checkpoint: Path) -> list[str]:
     saved = f"the checkpoint {checkpoint}"
     problems = []
     kept = [
-        ("parallelism", spec.parallelism.name, "checkpoints do not convert between ddp and ZeRO"),
+        ("parallelism", spec.parallelism.name, "checkpoints do not convert between parallelisms"),
         ("optimizer", spec.optimizer.name, "the optimizer state is kept"),
         (
             "global_batch_size",
@@ -83,7 +83,7 @@ def check_resume(spec: RunSpec, checkpoint: Path) -> list[str]:
             f"nproc={spec.nproc} (world size {spec.world_size}): {saved} was written by "
             f"{meta.get('world_size')} ranks; ZeRO partitions the optimizer state per rank, so "
             f"{spec.parallelism.name} resumes only at world size {meta.get('world_size')} "
-            "(nproc x nodes). ddp checkpoints resume at any world size"
+            "(nproc x nodes). ddp and fsdp checkpoints resume at any world size"
         )
     if meta.get("model_input") != _model_input(spec):
         try:

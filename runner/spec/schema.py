@@ -185,7 +185,18 @@ class ZeroSpec:
         return int(self.name[-1])
 
 
-ParallelismSpec = DDPSpec | ZeroSpec
+@dataclass(frozen=True)
+class FSDPSpec:
+    """PyTorch FSDP2: parameters, gradients and optimizer state sharded, block by block."""
+
+    name: Literal["fsdp"] = "fsdp"
+    syncs_gradients_itself: ClassVar[bool] = True
+    reshard_after_forward: bool = True  # free gathered weights after forward (ZeRO-3-like)
+    cpu_offload: bool = False  # parameters, gradients and optimizer state in CPU memory
+    wrap: tuple[str, ...] = ()  # block classes to shard on their own; () = found automatically
+
+
+ParallelismSpec = DDPSpec | ZeroSpec | FSDPSpec
 
 # ------------------------------------------------------------------ small groups
 

@@ -1,0 +1,124 @@
+"""PyTorch's FSDP2 (`fully_shard`): parameters, gradients and optimizer state sharded
+across ranks, each block sharded on its own and then the root.
+
+Gradient reduction uses sums only and divides afterwards (`set_force_sum_reduction_for_comms`):
+averaging reduce-scatter on gloo has had a silent-correctness bug (pytorch/pytorch#162338).
+Gradients are synced once per step: every microbatch but the last runs without sync.
+FSDP2 does not broadcast weights; every rank builds the same ones (same seed). Batch-norm
+buffers are not synced.
+
+Checkpoints are torch.distributed.checkpoint (DCP): sharded, every rank writes its own
+shards, and a checkpoint loads at another world size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from runner import dist as rdist
+from runner.engines.base import Engine
+from runner.engines.optim import build_optimizer, build_scheduler, optimizer_state_bytes
+from runner.models.blocks import find_blocks
+from runner.spec import Precision, RunSpec
+
+DCP_DIR = "dcp"
+ENGINE_FILE = "engine.pt"
+_PARAM_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+
+
+class FSDPEngine(Engine):
+    def __init__(self, spec: RunSpec, module: nn.Module, device: str, total_steps: int):
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            FSDPModule,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
+
+        options = spec.parallelism
+        precision = spec.precision.name
+        policy = MixedPrecisionPolicy(
+            param_dtype=_PARAM_DTYPES.get(precision), reduce_dtype=torch.float32
+        )
+        offload = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
+        kwargs = {
+            "reshard_after_forward": options.reshard_after_forward,
+            "mp_policy": policy,
+            "offload_policy": offload,
+        }
+        self.blocks = find_blocks(module, options.wrap)
+        for block in self.blocks:
+            fully_shard(block, **kwargs)
+        fully_shard(module, **kwargs)
+        for sharded in module.modules():
+            if isinstance(sharded, FSDPModule):
+                sharded.set_force_sum_reduction_for_comms(True)
+        self.module = self.model = module
+        self.grad_clip_norm = spec.grad_clip_norm
+        self.optimizer = build_optimizer(spec.optimizer, module)
+        self.scheduler = build_scheduler(spec.scheduler, self.optimizer, total_steps)
+
+    def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
+        self.model.set_requires_gradient_sync(index == count - 1)
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        if self.grad_clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def optimizer_state_bytes(self) -> int:
+        return optimizer_state_bytes(self.optimizer)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.module, options=options)  # a collective
+        if rdist.get_global_rank() != 0:
+            return None
+        return {k: v.detach().clone() for k, v in state.items()}
+
+    def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.save(state, checkpoint_id=str(directory / DCP_DIR))
+        if rdist.get_global_rank() == 0:
+            extra = {"scheduler": self.scheduler.state_dict(), "client": client_state}
+            torch.save(extra, directory / ENGINE_FILE)
+
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=str(directory / DCP_DIR))
+        set_state_dict(
+            self.module,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+        )
+        extra = torch.load(directory / ENGINE_FILE, weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        return extra["client"]
