@@ -11,18 +11,17 @@ from omegaconf import OmegaConf
 from runner.spec import RunSpec, SyncStrategy, load_spec, resolve_spec, save_spec
 from tests.conftest import CONF_DIR
 
-GROUPS = [
-    "model",
-    "data",
-    "loss",
-    "metrics",
-    "optimizer",
-    "scheduler",
-    "parallelism",
-    "sync_strategy",
-    "precision",
-]
+# Every config group that ships (conf/<group>/), Hydra's own and recipes aside.
+GROUPS = sorted(
+    p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "recipe")
+)
 COMPONENT_GROUPS = ("model", "data", "loss")
+
+
+def test_rerun_picks_an_option_of_every_group() -> None:
+    from runner.cli.rerun import GROUPS as RERUN_GROUPS
+
+    assert sorted(RERUN_GROUPS) == GROUPS
 
 
 def options(group: str) -> list[str]:
