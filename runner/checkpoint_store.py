@@ -44,6 +44,10 @@ class CheckpointStore:
         """The directory to write step's files into (same path on every rank)."""
         return self.root / f".partial-{checkpoint_name(step)}"
 
+    def scratch_dir(self, step: int) -> Path:
+        """A directory for converting step's checkpoint when resuming it (never a checkpoint)."""
+        return self.root / f".convert-{checkpoint_name(step)}"
+
     def begin(self, step: int) -> Path:
         """Start a checkpoint: a fresh, empty partial directory (one process calls this)."""
         partial = self.partial_dir(step)

@@ -56,11 +56,14 @@ def build_summary(
     world_size: int,
     start_time: float,
     metrics: list[dict[str, Any]],
-    optimizer_state_bytes: list[int] | None = None,
+    state_bytes: list[dict[str, int]] | None = None,
     error: dict[str, Any] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The summary dict; `final` holds the newest value of every metric logged."""
+    """The summary dict; `final` holds the newest value of every metric logged.
+
+    `state_bytes` has one entry per rank (params, grads, optimizer, total);
+    `optimizer_state_bytes` repeats its optimizer part, per rank."""
     final: dict[str, Any] = {}
     for record in metrics:
         final.update(record)
@@ -71,7 +74,8 @@ def build_summary(
         "samples": final.get("samples", 0),
         "wall_time_s": round(time.time() - start_time, 3),
         "final": final,
-        "optimizer_state_bytes": optimizer_state_bytes,
+        "optimizer_state_bytes": [s["optimizer"] for s in state_bytes] if state_bytes else None,
+        "state_bytes": state_bytes,
         "history": [],
     }
     summary.update(extra)

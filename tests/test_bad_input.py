@@ -85,6 +85,23 @@ CASES = [
     ),
     (["parallelism=zero2", "parallelism.offload_optimizer=gpu"], "expected one of none, cpu"),
     (
+        ["parallelism=zero3", "sync_strategy=multi_auto_sync"],
+        "sync_strategy=multi_auto_sync: parallelism=zero3 reduces gradients itself",
+    ),
+    (["parallelism=zero3", "parallelism.offload_param=nvme"], "expected one of none, cpu"),
+    (
+        ["parallelism=zero3", "parallelism.prefetch_bucket_size=-1"],
+        "parallelism.prefetch_bucket_size=-1: must be >= 0",
+    ),
+    (
+        [
+            "parallelism=zero3",
+            "+parallelism.deepspeed_config.zero_optimization.stage3_prefetch_bucket_size=10",
+        ],
+        "zero_optimization.stage3_prefetch_bucket_size=10: conflicts with "
+        "parallelism.prefetch_bucket_size=50000000",
+    ),
+    (
         ["parallelism=zero2", "+parallelism.deepspeed_config.train_batch_size=128"],
         "parallelism.deepspeed_config.train_batch_size=128: conflicts with global_batch_size=64 "
         "(which gives 64)",

@@ -53,7 +53,7 @@ def image_roots(tmp_path: Path) -> dict[str, str]:
 def test_every_group_has_options() -> None:
     for group in GROUPS:
         assert options(group), f"conf/{group}/ has no options"
-    assert options("parallelism") == ["ddp", "fsdp", "zero1", "zero2"]
+    assert options("parallelism") == ["ddp", "fsdp", "zero1", "zero2", "zero3"]
     assert options("sync_strategy") == [
         "auto",
         "forced_sync",

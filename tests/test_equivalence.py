@@ -92,18 +92,18 @@ def test_naive_split_is_detected(reference_spec: RunSpec, reference) -> None:
 ENGINES = [("ddp", s) for s in STRATEGIES] + [
     ("zero1", "auto"),
     ("zero2", "auto"),
+    ("zero3", "auto"),
     ("fsdp", "auto"),
 ]
-# Every engine and every split, each once (all 20 pairs passed when this was written; the
+# The sharded engines (they gather weights in forward) at every split; the others, every
+# engine and every split once between them (all pairs passed when this was written; the
 # sample keeps `make test` under its time budget). tests/test_multinode.py trains 2x2 too.
-CASES = [
+CASES = [(split, (p, "auto")) for split in SPLITS for p in ("zero3", "fsdp")] + [
     ((1, 4), ("zero1", "auto")),
     ((2, 2), ("ddp", "single_auto_sync")),
     ((2, 2), ("ddp", "forced_sync")),
     ((4, 1), ("zero2", "auto")),
     ((2, 3), ("ddp", "multi_auto_sync")),
-    ((2, 3), ("fsdp", "auto")),
-    ((1, 4), ("fsdp", "auto")),
 ]
 assert {e for _, e in CASES} == set(ENGINES) and {s for s, _ in CASES} == set(SPLITS)
 
@@ -128,6 +128,7 @@ def test_split_trains_the_same_model(
         f"grad_accum={grad_accum}",
         f"parallelism={parallelism}",
         f"sync_strategy={strategy}",
+        *ENGINE_OPTIONS.get(parallelism, []),
     )
     assert result.returncode == 0, result.output
     spec = load_spec(result.run_dir)
@@ -143,3 +144,27 @@ def test_split_trains_the_same_model(
     weights = torch.load(result.run_dir / "model.pt", weights_only=True)
     error = relative_error(weights, reference)
     assert error <= RTOL, f"{parallelism} {strategy} {nproc}x{grad_accum}: {error:.2e}"
+    check_state_bytes(result.summary()["state_bytes"], parallelism, reference)
+
+
+# The small models' parameters are all under DeepSpeed's persistence threshold (1e5
+# elements), which would keep every one whole on every rank: partition them all.
+ENGINE_OPTIONS = {"zero3": ["parallelism.param_persistence_threshold=0"]}
+
+
+def check_state_bytes(per_rank: list[dict[str, int]], parallelism: str, weights) -> None:
+    """summary.json's state_bytes: what each rank holds, by parallelism (fp32 AdamW)."""
+    p = 4 * sum(v.numel() for v in weights.values())  # fp32 parameter bytes
+    world = len(per_rank)
+    total = {key: sum(rank[key] for rank in per_rank) for key in per_rank[0]}
+    assert all(r["total"] == r["params"] + r["grads"] + r["optimizer"] for r in per_rank)
+    if parallelism == "ddp":  # everything on every rank
+        assert total["params"] == total["grads"] == world * p
+        assert total["optimizer"] == world * 2 * p  # AdamW's exp_avg and exp_avg_sq
+        return
+    assert total["optimizer"] == pytest.approx(2 * p, rel=0.01)  # split across the ranks
+    if parallelism in ("fsdp", "zero3"):  # shards (zero3 in fp32 steps them in place)
+        assert total["params"] == pytest.approx(p, rel=0.01)
+        assert total["grads"] == pytest.approx(p, rel=0.01)
+    else:  # zero1/zero2: the whole model on every rank, plus a partition of fp32 masters
+        assert all(r["params"] == pytest.approx(p + p / world, rel=0.01) for r in per_rank)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,12 +32,43 @@ def ddp_reference(tmp_path_factory) -> CliResult:
     return result
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "zero2"])
-def test_killed_rank_restarts_and_ends_bit_for_bit(cli, request, parallelism: str) -> None:
-    if parallelism == "ddp":
-        reference, engine = request.getfixturevalue("ddp_reference"), ["parallelism=ddp"]
-    else:  # the run tests/test_run.py checks for its optimizer state, offloaded to the CPU
-        reference, engine = request.getfixturevalue("zero2_offload_run"), list(ZERO2_OFFLOAD)
+ENGINE_ARGS = {
+    "ddp": ["parallelism=ddp"],
+    "zero1": ["parallelism=zero1"],
+    "zero2": ZERO2_OFFLOAD,  # the run tests/test_run.py checks, its optimizer state on the CPU
+    "zero3": ["parallelism=zero3"],
+    "fsdp": ["parallelism=fsdp"],
+}
+
+
+@pytest.fixture(scope="module")
+def reference_of(tmp_path_factory, request):
+    """`reference_of(parallelism)`: one uninterrupted 2-rank RESTARTABLE run per parallelism
+    that keeps every checkpoint, shared by this module's tests."""
+    runs: dict[str, CliResult] = {
+        "ddp": request.getfixturevalue("ddp_reference"),
+        "zero2": request.getfixturevalue("zero2_offload_run"),
+    }
+
+    def get(parallelism: str) -> CliResult:
+        if parallelism not in runs:
+            result = run_cli(
+                tmp_path_factory.mktemp(parallelism),
+                *ARGS,
+                *ENGINE_ARGS[parallelism],
+                "checkpoint.keep=6",
+                name="reference",
+            )
+            assert result.returncode == 0, result.output
+            runs[parallelism] = result
+        return runs[parallelism]
+
+    return get
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "zero2", "zero3", "fsdp"])
+def test_killed_rank_restarts_and_ends_bit_for_bit(cli, reference_of, parallelism: str) -> None:
+    reference, engine = reference_of(parallelism), ENGINE_ARGS[parallelism]
     killed = cli(*ARGS, *engine, "max_restarts=1", "chaos.kill_rank=1", "chaos.at_step=5")
     assert killed.returncode == 0, killed.output
     assert same_weights(reference.run_dir, killed.run_dir)
@@ -52,6 +85,26 @@ def test_killed_rank_restarts_and_ends_bit_for_bit(cli, request, parallelism: st
     assert "rank 1 attempt 0" in log and "rank 1 attempt 1" in log  # both attempts kept
     if parallelism == "zero2":  # DeepSpeed's own layout, so its tools work on it
         assert (killed.run_dir / "checkpoints" / "step_00000012" / "zero_to_fp32.py").is_file()
+    if parallelism == "fsdp":
+        assert (killed.run_dir / "checkpoints" / "step_00000012" / "dcp").is_dir()
+
+
+def test_zero_to_fp32_reads_a_zero3_checkpoint(reference_of, tmp_path: Path) -> None:
+    """DeepSpeed's own tool consolidates runner's zero3 shards into model.pt's weights."""
+    reference = reference_of("zero3")
+    checkpoint = reference.run_dir / "checkpoints" / "step_00000012"
+    done = subprocess.run(
+        [sys.executable, "zero_to_fp32.py", ".", str(tmp_path / "out")],
+        cwd=checkpoint,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    consolidated = torch.load(tmp_path / "out" / "pytorch_model.bin", weights_only=True)
+    ours = torch.load(reference.run_dir / "model.pt", weights_only=True)
+    assert consolidated.keys() == ours.keys()
+    assert all(torch.equal(consolidated[k], ours[k]) for k in ours)
 
 
 def test_sigterm_then_resume_auto_ends_bit_for_bit(cli, tmp_path: Path, default_run) -> None:
@@ -101,39 +154,55 @@ def max_relative_difference(a: Path, b: Path) -> float:
     return max(((x[k] - y[k]).norm() / y[k].norm()).item() for k in y)
 
 
-def test_ddp_checkpoint_resumes_at_another_world_size(cli, ddp_reference) -> None:
-    """1 rank with grad_accum=2 continues the 2-rank reference from its step-6 checkpoint.
+# Every parallelism resumes at a smaller and a larger world size between them (zero3 at
+# both); the global batch stays, so grad_accum makes up the difference going down.
+RESHARD_CASES = [
+    ("ddp", 1, 2),
+    ("ddp", 4, 1),
+    ("zero1", 1, 2),
+    ("zero2", 4, 1),
+    ("zero3", 1, 2),
+    ("zero3", 4, 1),
+    ("fsdp", 1, 2),
+    ("fsdp", 4, 1),
+]
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "nproc", "grad_accum"),
+    RESHARD_CASES,
+    ids=[f"{p}-2to{n}" for p, n, _ in RESHARD_CASES],
+)
+def test_checkpoint_resumes_at_another_world_size(
+    cli, reference_of, parallelism: str, nproc: int, grad_accum: int
+) -> None:
+    """A 2-rank checkpoint continues at another world size to the 2-rank run's weights.
 
     Same samples in the same order, so the result matches the reference's 12 steps up to
-    float summation order; a wrong sample position would be off by orders of magnitude more.
+    float summation order; a wrong sample position, a lost optimizer state or schedule would
+    be off by orders of magnitude more. ZeRO checkpoints go through DeepSpeed's universal
+    format, in a scratch directory that is gone afterwards.
     """
-    checkpoint = ddp_reference.run_dir / "checkpoints" / "step_00000006"
-    second = cli(*ARGS, "nproc=1", "grad_accum=2", f"resume={checkpoint}", name="second")
+    reference = reference_of(parallelism)
+    checkpoint = sorted((reference.run_dir / "checkpoints").glob("step_*"))[0]
+    step = int(checkpoint.name.split("_")[1])
+    second = cli(
+        *ARGS,
+        *ENGINE_ARGS[parallelism],
+        f"nproc={nproc}",
+        f"grad_accum={grad_accum}",
+        f"resume={checkpoint}",
+        name="second",
+    )
     assert second.returncode == 0, second.output
-    assert second.summary()["resumed_from"] == 6 and second.summary()["world_size"] == 1
-    assert max_relative_difference(second.run_dir, ddp_reference.run_dir) < 1e-5
-    expected = {m["step"]: m["train/loss"] for m in ddp_reference.metrics()}
+    assert second.summary()["resumed_from"] == step and second.summary()["world_size"] == nproc
+    assert max_relative_difference(second.run_dir, reference.run_dir) < 1e-5
+    expected = {m["step"]: m["train/loss"] for m in reference.metrics()}
     for record in second.metrics():
-        assert record["step"] > 6
+        assert record["step"] > step
         assert record["train/loss"] == pytest.approx(expected[record["step"]], rel=1e-5)
-
-
-def test_fsdp_restarts_bit_for_bit_and_resumes_at_another_world_size(cli) -> None:
-    """DCP checkpoints: a killed rank's restart ends bit for bit; 2 ranks' checkpoint
-    continues on 1 rank (grad_accum 2, the same global batch) to the same weights."""
-    fsdp = [*ARGS, "parallelism=fsdp"]
-    reference = cli(*fsdp, "checkpoint.keep=6", name="reference")
-    assert reference.returncode == 0, reference.output
-    assert (reference.run_dir / "checkpoints" / "step_00000006" / "dcp").is_dir()
-    killed = cli(*fsdp, "max_restarts=1", "chaos.kill_rank=1", "chaos.at_step=5", name="killed")
-    assert killed.returncode == 0, killed.output
-    assert same_weights(reference.run_dir, killed.run_dir)
-    assert killed.summary()["resumed_from"] == 4
-
-    step6 = reference.run_dir / "checkpoints" / "step_00000006"
-    one = cli(*fsdp, "nproc=1", "grad_accum=2", f"resume={step6}", name="one_rank")
-    assert one.returncode == 0, one.output
-    assert one.summary()["resumed_from"] == 6
-    x = torch.load(reference.run_dir / "model.pt", weights_only=True)
-    y = torch.load(one.run_dir / "model.pt", weights_only=True)
-    assert max(((x[k] - y[k]).norm() / x[k].norm()).item() for k in x) <= 1e-5
+        assert record["lr"] == pytest.approx(
+            next(m["lr"] for m in reference.metrics() if m["step"] == record["step"])
+        )
+    leftovers = [p.name for p in (second.run_dir / "checkpoints").iterdir()]
+    assert all(not name.startswith(".") for name in leftovers), leftovers

@@ -38,19 +38,22 @@ def resume_problems(checkpoint: Path, overrides: list[str]) -> list[str]:
     return info.value.problems
 
 
-def test_ddp_checkpoint_resumes_at_another_world_size_and_split(tmp_path: Path) -> None:
-    checkpoint = save_checkpoint(tmp_path / "run", MLP)
+@pytest.mark.parametrize("parallelism", ["ddp", "zero2", "zero3", "fsdp"])
+def test_checkpoint_resumes_at_another_world_size_and_split(
+    tmp_path: Path, parallelism: str
+) -> None:
+    overrides = [*MLP, f"parallelism={parallelism}"]
+    checkpoint = save_checkpoint(tmp_path / "run", overrides)
     for split in (["nproc=1", "grad_accum=2"], ["nproc=4", "grad_accum=1"]):
-        spec = resolve_spec(compose_config([*MLP, *split, f"resume={checkpoint}"]))
+        spec = resolve_spec(compose_config([*overrides, *split, f"resume={checkpoint}"]))
         assert spec.resume == str(checkpoint)
 
 
-def test_zero_checkpoint_resumes_only_at_its_world_size(tmp_path: Path) -> None:
-    checkpoint = save_checkpoint(tmp_path / "run", [*MLP, "parallelism=zero2"])
-    resolve_spec(compose_config([*MLP, "parallelism=zero2", "nproc=2", f"resume={checkpoint}"]))
-    (problem,) = resume_problems(checkpoint, [*MLP, "parallelism=zero2", "nproc=1"])
-    assert problem.startswith("nproc=1 (world size 1): the checkpoint")
-    assert "zero2 resumes only at world size 2" in problem
+def test_zero_checkpoint_keeps_its_precision(tmp_path: Path) -> None:
+    checkpoint = save_checkpoint(tmp_path / "run", [*MLP, "parallelism=zero3"])
+    (problem,) = resume_problems(checkpoint, [*MLP, "parallelism=zero3", "precision=bf16"])
+    assert problem.startswith("precision=bf16: the checkpoint")
+    assert "resume with precision=fp32" in problem
 
 
 def test_settings_the_state_depends_on_must_match(tmp_path: Path) -> None:

@@ -65,6 +65,13 @@ def test_resume_skips_to_the_exact_step() -> None:
     assert list(resumed) == list(full)[5 * 2 :]
 
 
-def test_shards_cover_validation_set_without_padding() -> None:
-    shards = [list(itertools.chain(*ShardSampler(10, 3, 3, r))) for r in range(3)]
-    assert sorted(itertools.chain(*shards)) == list(range(10))
+def test_shards_cover_validation_set_once_in_as_many_batches_per_rank() -> None:
+    """Every sample once, no padding samples; a rank one sample short ends with a placeholder
+    batch, so a model that gathers weights in forward (fsdp, zero3) never waits for it."""
+    samplers = [ShardSampler(10, 3, 3, r) for r in range(3)]
+    batches = [list(sampler) for sampler in samplers]
+    assert [len(b) for b in batches] == [len(s) for s in samplers] == [2, 2, 2]
+    assert batches[1][-1] == batches[2][-1] == [PLACEHOLDER]
+    real = [i for b in batches for batch in b for i in batch if i != PLACEHOLDER]
+    assert sorted(real) == list(range(10))
+    assert [list(ShardSampler(12, 2, 3, r)) for r in range(3)][0] == [[0, 3], [6, 9]]

@@ -86,15 +86,21 @@ class GlobalBatchSampler:
 
 
 class ShardSampler:
-    """Evaluation batches: rank r takes every W-th sample, in order, no padding."""
+    """Evaluation batches: rank r takes every W-th sample, in order, no padding.
+
+    Every rank yields the same number of batches: a rank one sample short ends with a
+    placeholder batch, so a model that gathers its weights in forward (fsdp, zero3)
+    meets the same collectives on every rank. The placeholder counts nothing.
+    """
 
     def __init__(self, num_samples: int, batch_size: int, world_size: int, rank: int):
         self.indices = list(range(rank, num_samples, world_size))
         self.batch_size = batch_size
+        self.batches = math.ceil(math.ceil(num_samples / world_size) / batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
-        for start in range(0, len(self.indices), self.batch_size):
-            yield self.indices[start : start + self.batch_size]
+        for start in range(0, self.batches * self.batch_size, self.batch_size):
+            yield self.indices[start : start + self.batch_size] or [PLACEHOLDER]
 
     def __len__(self) -> int:
-        return math.ceil(len(self.indices) / self.batch_size)
+        return self.batches

@@ -21,7 +21,7 @@ def build_engine(spec: RunSpec, module: nn.Module, device: str, total_steps: int
         from runner.engines.ddp import DDPEngine
 
         return DDPEngine(spec, module, device, total_steps)
-    if spec.parallelism.name in ("zero1", "zero2"):
+    if spec.parallelism.name in ("zero1", "zero2", "zero3"):
         from runner.engines.deepspeed import DeepSpeedEngine
 
         return DeepSpeedEngine(spec, module, device, total_steps)

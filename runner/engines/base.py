@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from runner.engines.optim import optimizer_state_bytes
+
 
 class Engine(ABC):
     """Wraps a model and its optimizer for one parallelism.
@@ -23,6 +25,9 @@ class Engine(ABC):
     """What the forward pass calls (the wrapped model)."""
     module: nn.Module
     """The plain model underneath: for evaluation and for exporting weights."""
+    torch_optimizer: torch.optim.Optimizer
+    """The torch optimizer that steps (under DeepSpeed, the one inside ZeRO's wrapper)."""
+    _grad_bytes: int | None = None
 
     @abstractmethod
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
@@ -41,9 +46,43 @@ class Engine(ABC):
     def lr(self) -> float:
         """The learning rate the next step will use."""
 
-    @abstractmethod
-    def optimizer_state_bytes(self) -> int:
-        """Bytes of optimizer state tensors held by this rank."""
+    def watch_state(self, optimizer: torch.optim.Optimizer) -> None:
+        """Subclasses call this with the torch optimizer that steps, once it is built: the
+        gradients this rank holds are measured when they peak, just before its first step."""
+        self.torch_optimizer = optimizer
+        optimizer.register_step_pre_hook(self._record_grad_bytes)
+
+    def _record_grad_bytes(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._grad_bytes is None:
+            grads = [t.grad for t in self._held_parameters() if t.grad is not None]
+            self._grad_bytes = storage_bytes(grads)
+
+    def _held_parameters(self) -> list[torch.Tensor]:
+        """The model's parameters and, when they are other tensors (ZeRO's fp32 master
+        partitions), the optimizer's."""
+        held = {id(p): p for p in self.module.parameters()}
+        for group in self.torch_optimizer.param_groups:
+            held.update({id(p): p for p in group["params"]})
+        return list(held.values())
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of the parameters, gradients and optimizer state this rank holds, measured
+        from the tensors' storage, each storage once: the local shards of sharded parameters
+        (FSDP's DTensors, ZeRO-3's partitions), ZeRO's fp32 master copies where they are
+        copies, and the gradients present at the first step (DDP's communication buckets
+        are not counted)."""
+        tensors = []
+        for p in self._held_parameters():
+            tensors.append(p.data)
+            partition = getattr(p, "ds_tensor", None)  # ZeRO-3: p.data is empty unless gathered
+            if partition is not None:
+                tensors.append(partition)
+        state = {
+            "params": storage_bytes(tensors),
+            "grads": self._grad_bytes or 0,
+            "optimizer": optimizer_state_bytes(self.torch_optimizer),
+        }
+        return {**state, "total": sum(state.values())}
 
     @abstractmethod
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -54,5 +93,20 @@ class Engine(ABC):
         """Write the training state and `client_state` into `directory`. Every rank calls it."""
 
     @abstractmethod
-    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
-        """Restore the training state from `directory`; return the client state saved with it."""
+    def load_checkpoint(self, directory: Path, reshard: Path | None = None) -> dict[str, Any]:
+        """Restore the training state from `directory`; return the client state saved with it.
+
+        `reshard` is given when the checkpoint was written by another world size: an empty
+        directory, shared by every rank, for any conversion the engine needs (it is removed
+        afterwards)."""
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the storage behind `tensors` on this rank (a DTensor's local shard), each
+    storage counted once however many views of it there are."""
+    storages = {}
+    for tensor in tensors:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        storage = local.untyped_storage()
+        storages[(storage.data_ptr(), local.device)] = storage.nbytes()
+    return sum(storages.values())

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from runner import dist as rdist
 from runner.engines.base import Engine
-from runner.engines.optim import build_optimizer, build_scheduler, optimizer_state_bytes
+from runner.engines.optim import build_optimizer, build_scheduler
 from runner.engines.precision import grad_scaler
 from runner.spec import RunSpec, SyncStrategy
 
@@ -37,6 +37,7 @@ class DDPEngine(Engine):
         self.grad_clip_norm = spec.grad_clip_norm
         self.optimizer = build_optimizer(spec.optimizer, module)
         self.scheduler = build_scheduler(spec.scheduler, self.optimizer, total_steps)
+        self.watch_state(self.optimizer)
         self.scaler = grad_scaler(spec.precision, torch.device(device).type)
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
@@ -74,9 +75,6 @@ class DDPEngine(Engine):
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
-    def optimizer_state_bytes(self) -> int:
-        return optimizer_state_bytes(self.optimizer)
-
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         if rdist.get_global_rank() != 0:
             return None
@@ -94,7 +92,7 @@ class DDPEngine(Engine):
         }
         torch.save(state, directory / STATE_FILE)
 
-    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+    def load_checkpoint(self, directory: Path, reshard: Path | None = None) -> dict[str, Any]:
         device = next(self.module.parameters()).device
         state = torch.load(directory / STATE_FILE, map_location=device, weights_only=False)
         self.module.load_state_dict(state["model"])

@@ -1,4 +1,5 @@
-"""DeepSpeed ZeRO stage 1 and 2, with runner's own optimizer and schedule as client objects.
+"""DeepSpeed ZeRO stages 1, 2 and 3, with runner's own optimizer and schedule as client
+objects.
 
 DeepSpeed counts microbatches itself: every microbatch's backward is followed by
 its `step()`, which only updates the weights at the accumulation boundary. Our
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from torch import nn
 
 from runner import dist as rdist
 from runner.engines.base import Engine
-from runner.engines.optim import build_optimizer, build_scheduler, optimizer_state_bytes
+from runner.engines.optim import build_optimizer, build_scheduler
 from runner.spec import Precision, RunSpec
 from runner.spec.deepspeed_config import merge_user_config
 
@@ -36,6 +39,27 @@ def _import_deepspeed(name: str, device: str) -> Any:
             f"parallelism={name} needs DeepSpeed, which cannot be imported: {exc}"
         ) from exc
     return deepspeed
+
+
+def to_universal(source: Path, target: Path) -> None:
+    """DeepSpeed's ds_to_universal, in a child process (it runs worker pools of its own)."""
+    command = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        f"--input_folder={source}",
+        f"--output_folder={target}",
+        "--num_extract_workers=1",
+        "--num_merge_workers=1",
+        "--inject_missing_state",  # runner's checkpoints carry no Megatron metadata
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise RuntimeError(
+            f"converting {source} to DeepSpeed's universal checkpoint failed: "
+            + (lines[-1] if lines else f"exit status {done.returncode}")
+        )
 
 
 class DeepSpeedEngine(Engine):
@@ -58,6 +82,8 @@ class DeepSpeedEngine(Engine):
                 f"parallelism={name}: DeepSpeed failed to initialise: {type(exc).__name__}: {exc}"
             ) from exc
         self.module = self.model.module
+        self.watch_state(optimizer)  # ZeRO steps our optimizer on its own partitions
+        self.stage = spec.parallelism.stage
         self.full_precision = spec.precision.name is Precision.FP32
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
@@ -74,30 +100,45 @@ class DeepSpeedEngine(Engine):
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
-    def optimizer_state_bytes(self) -> int:
-        inner = getattr(self.optimizer, "optimizer", self.optimizer)  # ZeRO wraps the client
-        return optimizer_state_bytes(inner)
-
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         # DeepSpeed's own layout (directory/latest + directory/state/...), so its tools
         # such as zero_to_fp32.py work on a runner checkpoint directory.
         self.model.save_checkpoint(str(directory), tag=DEEPSPEED_TAG, client_state=client_state)
 
-    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
-        path, client_state = self.model.load_checkpoint(str(directory), tag=DEEPSPEED_TAG)
+    def load_checkpoint(self, directory: Path, reshard: Path | None = None) -> dict[str, Any]:
+        if reshard is None:
+            path, client_state = self.model.load_checkpoint(str(directory), tag=DEEPSPEED_TAG)
+        else:
+            path, client_state = self._load_universal(directory, reshard)
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint in {directory}")
         return client_state
 
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Every rank holds the full (16- or 32-bit) weights in ZeRO 1/2; fp32 masters are
-        partitioned, so with bf16/fp16 the fp32 values are gathered (a collective)."""
-        state = dict(self.module.state_dict())
-        if not self.full_precision:
-            from deepspeed.utils import safe_get_full_fp32_param
+    def _load_universal(self, directory: Path, scratch: Path) -> tuple[Any, dict[str, Any]]:
+        """Another world size: rank 0 converts the checkpoint to DeepSpeed's universal
+        format (one file per parameter and state, independent of the partitioning), then
+        every rank loads its own partition of it."""
+        if rdist.get_global_rank() == 0:
+            to_universal(directory / DEEPSPEED_TAG, scratch / DEEPSPEED_TAG)
+        rdist.barrier()
+        config = self.model._config
+        config.load_universal_checkpoint = True
+        try:
+            return self.model.load_checkpoint(str(scratch), tag=DEEPSPEED_TAG)
+        finally:
+            config.load_universal_checkpoint = False
 
-            for name, param in self.module.named_parameters():
-                state[name] = safe_get_full_fp32_param(param)
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The fp32 weights on rank 0. ZeRO 1/2 hold the full 16- or 32-bit weights on every
+        rank but partition the fp32 masters; ZeRO-3 partitions every parameter. Whatever is
+        partitioned is gathered (a collective per parameter)."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        state = dict(self.module.state_dict())
+        if self.stage == 3 or not self.full_precision:
+            for name, param in self.module.named_parameters(remove_duplicate=False):
+                if name in state:
+                    state[name] = safe_get_full_fp32_param(param)
         if rdist.get_global_rank() != 0:
             return None
         return {

@@ -23,7 +23,7 @@ from torch import nn
 
 from runner import dist as rdist
 from runner.engines.base import Engine
-from runner.engines.optim import build_optimizer, build_scheduler, optimizer_state_bytes
+from runner.engines.optim import build_optimizer, build_scheduler
 from runner.models.blocks import find_blocks
 from runner.spec import Precision, RunSpec
 
@@ -64,6 +64,7 @@ class FSDPEngine(Engine):
         self.grad_clip_norm = spec.grad_clip_norm
         self.optimizer = build_optimizer(spec.optimizer, module)
         self.scheduler = build_scheduler(spec.scheduler, self.optimizer, total_steps)
+        self.watch_state(self.optimizer)
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
         self.model.set_requires_gradient_sync(index == count - 1)
@@ -82,9 +83,6 @@ class FSDPEngine(Engine):
     @property
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
-
-    def optimizer_state_bytes(self) -> int:
-        return optimizer_state_bytes(self.optimizer)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -106,7 +104,7 @@ class FSDPEngine(Engine):
             extra = {"scheduler": self.scheduler.state_dict(), "client": client_state}
             torch.save(extra, directory / ENGINE_FILE)
 
-    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+    def load_checkpoint(self, directory: Path, reshard: Path | None = None) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 

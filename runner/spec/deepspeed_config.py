@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from runner.spec.schema import Precision, RunSpec, ZeroSpec
+from runner.spec.schema import DEEPSPEED_SPECS, Precision, RunSpec, Zero3Spec
 
 # Dotted keys the spec owns -> (the spec key to change instead, its value in a spec).
 OWNED: dict[str, tuple[str, Callable[[RunSpec], Any]]] = {
@@ -50,23 +50,29 @@ OWNED: dict[str, tuple[str, Callable[[RunSpec], Any]]] = {
         lambda s: s.parallelism.offload_optimizer,
     ),
 }
+# Stage 3's own keys: zero_optimization.<key> -> parallelism.<field>.
+for _key, _field in {
+    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+    "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "stage3_max_live_parameters": "max_live_parameters",
+    "stage3_max_reuse_distance": "max_reuse_distance",
+    "offload_param": "offload_param",
+}.items():
+    OWNED[f"zero_optimization.{_key}"] = (
+        f"parallelism.{_field}",
+        lambda s, f=_field: getattr(s.parallelism, f),
+    )
 
 
 def generated_config(spec: RunSpec) -> dict[str, Any]:
     zero = spec.parallelism
-    assert isinstance(zero, ZeroSpec)
+    assert isinstance(zero, DEEPSPEED_SPECS)
     precision = spec.precision
     config: dict[str, Any] = {
         "train_batch_size": spec.global_batch_size,
         "train_micro_batch_size_per_gpu": spec.micro_batch_size,
         "gradient_accumulation_steps": spec.grad_accum,
-        "zero_optimization": {
-            "stage": zero.stage,
-            "overlap_comm": zero.overlap_comm,
-            "contiguous_gradients": zero.contiguous_gradients,
-            "reduce_bucket_size": zero.reduce_bucket_size,
-            "allgather_bucket_size": zero.allgather_bucket_size,
-        },
+        "zero_optimization": _zero_section(zero),
         "bf16": {"enabled": precision.name is Precision.BF16},
         "fp16": {"enabled": precision.name is Precision.FP16},
         "zero_allow_untested_optimizer": True,  # our torch optimizers, passed as client objects
@@ -78,14 +84,36 @@ def generated_config(spec: RunSpec) -> dict[str, Any]:
             initial_scale_power=int(math.log2(precision.init_scale)),
             loss_scale_window=precision.growth_interval,
         )
-    if zero.offload_optimizer == "cpu":
-        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    if zero.offload_optimizer == "cpu" or getattr(zero, "offload_param", "none") == "cpu":
         # Our optimizer is a plain torch one (same numbers as ddp), not DeepSpeedCPUAdam.
         config["zero_force_ds_cpu_optimizer"] = False
     # Explicit even when off: DeepSpeed 0.19 clips at 1.0 by default, which silently
     # changed steps with a large gradient (caught by the equivalence tests).
     config["gradient_clipping"] = spec.grad_clip_norm if spec.grad_clip_norm is not None else 0.0
     return config
+
+
+def _zero_section(zero: Any) -> dict[str, Any]:
+    section: dict[str, Any] = {
+        "stage": zero.stage,
+        "overlap_comm": zero.overlap_comm,
+        "contiguous_gradients": zero.contiguous_gradients,
+        "reduce_bucket_size": zero.reduce_bucket_size,
+    }
+    if isinstance(zero, Zero3Spec):
+        section.update(
+            stage3_prefetch_bucket_size=zero.prefetch_bucket_size,
+            stage3_param_persistence_threshold=zero.param_persistence_threshold,
+            stage3_max_live_parameters=zero.max_live_parameters,
+            stage3_max_reuse_distance=zero.max_reuse_distance,
+        )
+        if zero.offload_param == "cpu":
+            section["offload_param"] = {"device": "cpu"}
+    else:
+        section["allgather_bucket_size"] = zero.allgather_bucket_size
+    if zero.offload_optimizer == "cpu":
+        section["offload_optimizer"] = {"device": "cpu"}
+    return section
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -123,7 +151,7 @@ def merge_user_config(spec: RunSpec) -> tuple[dict[str, Any], list[str]]:
     spec key and value it contradicts.
     """
     zero = spec.parallelism
-    assert isinstance(zero, ZeroSpec)
+    assert isinstance(zero, DEEPSPEED_SPECS)
     config = generated_config(spec)
     ours = _flatten(config)
     problems = []

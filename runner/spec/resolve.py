@@ -20,10 +20,10 @@ import yaml
 from runner import hardware
 from runner.spec.convert import SpecError, from_dict, to_dict
 from runner.spec.schema import (
+    DEEPSPEED_SPECS,
     Precision,
     RunSpec,
     SyncStrategy,
-    ZeroSpec,
 )
 
 CONFIG_FILE = "config.yaml"
@@ -212,7 +212,7 @@ def _check_sync_strategy(spec: RunSpec, problems: list[str]) -> None:
 
 
 def _check_deepspeed(spec: RunSpec, problems: list[str]) -> None:
-    if not isinstance(spec.parallelism, ZeroSpec):
+    if not isinstance(spec.parallelism, DEEPSPEED_SPECS):
         return
     if importlib.util.find_spec("deepspeed") is None:
         problems.append(

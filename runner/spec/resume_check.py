@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from runner.spec.convert import to_dict
-from runner.spec.schema import RunSpec, ZeroSpec
+from runner.spec.schema import DEEPSPEED_SPECS, RunSpec
 
 META_FILE = "checkpoint.json"
 
@@ -64,7 +64,7 @@ def check_resume(spec: RunSpec, checkpoint: Path) -> list[str]:
             "a step is one global batch, so the sample position and the schedule depend on it",
         ),
     ]
-    if isinstance(spec.parallelism, ZeroSpec):
+    if isinstance(spec.parallelism, DEEPSPEED_SPECS):
         kept.append(
             (
                 "precision",
@@ -78,13 +78,6 @@ def check_resume(spec: RunSpec, checkpoint: Path) -> list[str]:
                 f"{key}={value}: {saved} was written with {key}={meta.get(key)}; "
                 f"resume with {key}={meta.get(key)} ({why})"
             )
-    if isinstance(spec.parallelism, ZeroSpec) and meta.get("world_size") != spec.world_size:
-        problems.append(
-            f"nproc={spec.nproc} (world size {spec.world_size}): {saved} was written by "
-            f"{meta.get('world_size')} ranks; ZeRO partitions the optimizer state per rank, so "
-            f"{spec.parallelism.name} resumes only at world size {meta.get('world_size')} "
-            "(nproc x nodes). ddp and fsdp checkpoints resume at any world size"
-        )
     if meta.get("model_input") != _model_input(spec):
         try:
             mismatch = _first_mismatch(meta["state_shapes"], _configured_shapes(spec))

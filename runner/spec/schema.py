@@ -186,6 +186,29 @@ class ZeroSpec:
 
 
 @dataclass(frozen=True)
+class Zero3Spec:
+    """DeepSpeed ZeRO stage 3: parameters partitioned too, gathered block by block."""
+
+    name: Literal["zero3"] = "zero3"
+    syncs_gradients_itself: ClassVar[bool] = True
+    stage: ClassVar[int] = 3
+    overlap_comm: bool = False
+    contiguous_gradients: bool = True
+    reduce_bucket_size: int = _bound(500_000_000, min=1)
+    prefetch_bucket_size: int = _bound(50_000_000, min=0)
+    param_persistence_threshold: int = _bound(100_000, min=0)
+    max_live_parameters: int = _bound(1_000_000_000, min=1)
+    max_reuse_distance: int = _bound(1_000_000_000, min=0)
+    offload_param: Literal["none", "cpu"] = "none"
+    offload_optimizer: Literal["none", "cpu"] = "none"
+    deepspeed_config: dict[str, Any] = field(default_factory=dict)
+
+
+DeepSpeedSpec = ZeroSpec | Zero3Spec
+DEEPSPEED_SPECS = (ZeroSpec, Zero3Spec)
+
+
+@dataclass(frozen=True)
 class FSDPSpec:
     """PyTorch FSDP2: parameters, gradients and optimizer state sharded, block by block."""
 
@@ -196,7 +219,7 @@ class FSDPSpec:
     wrap: tuple[str, ...] = ()  # block classes to shard on their own; () = found automatically
 
 
-ParallelismSpec = DDPSpec | ZeroSpec | FSDPSpec
+ParallelismSpec = DDPSpec | ZeroSpec | Zero3Spec | FSDPSpec
 
 # ------------------------------------------------------------------ small groups
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,11 @@ import torch
 
 from runner import dist as rdist
 from runner.artifacts import write_atomic
-from runner.checkpoint_store import CheckpointStore, resolve_checkpoint_path
+from runner.checkpoint_store import CheckpointStore, resolve_checkpoint_path, step_of
 from runner.engines.base import Engine
 from runner.models.shapes import state_shapes
 from runner.spec import RunSpec, to_dict
-from runner.spec.resume_check import META_FILE, checkpoint_meta
+from runner.spec.resume_check import META_FILE, checkpoint_meta, read_meta
 
 
 def rng_state() -> dict[str, Any]:
@@ -88,9 +89,30 @@ def find_resume_point(store: CheckpointStore, resume: str | None) -> Path | None
     return Path(choice) if choice else None
 
 
-def load(path: Path, engine: Engine) -> dict[str, Any]:
-    """Restore the engine from `path` and this rank's RNG streams; return the client state."""
-    client = engine.load_checkpoint(path)
+def load(path: Path, engine: Engine, store: CheckpointStore) -> dict[str, Any]:
+    """Restore the engine from `path` and this rank's RNG streams; return the client state.
+
+    A checkpoint from another world size is resharded by the engine in a scratch directory
+    of this run's store, removed once every rank has loaded. The RNG streams are per rank,
+    so they carry over only at the same world size (augmentation draws differ; the samples
+    and their order do not).
+    """
+    meta = read_meta(path)
+    saved_world = meta.get("world_size") if meta else None
+    reshard = None
+    if saved_world is not None and saved_world != rdist.get_world_size():
+        reshard = store.scratch_dir(step_of(path))
+        if rdist.get_global_rank() == 0:
+            shutil.rmtree(reshard, ignore_errors=True)
+            reshard.mkdir(parents=True)
+        rdist.barrier()
+    try:
+        client = engine.load_checkpoint(path, reshard)
+    finally:
+        if reshard is not None:
+            rdist.barrier()
+            if rdist.get_global_rank() == 0:
+                shutil.rmtree(reshard, ignore_errors=True)
     if client["world_size"] == rdist.get_world_size():
         set_rng_state(client["rng"][rdist.get_global_rank()])
     return client

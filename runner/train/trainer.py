@@ -119,7 +119,7 @@ class Trainer:
         self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
         start = checkpointing.find_resume_point(self.store, spec.resume)
         if start is not None:
-            client = checkpointing.load(start, self.engine)
+            client = checkpointing.load(start, self.engine, self.store)
             self.step, self.samples = client["step"], client["samples"]
             self.resumed_from = self.step
             print(f"resumed from {start} (step {self.step})", flush=True)
@@ -253,10 +253,12 @@ class Trainer:
         for metric in self.metrics_fns.values():
             metric.reset()
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss, items
-        for batch, _ in self.val_loader:
+        for batch, real in self.val_loader:
             args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
             with autocast(self.spec.precision, self.device_type):
                 logits = logits_of(module(*args, **kwargs))
+            if not real:  # a placeholder: the forward's collectives, nothing counted
+                continue
             loss, count = self.loss_fn(logits, targets)
             totals[0] += loss.double()
             totals[1] += count
@@ -309,7 +311,7 @@ class Trainer:
     def _finish(self, start_time: float) -> dict[str, Any]:
         self.progress.close()
         weights = self.engine.full_state_dict()
-        per_rank = rdist.all_gather_object((self.engine.optimizer_state_bytes(), peak_rss_bytes()))
+        per_rank = rdist.all_gather_object((self.engine.state_bytes(), peak_rss_bytes()))
         summary: dict[str, Any] = {}
         if self.is_main:
             buffer = io.BytesIO()
@@ -320,7 +322,7 @@ class Trainer:
                 self.world,
                 start_time,
                 self.metrics.records,
-                optimizer_state_bytes=[state for state, _ in per_rank],
+                state_bytes=[state for state, _ in per_rank],
                 peak_rss_bytes=[rss for _, rss in per_rank],
                 nodes=self.spec.nodes,
                 nproc=self.spec.nproc,
