@@ -31,6 +31,7 @@ WARMUP = 5  # steps excluded from every timing
 STEP = "s/step"
 SPS = "samples/s"
 FIRST = "s to first step"
+STATE = "state MB/rank"  # parameters + gradients + optimizer state (summary.json state_bytes)
 MB = 1024 * 1024
 
 
@@ -86,6 +87,7 @@ def run_runner(
     return {
         STEP: statistics.fmean(intervals),
         SPS: batch / statistics.fmean(intervals),
+        STATE: max(rank["total"] for rank in summary["state_bytes"]) / MB,
         "optimizer state MB/rank": max(summary["optimizer_state_bytes"]) / MB,
         "peak RSS MB/rank": max(summary["peak_rss_bytes"]) / MB,
     }
@@ -104,6 +106,7 @@ def run_plain(*args: str, nproc: int, steps: int, threads: int | None = None) ->
     return {
         STEP: result["sec_per_step"],
         SPS: batch / result["sec_per_step"],
+        STATE: result["state_bytes"] / MB,
         "optimizer state MB/rank": result["optimizer_state_bytes"] / MB,
         "peak RSS MB/rank": result["peak_rss_bytes"] / MB,
     }
@@ -214,9 +217,40 @@ def sync_suite(steps: int) -> list[Config]:
 def memory_suite(steps: int) -> list[Config]:
     rows = [
         runner_row(f"runner parallelism={p}", (*RESNET, f"parallelism={p}"), steps)
-        for p in ("ddp", "zero1", "zero2", "fsdp")
+        for p in ("ddp", "zero1", "zero2", "zero3", "fsdp")
     ]
     return [plain_resnet(1, steps), *rows]
+
+
+# The gpt for the memory goal: every weight matrix over DeepSpeed's parameter-persistence
+# threshold (1e5 elements), so zero3 partitions them at its defaults.
+GPT_WIDE = [
+    "+recipe=gpt_text",
+    "model.n_embd=512",
+    "model.n_head=8",
+    "data.block_size=64",
+    "global_batch_size=8",
+    "eval_interval=null",
+    "grad_clip_norm=null",
+]
+
+
+def memory_gpt_suite(steps: int) -> list[Config]:
+    """Per-rank state by parallelism on the gpt, activation checkpointing off and on;
+    the baseline is runner's ddp (the goal is a fraction of DDP's state)."""
+    configs = [
+        runner_row(f"runner gpt parallelism={p}", (*GPT_WIDE, f"parallelism={p}"), steps)
+        for p in ("ddp", "zero1", "zero2", "zero3", "fsdp")
+    ]
+    configs += [
+        runner_row(
+            f"runner gpt parallelism={p} activation_checkpointing=full",
+            (*GPT_WIDE, f"parallelism={p}", "activation_checkpointing=full"),
+            steps,
+        )
+        for p in ("ddp", "zero3", "fsdp")
+    ]
+    return configs
 
 
 # A sequence length where activations dominate: 1024 tokens, 8 sequences per rank.
@@ -238,6 +272,69 @@ def activation_suite(steps: int) -> list[Config]:
         )
         for m in ("none", "full", "2")
     ]
+
+
+BUDGET_MB = 256  # per rank: parameters + gradients + optimizer state
+CAPACITY_LAYERS = (2, 4, 6, 8, 10, 12, 14)
+
+
+def gpt_parameters(n_layer: int, width: int = 512, vocab: int = 256, block: int = 64) -> int:
+    """The GPT_WIDE model's parameter count (runner/models/gpt.py, no biases, untied head)."""
+    per_layer = 12 * width * width + 2 * width
+    return n_layer * per_layer + 2 * vocab * width + block * width + width
+
+
+def measure_state(*overrides: str) -> dict[str, float]:
+    """A short 2-rank run (3 steps): the largest rank's state and peak RSS, in MB."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        command = [_venv_tool("runner"), *overrides, "nproc=2", "max_steps=3", "log_interval=1"]
+        command += ["progress_bar=false", f"hydra.run.dir={run_dir}"]
+        run(command, thread_env(2), cwd=tmp)
+        summary = json.loads((run_dir / "summary.json").read_text())
+    return {
+        STATE: max(rank["total"] for rank in summary["state_bytes"]) / MB,
+        "peak RSS MB/rank": max(summary["peak_rss_bytes"]) / MB,
+    }
+
+
+def capacity_table(_reps: int, _steps: int) -> str:
+    """The deepest GPT_WIDE that trains at nproc=2 within BUDGET_MB of state per rank: each
+    parallelism climbs CAPACITY_LAYERS until a run's measured state exceeds the budget."""
+    lines = [
+        f"### B3 capacity: the largest gpt (512 wide, 64-token blocks) that trains at nproc=2 "
+        f"within {BUDGET_MB} MB of state (parameters + gradients + optimizer state) per rank, "
+        "AdamW, fp32",
+        "",
+        f"Machine: {machine()}. One 3-step run per depth ({', '.join(map(str, CAPACITY_LAYERS))}"
+        " layers), climbing until the measured state (summary.json state_bytes, largest rank) "
+        "exceeds the budget.",
+        "",
+        "| parallelism | layers | parameters (M) | state MB/rank | peak RSS MB/rank | "
+        "next depth's state MB/rank |",
+        "|---|---|---|---|---|---|",
+    ]
+    for parallelism in ("ddp", "zero2", "zero3", "fsdp"):
+        fits, over = None, None
+        for n_layer in CAPACITY_LAYERS:
+            result = measure_state(
+                *GPT_WIDE, f"parallelism={parallelism}", f"model.n_layer={n_layer}"
+            )
+            print(f"  {parallelism} n_layer={n_layer}: {result}", file=sys.stderr, flush=True)
+            if result[STATE] > BUDGET_MB:
+                over = result
+                break
+            fits = (n_layer, result)
+        if fits is None:
+            lines.append(f"| {parallelism} | none | | | | {over[STATE]:.1f} |")
+            continue
+        n_layer, result = fits
+        beyond = f"{over[STATE]:.1f}" if over else "(ladder ends)"
+        lines.append(
+            f"| {parallelism} | {n_layer} | {gpt_parameters(n_layer) / 1e6:.1f} | "
+            f"{result[STATE]:.1f} | {result['peak RSS MB/rank']:.0f} | {beyond} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def scaling_suite(steps: int) -> list[Config]:
@@ -278,6 +375,11 @@ SUITES = {
         "AdamW, fp32",
         memory_suite,
     ),
+    "memory_gpt": (
+        "B3 memory by parallelism: gpt (4 layers, 512 wide, 12.8M parameters), 64-token blocks, "
+        "nproc=2, global batch 8, AdamW, fp32; ratios against runner ddp",
+        memory_gpt_suite,
+    ),
     "sync": (
         "B4 sync strategies: resnet18, synthetic 3x32x32, nproc=2, grad_accum=4, global batch 64",
         sync_suite,
@@ -302,7 +404,7 @@ def machine() -> str:
     )
 
 
-RATIO_METRICS = (STEP, FIRST, SPS)  # compared with the baseline; the rest shown as is
+RATIO_METRICS = (STEP, FIRST, SPS, STATE)  # compared with the baseline; the rest shown as is
 
 
 def _cell(values: list[float], digits: int) -> str:
@@ -355,7 +457,7 @@ def run_suite(name: str, reps: int, steps: int) -> str:
             if metric in RATIO_METRICS:
                 reference = statistics.median(r[metric] for r in baseline)
                 cells += [
-                    _cell(values, 1 if metric == SPS else 3),
+                    _cell(values, 1 if metric in (SPS, STATE) else 3),
                     f"{statistics.median(values) / reference:.3f}",
                 ]
             else:
@@ -364,24 +466,33 @@ def run_suite(name: str, reps: int, steps: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+TABLES = {"capacity": capacity_table}  # suites that write their own table (no interleaving)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--suite", default="all", help=f"all, or some of {','.join(SUITES)}")
+    parser.add_argument(
+        "--suite", default="all", help=f"all, or some of {','.join([*SUITES, *TABLES])}"
+    )
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--steps", type=int, default=25)
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    names = list(SUITES) if args.suite == "all" else args.suite.split(",")
-    unknown = [name for name in names if name not in SUITES]
+    every = [*SUITES, *TABLES]
+    names = every if args.suite == "all" else args.suite.split(",")
+    unknown = [name for name in names if name not in every]
     if unknown:
-        parser.error(f"unknown suite {','.join(unknown)}; valid: {','.join(SUITES)}")
+        parser.error(f"unknown suite {','.join(unknown)}; valid: {','.join(every)}")
     for name in names:
         print(f"benchmark suite {name} ...", file=sys.stderr, flush=True)
-        table = run_suite(name, args.reps, args.steps)
+        if name in TABLES:
+            table = TABLES[name](args.reps, args.steps)
+        else:
+            table = run_suite(name, args.reps, args.steps)
         (RESULTS / f"{name}.md").write_text(table)
         print(table, flush=True)
     # latest.md: the newest table of every suite, including those not rerun this time
-    tables = [(RESULTS / f"{n}.md").read_text() for n in SUITES if (RESULTS / f"{n}.md").exists()]
+    tables = [(RESULTS / f"{n}.md").read_text() for n in every if (RESULTS / f"{n}.md").exists()]
     (RESULTS / "latest.md").write_text("\n".join(tables))
 
 

@@ -63,6 +63,7 @@ def main() -> None:
     loader = DataLoader(TensorDataset(inputs, labels), batch_size=per_rank, sampler=sampler)
     model = DistributedDataParallel(build_model(args.model))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    params, grad_bytes = list(model.parameters()), 0
 
     step, epoch, started, first_step_at = 0, 0, time.perf_counter(), None
     while step < args.steps:
@@ -75,6 +76,8 @@ def main() -> None:
                 with contextlib.nullcontext() if last else model.no_sync():
                     loss = F.cross_entropy(model(mx), my) / args.grad_accum
                     loss.backward()
+            if step == 0:  # gradients peak here: what a rank holds besides weights and state
+                grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in params)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
@@ -94,10 +97,12 @@ def main() -> None:
             if torch.is_tensor(v) and k != "step"
         )
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        param_bytes = sum(p.numel() * p.element_size() for p in params)
         result = {
             "sec_per_step": seconds,
             "first_step_at": first_step_at,
             "optimizer_state_bytes": state_bytes,
+            "state_bytes": param_bytes + grad_bytes + state_bytes,
         }
         print(json.dumps({**result, "peak_rss_bytes": peak_rss, "loss": loss.item()}), flush=True)
     dist.destroy_process_group()
