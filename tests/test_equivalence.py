@@ -168,3 +168,8 @@ def check_state_bytes(per_rank: list[dict[str, int]], parallelism: str, weights)
         assert total["grads"] == pytest.approx(p, rel=0.01)
     else:  # zero1/zero2: the whole model on every rank, plus a partition of fp32 masters
         assert all(r["params"] == pytest.approx(p + p / world, rel=0.01) for r in per_rank)
+        if parallelism == "zero1":  # whole gradients until the reduction at the step
+            assert all(r["grads"] == pytest.approx(p, rel=0.01) for r in per_rank)
+        else:  # zero2 reduces them into a partition (and a bucket) as backward goes
+            assert total["grads"] >= 0.99 * p
+            assert all(r["grads"] < p for r in per_rank) or world == 1

@@ -28,6 +28,7 @@ class Engine(ABC):
     torch_optimizer: torch.optim.Optimizer
     """The torch optimizer that steps (under DeepSpeed, the one inside ZeRO's wrapper)."""
     _grad_bytes: int | None = None
+    _grads_noted = False
 
     @abstractmethod
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
@@ -47,15 +48,19 @@ class Engine(ABC):
         """The learning rate the next step will use."""
 
     def watch_state(self, optimizer: torch.optim.Optimizer) -> None:
-        """Subclasses call this with the torch optimizer that steps, once it is built: the
-        gradients this rank holds are measured when they peak, just before its first step."""
+        """Subclasses call this with the torch optimizer that steps, once it is built. The
+        gradients this rank holds are measured during the first step, at their largest: just
+        before the optimizer steps, and wherever an engine calls `note_grad_bytes`."""
         self.torch_optimizer = optimizer
-        optimizer.register_step_pre_hook(self._record_grad_bytes)
+        optimizer.register_step_pre_hook(lambda *_: self.note_grad_bytes())
+        optimizer.register_step_post_hook(lambda *_: setattr(self, "_grads_noted", True))
 
-    def _record_grad_bytes(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._grad_bytes is None:
-            grads = [t.grad for t in self._held_parameters() if t.grad is not None]
-            self._grad_bytes = storage_bytes(grads)
+    def note_grad_bytes(self) -> None:
+        """Measure the gradients held now (during the first step only); keep the largest."""
+        if self._grads_noted:
+            return
+        grads = [t.grad for t in self._held_parameters() if t.grad is not None]
+        self._grad_bytes = max(self._grad_bytes or 0, storage_bytes(grads))
 
     def _held_parameters(self) -> list[torch.Tensor]:
         """The model's parameters and, when they are other tensors (ZeRO's fp32 master
@@ -69,8 +74,8 @@ class Engine(ABC):
         """Bytes of the parameters, gradients and optimizer state this rank holds, measured
         from the tensors' storage, each storage once: the local shards of sharded parameters
         (FSDP's DTensors, ZeRO-3's partitions), ZeRO's fp32 master copies where they are
-        copies, and the gradients present at the first step (DDP's communication buckets
-        are not counted)."""
+        copies, and the gradients at their largest during the first step (DDP's
+        communication buckets are not counted)."""
         tensors = []
         for p in self._held_parameters():
             tensors.append(p.data)

@@ -91,6 +91,7 @@ class DeepSpeedEngine(Engine):
 
     def backward(self, loss: torch.Tensor) -> None:
         self.model.backward(loss, scale_wrt_gas=False)
+        self.note_grad_bytes()  # ZeRO-1 holds whole gradients until the boundary's reduction
         self.model.step()  # a no-op for the weights except at the accumulation boundary
 
     def step(self) -> None:
