@@ -444,7 +444,8 @@ def run_suite(name: str, reps: int, steps: int) -> str:
         f"### {title}",
         "",
         f"Machine: {machine()}. {reps} interleaved repetitions; {how}. Ratios: median against "
-        "the median of the plain PyTorch baseline it is paired with. Memory: the largest rank.",
+        "the median of the baseline it is paired with (plain PyTorch unless the title says "
+        "otherwise). Memory: the largest rank.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
