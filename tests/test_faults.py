@@ -67,6 +67,16 @@ def test_failing_rank_ends_the_run_and_is_named(cli, action: str) -> None:
     assert not run_processes(result.run_dir)
 
 
+def listening_addresses(processes: list[psutil.Process]) -> list[tuple[str, int]]:
+    """(ip, port) of every listening TCP socket these processes hold."""
+    found = []
+    for process in processes:
+        for conn in process.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN:
+                found.append((conn.laddr.ip, conn.laddr.port))
+    return found
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_to_runner_stops_every_rank(tmp_path: Path, sig: signal.Signals) -> None:
     run_dir = tmp_path / "run"
@@ -75,6 +85,11 @@ def test_signal_to_runner_stops_every_rank(tmp_path: Path, sig: signal.Signals) 
     wait_until(proc, lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 60)
     ranks = run_processes(run_dir)
     assert len(ranks) >= 3, "agent and two ranks should be running"
+    # Nobody else gets in: the run's stores and the ranks' sockets listen on loopback only.
+    runner = psutil.Process(proc.pid)
+    listening = listening_addresses([runner, *runner.children(recursive=True)])
+    assert listening, "the agent's store should be listening"
+    assert all(ip in ("127.0.0.1", "::1") for ip, _ in listening), listening
 
     sent = time.time()
     proc.send_signal(sig)

@@ -91,3 +91,39 @@ def test_slurm_example_composes(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "SlurmLauncher" in shown.stdout
     assert "tasks_per_node: 1" in shown.stdout and "nodes: 2" in shown.stdout
+
+
+def test_store_values_are_data_and_a_foreign_one_is_named() -> None:
+    """What a node reads from the unauthenticated store is JSON or a port, never code; a
+    value runner did not write fails with a message naming the key, not a traceback."""
+    from runner.launch.nodes import StoreValueError, _notice, decode
+    from runner.launch.rendezvous import parse_port
+
+    assert decode("k", b'{"a": [1, 2]}') == {"a": [1, 2]}
+    with pytest.raises(StoreValueError, match="key 'runner/failed/node1' holds"):
+        decode("runner/failed/node1", b"\x80\x04\x95pickle")
+    with pytest.raises(StoreValueError, match="not a node's stop notice"):
+        _notice("runner/failed/node1", [1, 2])
+    assert parse_port("round1/port", b"40123") == 40123
+    for bad in (b"-1", b"70000", b"os.system('x')"):
+        with pytest.raises(RuntimeError, match="not a port: is another program"):
+            parse_port("round1/port", bad)
+
+
+def test_store_listens_on_one_address_only() -> None:
+    import psutil
+
+    from runner.launch.network import listening_socket
+
+    fd, port = listening_socket("127.0.0.1", 0)
+    try:
+        mine = [
+            c.laddr
+            for c in psutil.Process().net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        ]
+        assert [a.ip for a in mine] == ["127.0.0.1"]
+    finally:
+        import os
+
+        os.close(fd)

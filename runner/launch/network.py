@@ -1,4 +1,5 @@
-"""Which network interface the ranks of a multi-node run talk over (stdlib only, Linux).
+"""Which network interface the ranks of a multi-node run talk over, and the one address
+runner's stores listen on (stdlib only, Linux).
 
 gloo binds to the address this machine's host name resolves to and falls back
 to loopback when it cannot bind there, so on a host whose name does not
@@ -42,3 +43,25 @@ def interface_towards(host: str) -> str | None:
         return interface_with_address(local_address_towards(host))
     except OSError:
         return None
+
+
+def listening_socket(host: str, port: int) -> tuple[int, int]:
+    """A TCP socket listening on the one address `host` resolves to, never on every
+    interface: (file descriptor, port). For torch's TCPStore(master_listen_fd=...), which
+    otherwise binds every interface; the store owns the descriptor afterwards.
+
+    A single-node run's host is 127.0.0.1, so nothing off the machine can reach its
+    unauthenticated store; node 0 of a multi-node run binds master_addr, the address the
+    other nodes reach it by.
+    """
+    address = socket.gethostbyname(host)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    bound_port = sock.getsockname()[1]
+    return sock.detach(), bound_port

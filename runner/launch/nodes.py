@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from runner.artifacts import read_json
+from runner.launch import rendezvous
 from runner.launch.failures import RankFailure
 
 JOIN_TIMEOUT_S = 900  # how long a node waits for the others to show up
@@ -87,36 +88,63 @@ def config_differences(mine: dict[str, Any], theirs: dict[str, Any], prefix: str
     return out
 
 
+class StoreValueError(ValueError):
+    """A store key holds something runner did not write there."""
+
+
+def decode(key: str, raw: bytes) -> Any:
+    """A value another node wrote: JSON (data, never code), or a clear error."""
+    try:
+        return json.loads(raw.decode())
+    except (UnicodeDecodeError, ValueError):
+        text = raw[:60].decode(errors="replace")
+        raise StoreValueError(
+            f"the store's key {key!r} holds {text!r}, which runner did not write: is another "
+            "program using master_port?"
+        ) from None
+
+
+def _notice(key: str, data: Any) -> StopNotice:
+    try:
+        failure = data.get("failure")
+        return StopNotice(
+            int(data["node_rank"]),
+            str(data["host"]),
+            RankFailure.from_dict(failure) if failure else None,
+            str(data.get("reason", "")),
+            bool(data.get("interrupted", False)),
+        )
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise StoreValueError(
+            f"the store's key {key!r} holds {str(data)[:60]!r}, not a node's stop notice"
+        ) from None
+
+
 class NodeLink:
     """This agent's connection to the others (see the module docstring)."""
 
     def __init__(self, addr: str, port: int, node_rank: int, nodes: int):
         self.addr, self.port, self.node_rank, self.nodes = addr, port, node_rank, nodes
         self.host = socket.gethostname()
-        self.store = self._connect()
+        self.store = self._connect(serve=node_rank == 0)
         self._stop = threading.Event()
         self.notices: list[StopNotice] = []  # set by the watcher before it signals the agent
         self._left = False
 
-    def _connect(self, timeout: float = JOIN_TIMEOUT_S):
+    def _connect(self, timeout: float = JOIN_TIMEOUT_S, serve: bool = False):
+        """A connection to node 0's store; `serve`: node 0 starts that store first."""
         from torch.distributed import TCPStore
 
-        # multi_tenant: node 0's rendezvous reuses this server on the same port.
-        return TCPStore(
-            self.addr,
-            self.port,
-            self.nodes,
-            self.node_rank == 0,
-            timedelta(seconds=timeout),
-            wait_for_workers=False,
-            multi_tenant=True,
-        )
+        wait = timedelta(seconds=timeout)
+        if serve:  # on master_addr only; node 0's rendezvous reuses it
+            return rendezvous.serve_store(self.addr, self.port, self.nodes, wait)
+        return TCPStore(self.addr, self.port, self.nodes, False, wait, wait_for_workers=False)
 
     def _set(self, key: str, value: Any) -> None:
         self.store.set(key, json.dumps(value))
 
     def _get(self, key: str) -> Any:
-        return json.loads(self.store.get(key).decode())
+        return decode(key, self.store.get(key))
 
     # --- before the ranks start -------------------------------------------------------
 
@@ -209,17 +237,7 @@ class NodeLink:
             if i == self.node_rank:
                 continue
             if store.check([key]):
-                data = json.loads(store.get(key).decode())
-                failure = data.get("failure")
-                notices.append(
-                    StopNotice(
-                        data["node_rank"],
-                        data["host"],
-                        RankFailure.from_dict(failure) if failure else None,
-                        data.get("reason", ""),
-                        data.get("interrupted", False),
-                    )
-                )
+                notices.append(_notice(key, decode(key, store.get(key))))
         return notices
 
     # --- when this node's part ends early ---------------------------------------------

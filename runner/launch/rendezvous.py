@@ -11,15 +11,48 @@ Membership is fixed (nodes, node_rank, master_addr, master_port), like torch's
   addresses and fail to connect ("Connection refused").
 
 The store on master_port lives as long as the agents and only tells the other
-nodes where each attempt's store listens.
+nodes where each attempt's store listens. Every store listens on master_addr's address
+only (127.0.0.1 on a single node), not on every interface: the stores are unauthenticated.
 """
 
 from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
+from typing import Any
+
+from runner.launch import network
 
 BACKEND = "runner-static"
+
+
+def serve_store(addr: str, port: int, nodes: int, timeout: timedelta) -> Any:
+    """A TCPStore server on `addr` only (port 0: the OS picks one); shared by every store
+    of this process on the same port (multi_tenant)."""
+    from torch.distributed import TCPStore
+
+    fd, bound = network.listening_socket(addr, port)
+    return TCPStore(
+        addr,
+        bound,
+        nodes,
+        True,
+        timeout,
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=fd,
+    )
+
+
+def parse_port(key: str, raw: bytes) -> int:
+    """A port another agent published; anything else is a clear error, not a traceback."""
+    text = raw.decode(errors="replace").strip()
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise RuntimeError(
+            f"the rendezvous store's key {key!r} holds {text[:40]!r}, not a port: is another "
+            "program using master_port?"
+        )
+    return int(text)
 
 
 def register() -> None:
@@ -51,15 +84,15 @@ def register() -> None:
             return True
 
         def _base_store(self) -> TCPStore:
-            if self._base is None:
+            if self._base is None and self.rank == 0 and self.nodes > 1:
+                # node 0's NodeLink already serves this port (runner.launch.nodes): reuse it
                 self._base = TCPStore(
-                    self.addr,
-                    self.port,
-                    self.nodes,
-                    self.rank == 0,
-                    self.timeout,
-                    multi_tenant=True,
+                    self.addr, self.port, self.nodes, True, self.timeout, multi_tenant=True
                 )
+            elif self._base is None and self.rank == 0:
+                self._base = serve_store(self.addr, self.port, self.nodes, self.timeout)
+            elif self._base is None:
+                self._base = TCPStore(self.addr, self.port, self.nodes, False, self.timeout)
             return self._base
 
         def next_rendezvous(self) -> RendezvousInfo:
@@ -67,18 +100,10 @@ def register() -> None:
             self._round += 1
             key = f"{self.run_id}/round{self._round}/port"
             if self.rank == 0:
-                store = TCPStore(
-                    self.addr,
-                    0,
-                    self.nodes,
-                    True,
-                    self.timeout,
-                    wait_for_workers=False,
-                    multi_tenant=True,
-                )
+                store = serve_store(self.addr, 0, self.nodes, self.timeout)
                 base.set(key, str(store.port))
             else:
-                port = int(base.get(key).decode())
+                port = parse_port(key, base.get(key))
                 store = TCPStore(self.addr, port, self.nodes, False, self.timeout)
             self._attempt_store = store  # the previous attempt's store is released
             return RendezvousInfo(
