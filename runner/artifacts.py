@@ -7,6 +7,7 @@ one append-only file; a reader skips a torn last line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -69,11 +70,16 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     """Write `data` to `path` so that `path` is either the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, EIO: no half-written temporary left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -65,3 +65,24 @@ def test_empty_store_and_bad_keep(tmp_path: Path) -> None:
     assert CheckpointStore(tmp_path / "none", keep=1).latest() is None
     with pytest.raises(ValueError, match="checkpoint.keep=0"):
         CheckpointStore(tmp_path, keep=0)
+
+
+def test_failed_atomic_write_keeps_the_old_file_and_no_temporary(tmp_path, monkeypatch) -> None:
+    """A write that fails partway (here fsync reports ENOSPC, as on a full disk) leaves the
+    previous summary.json / model.pt whole and no temporary file behind."""
+    import errno
+    import os
+
+    from runner.artifacts import write_atomic
+
+    target = tmp_path / "summary.json"
+    write_atomic(target, '{"status": "completed"}')
+
+    def full_disk(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(target, '{"status": "failed", "half": "')
+    assert target.read_text() == '{"status": "completed"}'
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]

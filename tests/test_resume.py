@@ -206,3 +206,27 @@ def test_checkpoint_resumes_at_another_world_size(
         )
     leftovers = [p.name for p in (second.run_dir / "checkpoints").iterdir()]
     assert all(not name.startswith(".") for name in leftovers), leftovers
+
+
+def test_full_disk_during_a_checkpoint_keeps_the_previous_one(cli, ddp_reference) -> None:
+    """chaos disk_full: rank 1's write of step 6 fails partway with ENOSPC. The run ends
+    naming the path and the OS error; the half-written checkpoint is gone and never latest;
+    resume=auto continues from step 4 to the uninterrupted run's weights, bit for bit."""
+    full = cli(*ARGS, "chaos.kill_rank=1", "chaos.at_step=6", "chaos.action=disk_full")
+    assert full.returncode == 1
+    message = full.summary()["error"]["message"]
+    assert "rank 1" in message and "checkpoint of step 6 could not be written" in message
+    assert "No space left on device" in message and ".partial-step_00000006" in message
+    checkpoints = full.run_dir / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == "step_00000004"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "latest",
+        "step_00000002",
+        "step_00000004",
+    ]
+    assert not (full.run_dir / "model.pt").exists()
+
+    resumed = cli(*ARGS, "resume=auto")
+    assert resumed.returncode == 0, resumed.output
+    assert resumed.summary()["resumed_from"] == 4
+    assert same_weights(ddp_reference.run_dir, resumed.run_dir)

@@ -244,11 +244,12 @@ class CheckpointSpec:
 
 @dataclass(frozen=True)
 class ChaosSpec:
-    """Fault injection: `kill_rank` fails at step `at_step`, on the first attempt only."""
+    """Fault injection: `kill_rank` fails at step `at_step`, on the first attempt only
+    (disk_full: its checkpoint writes fail with ENOSPC from that step on)."""
 
     kill_rank: int | None = _bound(None, min=0)
     at_step: int | None = _bound(None, min=1)
-    action: Literal["sigkill", "raise"] = "sigkill"
+    action: Literal["sigkill", "raise", "disk_full"] = "sigkill"
 
 
 # ------------------------------------------------------------------------------- run

@@ -1,4 +1,5 @@
-"""Fault injection for tests and drills: `chaos.kill_rank` fails at `chaos.at_step`.
+"""Fault injection for tests and drills: `chaos.kill_rank` fails at `chaos.at_step`
+(sigkill, raise), or its checkpoint writes fail from that step on (disk_full).
 
 Fires on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0), so a run
 with max_restarts >= 1 shows the restart path end to end.
@@ -6,10 +7,12 @@ with max_restarts >= 1 shows the restart path end to end.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from runner.spec.schema import ChaosSpec
 
@@ -18,10 +21,14 @@ class ChaosError(RuntimeError):
     """The exception `chaos.action=raise` throws."""
 
 
+def _first_attempt() -> bool:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+
+
 def maybe_fail(chaos: ChaosSpec, rank: int, step: int) -> None:
-    if chaos.kill_rank != rank or chaos.at_step != step:
+    if chaos.kill_rank != rank or chaos.at_step != step or chaos.action == "disk_full":
         return
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != 0:
+    if not _first_attempt():
         return
     print(
         f"chaos: rank {rank} fails at step {step} ({chaos.action}) at t={time.time():.3f}",
@@ -32,3 +39,16 @@ def maybe_fail(chaos: ChaosSpec, rank: int, step: int) -> None:
     if chaos.action == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise ChaosError(f"chaos: rank {rank} raised at step {step}")
+
+
+def maybe_fill_disk(chaos: ChaosSpec, rank: int, step: int, directory: Path) -> None:
+    """disk_full: this rank's checkpoint write fails partway, as on a full disk (a file
+    half written, then ENOSPC)."""
+    if chaos.action != "disk_full" or chaos.kill_rank != rank or chaos.at_step is None:
+        return
+    if step < chaos.at_step or not _first_attempt():
+        return
+    path = directory / f"chaos-rank{rank}.bin"
+    path.write_bytes(b"\0" * 4096)
+    print(f"chaos: rank {rank}'s disk is full at step {step}", flush=True)
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))

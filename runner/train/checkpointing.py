@@ -8,10 +8,12 @@ follows from the step), every rank's RNG states and the spec it was made with.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,11 @@ from runner.engines.base import Engine
 from runner.models.shapes import state_shapes
 from runner.spec import RunSpec, to_dict
 from runner.spec.resume_check import META_FILE, checkpoint_meta, read_meta
+from runner.train import chaos
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written; the previous one stays the resume point."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -59,15 +66,39 @@ def save(store: CheckpointStore, engine: Engine, spec: RunSpec, step: int, sampl
         store.begin(step)
     rdist.barrier()
     partial = store.partial_dir(step)
-    engine.save_checkpoint(partial, client)
+    with _failing_write(store, step):
+        chaos.maybe_fill_disk(spec.chaos, rdist.get_global_rank(), step, partial)
+        engine.save_checkpoint(partial, client)
     rdist.barrier()
     if rdist.get_global_rank() == 0:
         meta = checkpoint_meta(
             spec, step, samples, client["world_size"], state_shapes(engine.module)
         )
-        write_atomic(partial / META_FILE, json.dumps(meta, indent=1))
-        store.commit(step)
+        with _failing_write(store, step):
+            write_atomic(partial / META_FILE, json.dumps(meta, indent=1))
+            store.commit(step)
     rdist.barrier()
+
+
+@contextlib.contextmanager
+def _failing_write(store: CheckpointStore, step: int) -> Iterator[None]:
+    """A write that fails (a full disk, EIO, a quota) ends with a message naming the path and
+    the OS error; the half-written checkpoint is removed and never becomes latest."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:  # torch.save reports ENOSPC as a RuntimeError
+        partial = store.partial_dir(step)
+        shutil.rmtree(partial, ignore_errors=True)  # free what it took
+        if isinstance(exc, OSError) and exc.strerror:
+            cause = f"{exc.strerror} ({exc.filename or partial})"
+        else:
+            cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]} ({partial})"
+        with contextlib.suppress(OSError):
+            cause += f", {shutil.disk_usage(store.root).free / 2**30:.1f} GiB free there"
+        raise CheckpointWriteError(
+            f"checkpoint of step {step} could not be written: {cause}; the resume point "
+            f"stays {store.latest() or 'none'}"
+        ) from exc
 
 
 def find_resume_point(store: CheckpointStore, resume: str | None) -> Path | None:
