@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import FAST, start_runner, wait_until
+from tests.conftest import FAST, RESTARTABLE, start_runner, wait_until
 
 pytestmark = pytest.mark.slow
 LONG = [*FAST, "max_epochs=null", "max_steps=100000", "log_interval=5"]
@@ -104,3 +104,27 @@ def test_signal_to_runner_stops_every_rank(tmp_path: Path, sig: signal.Signals) 
     summary = __import__("json").loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     assert summary["steps"] >= 10
+
+
+@pytest.mark.parametrize("log_interval", [2, 100])
+def test_nan_loss_stops_the_run_and_is_never_saved(cli, log_interval: int) -> None:
+    """chaos nan: rank 1's loss is NaN at step 3. Found without a per-step host sync, on the
+    next log step's loss reduction (log_interval 2) or before the next checkpoint (log
+    interval 100): the run fails naming step and rank, and step 2 stays the latest."""
+    result = cli(
+        *RESTARTABLE,
+        f"log_interval={log_interval}",
+        "chaos.kill_rank=1",
+        "chaos.at_step=3",
+        "chaos.action=nan",
+    )
+    assert result.returncode == 1
+    summary = result.summary()
+    assert summary["status"] == "failed"
+    assert "non-finite loss (NaN or inf) at step 3 on rank(s) 1" in summary["error"]["message"]
+    assert "NonFiniteError" in result.stderr
+    checkpoints = result.run_dir / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == "step_00000002"
+    assert not (checkpoints / "step_00000004").exists()
+    assert not (result.run_dir / "model.pt").exists()
+    assert all(m["step"] < 3 for m in result.metrics())

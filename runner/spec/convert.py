@@ -15,6 +15,7 @@ and valid values phrased as `key=value: ...`. Revisit if the schema outgrows thi
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -195,6 +196,8 @@ def _convert_value(tp: Any, raw: Any, key: str, problems: list[str]) -> Any:
         except ValueError:
             raise _Invalid(f"expected {describe(tp)}") from None
     if origin is Literal:
+        if isinstance(raw, float) and math.isnan(raw) and "nan" in typing.get_args(tp):
+            return "nan"  # the command line's `nan` arrives as a float
         if raw in typing.get_args(tp) and not isinstance(raw, bool):
             return raw
         raise _Invalid(f"expected {describe(tp)}")

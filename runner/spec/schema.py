@@ -245,11 +245,12 @@ class CheckpointSpec:
 @dataclass(frozen=True)
 class ChaosSpec:
     """Fault injection: `kill_rank` fails at step `at_step`, on the first attempt only
-    (disk_full: its checkpoint writes fail with ENOSPC from that step on)."""
+    (disk_full: its checkpoint writes fail with ENOSPC from that step on; nan: its loss
+    becomes NaN at that step)."""
 
     kill_rank: int | None = _bound(None, min=0)
     at_step: int | None = _bound(None, min=1)
-    action: Literal["sigkill", "raise", "disk_full"] = "sigkill"
+    action: Literal["sigkill", "raise", "disk_full", "nan"] = "sigkill"
 
 
 # ------------------------------------------------------------------------------- run

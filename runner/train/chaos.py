@@ -1,5 +1,6 @@
 """Fault injection for tests and drills: `chaos.kill_rank` fails at `chaos.at_step`
-(sigkill, raise), or its checkpoint writes fail from that step on (disk_full).
+(sigkill, raise), its loss turns NaN there (nan), or its checkpoint writes fail from that
+step on (disk_full).
 
 Fires on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0), so a run
 with max_restarts >= 1 shows the restart path end to end.
@@ -26,7 +27,7 @@ def _first_attempt() -> bool:
 
 
 def maybe_fail(chaos: ChaosSpec, rank: int, step: int) -> None:
-    if chaos.kill_rank != rank or chaos.at_step != step or chaos.action == "disk_full":
+    if chaos.kill_rank != rank or chaos.at_step != step or chaos.action in ("disk_full", "nan"):
         return
     if not _first_attempt():
         return
@@ -52,3 +53,12 @@ def maybe_fill_disk(chaos: ChaosSpec, rank: int, step: int, directory: Path) -> 
     path.write_bytes(b"\0" * 4096)
     print(f"chaos: rank {rank}'s disk is full at step {step}", flush=True)
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+def poisons_loss(chaos: ChaosSpec, rank: int, step: int) -> bool:
+    """nan: this rank's loss becomes NaN at this step."""
+    hit = chaos.action == "nan" and chaos.kill_rank == rank and chaos.at_step == step
+    if hit and _first_attempt():
+        print(f"chaos: rank {rank}'s loss becomes NaN at step {step}", flush=True)
+        return True
+    return False

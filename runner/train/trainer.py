@@ -44,6 +44,7 @@ from runner.summary import (
 from runner.train import chaos, checkpointing
 from runner.train.batches import logits_of, split, to_device
 from runner.train.metrics_log import MetricsLog, Throughput
+from runner.train.nonfinite import NonFiniteGuard
 from runner.train.progress import Progress
 
 
@@ -113,6 +114,7 @@ class Trainer:
         seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
 
         self.step, self.samples, self.resumed_from = 0, 0, None
+        self.guard = NonFiniteGuard(self.world, self.rank, device)
         self.check_items = True  # the first step checks the loss's item counts
         self.first_step_at: float | None = None  # wall clock, for time-to-first-step
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -175,7 +177,9 @@ class Trainer:
                 n_global = self.sampler.global_count(step_in_epoch)
                 lr = self.engine.lr
                 batch = [next(microbatches) for _ in range(spec.grad_accum)]
-                loss_sum, items = self.train_step(batch, n_global)
+                poison = chaos.poisons_loss(spec.chaos, self.rank, step)
+                loss_sum, items = self.train_step(batch, n_global, poison)
+                self.guard.note_loss(loss_sum, step)  # on device: no host sync
                 if self.first_step_at is None:
                     self.first_step_at = time.time()
                 samples += n_global
@@ -191,13 +195,14 @@ class Trainer:
                         throughput.pause(time.perf_counter() - started)
                     self._log(record)
                 if last or (spec.checkpoint.interval and step % spec.checkpoint.interval == 0):
+                    self.guard.check_before_saving(self.engine.module, step)
                     checkpointing.save(self.store, self.engine, spec, step, samples)
                 if last:
                     break
         return self._finish(start_time)
 
     def train_step(
-        self, microbatches: list[tuple[Any, bool]], n_global: int
+        self, microbatches: list[tuple[Any, bool]], n_global: int, poison: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | int]:
         """Forward and backward every microbatch of this rank, then step.
 
@@ -213,6 +218,8 @@ class Trainer:
                 loss, count = self.loss_fn(logits_of(outputs), targets)
                 if not real:  # a placeholder: runs for the collectives, counts nothing
                     loss = loss * 0.0
+                if poison:  # chaos.action=nan
+                    loss = loss * float("nan")
                 self.engine.backward(loss * weight)
             if self.check_items and real:
                 self._check_items(count, targets)
@@ -287,7 +294,7 @@ class Trainer:
         lr: float,
         throughput: Throughput,
     ) -> dict[str, Any]:
-        total = rdist.all_reduce(loss_sum.double())  # the only host sync: on log steps
+        total = self.guard.reduce_with(loss_sum)  # the only host sync: on log steps
         return {
             "step": step,
             "epoch": round(step / self.steps_per_epoch, 4),
@@ -310,6 +317,7 @@ class Trainer:
 
     def _finish(self, start_time: float) -> dict[str, Any]:
         self.progress.close()
+        self.guard.check_before_saving(self.engine.module, self.total_steps)
         weights = self.engine.full_state_dict()
         per_rank = rdist.all_gather_object((self.engine.state_bytes(), peak_rss_bytes()))
         summary: dict[str, Any] = {}
