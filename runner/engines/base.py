@@ -43,9 +43,9 @@ class Engine(ABC):
         """Finish gradient sync, clip, step optimizer and schedule, zero the gradients."""
 
     @property
-    @abstractmethod
     def lr(self) -> float:
         """The learning rate the next step will use."""
+        return self.torch_optimizer.param_groups[0]["lr"]
 
     def watch_state(self, optimizer: torch.optim.Optimizer) -> None:
         """Subclasses call this with the torch optimizer that steps, once it is built. The

@@ -71,10 +71,6 @@ class DDPEngine(Engine):
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    @property
-    def lr(self) -> float:
-        return self.optimizer.param_groups[0]["lr"]
-
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         if rdist.get_global_rank() != 0:
             return None

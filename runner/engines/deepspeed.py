@@ -97,10 +97,6 @@ class DeepSpeedEngine(Engine):
     def step(self) -> None:
         pass  # done by the last microbatch's backward()
 
-    @property
-    def lr(self) -> float:
-        return self.optimizer.param_groups[0]["lr"]
-
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         # DeepSpeed's own layout (directory/latest + directory/state/...), so its tools
         # such as zero_to_fp32.py work on a runner checkpoint directory.

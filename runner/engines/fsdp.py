@@ -80,10 +80,6 @@ class FSDPEngine(Engine):
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    @property
-    def lr(self) -> float:
-        return self.optimizer.param_groups[0]["lr"]
-
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
