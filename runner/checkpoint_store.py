@@ -72,6 +72,13 @@ class CheckpointStore:
         self._prune()
         return final
 
+    def discard_unfinished(self) -> None:
+        """Remove what no finished checkpoint needs: partial directories (a write that failed,
+        or ranks killed mid-write) and resharding scratch. Call it only while no rank runs."""
+        if self.root.is_dir():
+            for path in self.root.glob(".*-step_*"):
+                shutil.rmtree(path, ignore_errors=True)
+
     def finished(self) -> list[Path]:
         """Valid checkpoints, oldest first."""
         if not self.root.is_dir():

@@ -33,6 +33,10 @@ def test_half_written_checkpoint_is_never_latest(tmp_path: Path) -> None:
     partial = store.begin(4)  # a crash while writing step 4
     (partial / "state.pt").write_bytes(b"partial")
     assert store.latest().name == "step_00000002"
+    store.scratch_dir(2).mkdir()
+    store.discard_unfinished()  # once no rank runs: what was half written goes, nothing else
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000002"]
+    assert is_valid(store.latest())
 
 
 def test_truncated_file_falls_back_to_the_previous_checkpoint(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from runner import hardware
 from runner.artifacts import RunDir, read_json, tail, write_json
+from runner.checkpoint_store import CheckpointStore
 from runner.launch import network, nodes, rendezvous
 from runner.launch.failures import RankFailure, root_cause
 from runner.launch.preflight import INVALID, component_problems
@@ -110,7 +111,8 @@ def _outcome_writer(spec: RunSpec, node_dir: Path, start_time: float):
     (`node{i}/summary.json`), with `run_dir` telling where its ranks wrote."""
 
     def write(run_dir: RunDir, status: str, error: dict | None = None) -> None:
-        if spec.node_rank == 0:
+        if spec.node_rank == 0:  # every rank is gone: no partial checkpoint outlives the run
+            CheckpointStore(run_dir.checkpoints, keep=1).discard_unfinished()
             write_unfinished_summary(run_dir, status, spec.world_size, start_time, error)
             return
         summary = build_summary(status, spec.world_size, start_time, [], error=error)

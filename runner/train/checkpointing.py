@@ -107,10 +107,12 @@ def find_resume_point(store: CheckpointStore, resume: str | None) -> Path | None
     A restarted attempt (the elastic agent's restart after a failure) always
     continues from the run's latest checkpoint; otherwise `resume` decides:
     auto = this run directory's latest, PATH = a checkpoint or a run directory.
-    Rank 0 decides and tells the others.
+    Rank 0 decides and tells the others (no rank writes yet, so it also sweeps away
+    what an earlier attempt left half written).
     """
     choice = None
     if rdist.get_global_rank() == 0:
+        store.discard_unfinished()  # what an earlier attempt left half written
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         if restarted or resume == "auto":
             choice = store.latest()
