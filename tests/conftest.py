@@ -35,6 +35,9 @@ class CliResult:
     def summary(self) -> dict:
         return json.loads((self.run_dir / "summary.json").read_text())
 
+    def rank_log(self, rank: int) -> str:
+        return (self.run_dir / "logs" / f"rank{rank}.log").read_text()
+
     def metrics(self) -> list[dict]:
         return [
             json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()

@@ -19,7 +19,7 @@ LONG = [*FAST, "max_epochs=null", "max_steps=100000", "log_interval=5"]
 def chaos_time(run_dir: Path, rank: int) -> float:
     log = (run_dir / "logs" / f"rank{rank}.log").read_text()
     return float(
-        re.search(r"chaos: rank \d+ fails at step \d+ \(\w+\) at t=([\d.]+)", log).group(1)
+        re.search(r"chaos: rank \d+ fails \(\w+\) at step \d+ at t=([\d.]+)", log).group(1)
     )
 
 
@@ -61,7 +61,7 @@ def test_failing_rank_ends_the_run_and_is_named(cli, action: str) -> None:
         assert error["exitcode"] == -9
         assert re.match(r"rank 1 on \S+ was killed by SIGKILL", error["message"])
         assert error["message"] in result.stderr
-        assert "chaos: rank 1 fails at step 3" in result.stderr  # the tail of its log
+        assert "chaos: rank 1 fails (sigkill) at step 3" in result.stderr  # the tail of its log
     assert "logs/rank1.log" in result.stderr
     assert summary["steps"] < 3
     assert not run_processes(result.run_dir)
@@ -128,3 +128,34 @@ def test_nan_loss_stops_the_run_and_is_never_saved(cli, log_interval: int) -> No
     assert not (checkpoints / "step_00000004").exists()
     assert not (result.run_dir / "model.pt").exists()
     assert all(m["step"] < 3 for m in result.metrics())
+
+
+def test_hung_rank_is_named_with_every_stack_and_the_run_ends(cli) -> None:
+    """chaos hang: rank 1 stops for good at the start of step 3, and rank 0 waits for it in
+    the gradient all-reduce. The watchdog ends the run within its timeout (+ a few seconds),
+    names rank 1 as the one that stopped first, and every rank's stack is in its log."""
+    timeout = 3
+    result = cli(
+        *LONG,
+        "chaos.kill_rank=1",
+        "chaos.at_step=3",
+        "chaos.action=hang",
+        f"watchdog.timeout={timeout}",
+    )
+    ended = time.time()
+    assert result.returncode == 1, result.output
+    hung_at = float(
+        re.search(r"chaos: rank 1 hangs at step 3 at t=([\d.]+)", result.rank_log(1)).group(1)
+    )
+    assert ended - hung_at < timeout + 10, f"{ended - hung_at:.1f}s from the hang to the end"
+
+    error = result.summary()["error"]
+    assert result.summary()["status"] == "failed" and error["rank"] == 1
+    assert error["message"].startswith("hung: rank 1 after step 2")
+    assert "stopped first; also stuck: rank 0 in step 3" in error["message"]
+    assert f"(watchdog.timeout={timeout})" in error["message"]
+    assert error["message"] in result.stderr and "Traceback" not in result.stderr
+    for rank, frame in ((1, "in maybe_fail"), (0, "in backward")):  # where each one waits
+        stack = result.rank_log(rank).split("===== runner watchdog:")[1]
+        assert "the Python stack of every thread follows" in stack and frame in stack, stack
+    assert not run_processes(result.run_dir)

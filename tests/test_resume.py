@@ -66,10 +66,18 @@ def reference_of(tmp_path_factory, request):
     return get
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "zero2", "zero3", "fsdp"])
-def test_killed_rank_restarts_and_ends_bit_for_bit(cli, reference_of, parallelism: str) -> None:
+@pytest.mark.parametrize(
+    ("parallelism", "fault"),
+    [("ddp", "sigkill"), ("zero2", "sigkill"), ("zero3", "sigkill"), ("fsdp", "hang")],
+)
+def test_killed_rank_restarts_and_ends_bit_for_bit(
+    cli, reference_of, parallelism: str, fault: str
+) -> None:
+    """Rank 1 dies at step 5 (or hangs there, and the watchdog stops every rank); the agent
+    restarts all ranks from step 4 and the run ends with the uninterrupted run's weights."""
     reference, engine = reference_of(parallelism), ENGINE_ARGS[parallelism]
-    killed = cli(*ARGS, *engine, "max_restarts=1", "chaos.kill_rank=1", "chaos.at_step=5")
+    chaos = ["chaos.kill_rank=1", "chaos.at_step=5", f"chaos.action={fault}"]
+    killed = cli(*ARGS, *engine, "max_restarts=1", *chaos, "watchdog.timeout=3")
     assert killed.returncode == 0, killed.output
     assert same_weights(reference.run_dir, killed.run_dir)
     summary = killed.summary()
@@ -83,6 +91,8 @@ def test_killed_rank_restarts_and_ends_bit_for_bit(cli, reference_of, parallelis
     ]
     log = (killed.run_dir / "logs" / "rank1.log").read_text()
     assert "rank 1 attempt 0" in log and "rank 1 attempt 1" in log  # both attempts kept
+    if fault == "hang":
+        assert "hung: rank 1 after step 4" in killed.stderr and "runner watchdog" in log
     if parallelism == "zero2":  # DeepSpeed's own layout, so its tools work on it
         assert (killed.run_dir / "checkpoints" / "step_00000012" / "zero_to_fp32.py").is_file()
     if parallelism == "fsdp":

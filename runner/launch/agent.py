@@ -24,6 +24,7 @@ from runner.checkpoint_store import CheckpointStore
 from runner.launch import network, nodes, rendezvous
 from runner.launch.failures import RankFailure, root_cause
 from runner.launch.preflight import INVALID, component_problems
+from runner.launch.watchdog import Watchdog
 from runner.procs import add_code_dirs, die_with_parent, exit_code_for_signal
 from runner.spec import RunSpec, load_spec
 from runner.summary import (
@@ -242,11 +243,17 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
     )
     if link is not None:
         link.watch()
+    watchdog = Watchdog(spec.watchdog, run_dir, spec.nproc) if spec.watchdog.timeout else None
+    if watchdog is not None:
+        watchdog.start()
     try:
         elastic_launch(config, sys.executable)("-u", "-m", "runner.train.worker", str(run_dir.root))
     except ChildFailedError as exc:
-        _settle(link)
+        _settle(link, watchdog)
         failures = _rank_failures(run_dir, exc.failures)
+        hang = watchdog.caused({f.pid for f in exc.failures.values()}) if watchdog else None
+        if hang is not None:  # the watchdog killed them: the hang is the cause, not SIGKILL
+            failures = [hang, *(f for f in failures if f.rank != hang.rank)]
         cause = root_cause(failures)
         if link is not None:
             link.publish(cause)
@@ -256,7 +263,7 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
         write_outcome(run_dir, FAILED, cause.summary_error(others=len(failures) - 1))
         return 1
     except SignalException as exc:
-        _settle(link)
+        _settle(link, watchdog)
         notices = link.notices if link is not None else []
         if notices:  # another node's part ended first: end with its cause
             code = _stopped_by_other_node(notices, run_dir, write_outcome)
@@ -269,7 +276,7 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
             link.linger()
         write_outcome(run_dir, INTERRUPTED)
         return exit_code_for_signal(exc.sigval)
-    _settle(link)
+    _settle(link, watchdog)
     if spec.node_rank > 0:
         write_outcome(run_dir, COMPLETED)
         return 0
@@ -281,9 +288,11 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
     return 0
 
 
-def _settle(link: nodes.NodeLink | None) -> None:
-    """The ranks are gone: stop watching the other nodes and let no late signal cut the
-    summary short (the parent still kills us if we overstay)."""
+def _settle(link: nodes.NodeLink | None, watchdog: Watchdog | None) -> None:
+    """The ranks are gone: stop watching them and the other nodes, and let no late signal
+    cut the summary short (the parent still kills us if we overstay)."""
+    if watchdog is not None:
+        watchdog.stop()
     if link is not None:
         link.stop_watching()
         for sig in (signal.SIGTERM, signal.SIGINT):

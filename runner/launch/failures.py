@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+HANG = "Hang"  # the error_type of ranks the watchdog stopped (runner.launch.watchdog)
 _COMMS_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"}
 _COMMS_PATTERNS = re.compile(
     r"connection (closed|reset|refused)|broken pipe|gloo|nccl|socket timeout|"
@@ -70,6 +71,8 @@ class RankFailure:
 
     def headline(self) -> str:
         where = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
+        if self.error_type == HANG:
+            return f"hung: {self.message}"
         if self.error_type:
             return f"{where} raised {self.error_type}: {self.message} (exitcode {self.exitcode})"
         if self.signal_name:

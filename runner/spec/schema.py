@@ -243,14 +243,27 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True)
+class WatchdogSpec:
+    """Seconds a rank may go without progress before the run counts as hung (null: no limit;
+    `timeout: null` turns the watchdog off). `timeout` holds between optimizer steps; the
+    others hold before the first step, while evaluating, and while writing a checkpoint or
+    the final model."""
+
+    timeout: float | None = _bound(600.0, gt=0.0)
+    first_step_timeout: float | None = _bound(1800.0, gt=0.0)
+    eval_timeout: float | None = _bound(1800.0, gt=0.0)
+    checkpoint_timeout: float | None = _bound(1800.0, gt=0.0)
+
+
+@dataclass(frozen=True)
 class ChaosSpec:
     """Fault injection: `kill_rank` fails at step `at_step`, on the first attempt only
     (disk_full: its checkpoint writes fail with ENOSPC from that step on; nan: its loss
-    becomes NaN at that step)."""
+    becomes NaN at that step; hang: it stops there, forever)."""
 
     kill_rank: int | None = _bound(None, min=0)
     at_step: int | None = _bound(None, min=1)
-    action: Literal["sigkill", "raise", "disk_full", "nan"] = "sigkill"
+    action: Literal["sigkill", "raise", "hang", "disk_full", "nan"] = "sigkill"
 
 
 # ------------------------------------------------------------------------------- run
@@ -271,6 +284,7 @@ class RunSpec:
     sync_strategy: SyncStrategySpec = field(default_factory=SyncStrategySpec)
     precision: PrecisionSpec = field(default_factory=PrecisionSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
     chaos: ChaosSpec = field(default_factory=ChaosSpec)
 
     nproc: int | Literal["auto"] = _bound(1, min=1)

@@ -1,6 +1,6 @@
 """Fault injection for tests and drills: `chaos.kill_rank` fails at `chaos.at_step`
-(sigkill, raise), its loss turns NaN there (nan), or its checkpoint writes fail from that
-step on (disk_full).
+(sigkill, raise), stops there for good (hang), its loss turns NaN there (nan), or its
+checkpoint writes fail from that step on (disk_full).
 
 Fires on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0), so a run
 with max_restarts >= 1 shows the restart path end to end.
@@ -31,14 +31,15 @@ def maybe_fail(chaos: ChaosSpec, rank: int, step: int) -> None:
         return
     if not _first_attempt():
         return
-    print(
-        f"chaos: rank {rank} fails at step {step} ({chaos.action}) at t={time.time():.3f}",
-        flush=True,
-    )
+    what = "hangs" if chaos.action == "hang" else f"fails ({chaos.action})"
+    print(f"chaos: rank {rank} {what} at step {step} at t={time.time():.3f}", flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
     if chaos.action == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if chaos.action == "hang":  # as a rank stuck in a dead file system or a lost collective
+        while True:
+            time.sleep(3600)
     raise ChaosError(f"chaos: rank {rank} raised at step {step}")
 
 

@@ -30,6 +30,7 @@ from runner.data.loaders import build_eval_loader, build_train_loader
 from runner.data.sampler import GlobalBatchSampler
 from runner.engines import build_engine
 from runner.engines.precision import autocast
+from runner.heartbeat import Heartbeat, Phase
 from runner.models.blocks import apply_activation_checkpointing
 from runner.models.builders import build_model
 from runner.spec import RunSpec
@@ -60,8 +61,16 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    def __init__(self, spec: RunSpec, run_dir: RunDir, device: str, terminal: TextIO | None):
+    def __init__(
+        self,
+        spec: RunSpec,
+        run_dir: RunDir,
+        device: str,
+        terminal: TextIO | None,
+        heart: Heartbeat | None = None,
+    ):
         self.spec, self.run_dir, self.device = spec, run_dir, device
+        self.heart = heart or Heartbeat(None, 0, 0, 0)  # beats for the agent's hang watchdog
         self.device_type = torch.device(device).type
         self.rank, self.world = rdist.get_global_rank(), rdist.get_world_size()
         self.is_main = self.rank == 0
@@ -177,9 +186,11 @@ class Trainer:
                 n_global = self.sampler.global_count(step_in_epoch)
                 lr = self.engine.lr
                 batch = [next(microbatches) for _ in range(spec.grad_accum)]
+                self.heart.beat(Phase.BATCH, step)
                 poison = chaos.poisons_loss(spec.chaos, self.rank, step)
                 loss_sum, items = self.train_step(batch, n_global, poison)
                 self.guard.note_loss(loss_sum, step)  # on device: no host sync
+                self.heart.beat(Phase.STEP)
                 if self.first_step_at is None:
                     self.first_step_at = time.time()
                 samples += n_global
@@ -192,11 +203,14 @@ class Trainer:
                     if evaluate:
                         started = time.perf_counter()
                         record.update(self.evaluate())
+                        self.heart.beat(Phase.STEP)
                         throughput.pause(time.perf_counter() - started)
                     self._log(record)
                 if last or (spec.checkpoint.interval and step % spec.checkpoint.interval == 0):
+                    self.heart.beat(Phase.SAVE)
                     self.guard.check_before_saving(self.engine.module, step)
                     checkpointing.save(self.store, self.engine, spec, step, samples)
+                    self.heart.beat(Phase.STEP)
                 if last:
                     break
         return self._finish(start_time)
@@ -261,6 +275,7 @@ class Trainer:
             metric.reset()
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss, items
         for batch, real in self.val_loader:
+            self.heart.beat(Phase.EVAL)
             args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
             with autocast(self.spec.precision, self.device_type):
                 logits = logits_of(module(*args, **kwargs))
@@ -317,6 +332,7 @@ class Trainer:
 
     def _finish(self, start_time: float) -> dict[str, Any]:
         self.progress.close()
+        self.heart.beat(Phase.FINISH)
         self.guard.check_before_saving(self.engine.module, self.total_steps)
         weights = self.engine.full_state_dict()
         per_rank = rdist.all_gather_object((self.engine.state_bytes(), peak_rss_bytes()))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from runner.artifacts import RunDir, write_atomic
+from runner.heartbeat import Heartbeat
 from runner.procs import die_with_parent
 
 
@@ -67,7 +68,7 @@ def _record_failure(exc: BaseException, rank: int) -> None:
     write_atomic(Path(path), json.dumps(data))
 
 
-def run(run_dir: RunDir, terminal: TextIO | None) -> None:
+def run(run_dir: RunDir, terminal: TextIO | None, heart: Heartbeat) -> None:
     import torch
     import torch.distributed as dist
 
@@ -82,7 +83,7 @@ def run(run_dir: RunDir, terminal: TextIO | None) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(backend=rdist.backend_for(spec.device))
     start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
-    trainer = Trainer(spec, run_dir, device, terminal)
+    trainer = Trainer(spec, run_dir, device, terminal, heart)
     trainer.fit(start_time)
     # Release DDP, loaders and their threads while the process group still exists.
     del trainer
@@ -97,10 +98,12 @@ def main() -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     terminal = _redirect_output(run_dir.rank_log(rank), rank, attempt)
     faulthandler.enable()  # a native crash still leaves a Python stack in the log
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the watchdog asks where we are
+    heart = Heartbeat.from_env()  # from here on, the agent's watchdog sees this rank
     agent = os.environ.get("RUNNER_AGENT_PID")
     die_with_parent(signal.SIGKILL, int(agent) if agent else None)
     try:
-        run(run_dir, terminal)
+        run(run_dir, terminal, heart)
     except BaseException as exc:
         if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             _record_failure(exc, rank)

@@ -1,0 +1,71 @@
+"""The hang watchdog's judgement, on real heartbeat slots (ranks played by this process)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from runner.artifacts import RunDir
+from runner.heartbeat import Heartbeat, Phase
+from runner.launch.watchdog import Watchdog
+from runner.spec.schema import WatchdogSpec
+
+SPEC = WatchdogSpec(timeout=10, first_step_timeout=100, eval_timeout=50, checkpoint_timeout=None)
+
+
+@pytest.fixture
+def watchdog(tmp_path: Path):
+    dog = Watchdog(SPEC, RunDir(tmp_path), nproc=2)
+    yield dog
+    dog.stop()
+    assert not dog.path.exists()
+
+
+def ranks(dog: Watchdog) -> list[Heartbeat]:
+    return [Heartbeat(str(dog.path), local_rank=r, rank=4 + r, attempt=0) for r in range(2)]
+
+
+def test_a_rank_over_its_phase_limit_is_a_hang_and_the_one_behind_is_named(watchdog) -> None:
+    r0, r1 = ranks(watchdog)
+    assert watchdog.check(0.0) is None  # both starting: first_step_timeout applies
+    assert watchdog.check(99.0) is None
+    for beat in (r0, r1):
+        beat.beat(Phase.BATCH, 1)
+        beat.beat(Phase.STEP)
+    assert watchdog.check(100.0) is None
+    r0.beat(Phase.BATCH, 2)  # rank 4 waits in step 2's collective for rank 5
+    assert watchdog.check(101.0) is None
+    assert watchdog.check(110.5) is not None  # 10.5 s since rank 5's last beat
+    live = watchdog.check(111.0)
+    failure = watchdog.report(live, 111.0)
+    assert failure.rank == 5 and failure.error_type == "Hang"
+    assert failure.headline().startswith("hung: rank 5 after step 1 (logging or loading")
+    assert "also stuck: rank 4 in step 2" in failure.message
+    assert "(watchdog.timeout=10)" in failure.message
+    assert watchdog.caused({123}) is None  # it killed nobody yet
+
+
+def test_progress_resets_the_clock_and_slow_phases_have_their_own_limit(watchdog) -> None:
+    r0, r1 = ranks(watchdog)
+    for t in range(0, 100, 5):  # steady steps: never a hang
+        for beat in (r0, r1):
+            beat.beat(Phase.BATCH, t)
+            beat.beat(Phase.STEP)
+        assert watchdog.check(float(t)) is None
+    for beat in (r0, r1):
+        beat.beat(Phase.EVAL)
+    assert watchdog.check(200.0) is None
+    assert watchdog.check(249.0) is None  # eval_timeout=50
+    assert watchdog.check(251.0) is not None
+    for beat in (r0, r1):
+        beat.beat(Phase.SAVE)  # checkpoint_timeout=None: no limit while writing
+    assert watchdog.check(300.0) is None
+    assert watchdog.check(10_000.0) is None
+
+
+def test_exited_ranks_are_not_watched(watchdog, tmp_path: Path) -> None:
+    r0, _ = ranks(watchdog)
+    watchdog.killed.add(os.getpid())  # this process plays both ranks: as if it was killed
+    assert watchdog.check(0.0) is None and watchdog.check(1e6) is None
