@@ -16,12 +16,13 @@ import mmap
 import os
 import struct
 import tempfile
+import time
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
 ENV = "RUNNER_HEARTBEAT"
-_SLOT = struct.Struct("<6q")  # pid, global rank, attempt, phase, step, beats
+_SLOT = struct.Struct("<6qd")  # pid, global rank, attempt, phase, step, beats, time of the beat
 
 
 class Phase(IntEnum):
@@ -55,6 +56,7 @@ class Beat:
     phase: int
     step: int
     beats: int
+    at: float  # the rank's time.time(): comparable across nodes (as far as their clocks are)
 
 
 def create(slots: int) -> Path:
@@ -100,4 +102,5 @@ class Heartbeat:
             self.step = step
         self.beats += 1
         if self._map is not None:
-            _SLOT.pack_into(self._map, self._offset, *self._head, phase, self.step, self.beats)
+            head, step, beats = self._head, self.step, self.beats
+            _SLOT.pack_into(self._map, self._offset, *head, phase, step, beats, time.time())

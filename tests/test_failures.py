@@ -35,6 +35,16 @@ def test_earliest_real_error_wins_then_lowest_rank() -> None:
     assert root_cause([a, c]) is c
 
 
+def test_between_nodes_hangs_the_rank_furthest_behind_is_the_cause() -> None:
+    """Each node's watchdog names its own stuck rank; clocks decide nothing at the ms level."""
+    node0 = RankFailure(rank=1, exitcode=-9, time=10.000, error_type="Hang", message="a", beats=7)
+    node1 = RankFailure(rank=3, exitcode=-9, time=10.002, error_type="Hang", message="b", beats=6)
+    killed = RankFailure(rank=0, exitcode=-9, time=14.0)
+    assert root_cause([node0, killed, node1]) is node1
+    assert node1.headline() == "hung: b"
+    assert RankFailure.from_dict(node1.as_dict()) == node1  # as sent between nodes
+
+
 def test_report_shows_rank_traceback_and_log() -> None:
     failure = RankFailure(
         rank=1,

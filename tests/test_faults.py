@@ -19,7 +19,9 @@ LONG = [*FAST, "max_epochs=null", "max_steps=100000", "log_interval=5"]
 def chaos_time(run_dir: Path, rank: int) -> float:
     log = (run_dir / "logs" / f"rank{rank}.log").read_text()
     return float(
-        re.search(r"chaos: rank \d+ fails \(\w+\) at step \d+ at t=([\d.]+)", log).group(1)
+        re.search(r"chaos: rank \d+ (?:fails \(\w+\)|hangs) at step \d+ at t=([\d.]+)", log).group(
+            1
+        )
     )
 
 

@@ -115,10 +115,12 @@ def test_two_nodes_train_the_same_model_as_one(tmp_path: Path, plain_reference) 
     assert f"run directory: runs/{run.name}" in out1  # node 1 points at the one directory
 
 
-def test_a_rank_dying_on_node_1_ends_node_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", ["sigkill", "hang"])
+def test_a_rank_dying_on_node_1_ends_node_0(tmp_path: Path, fault: str) -> None:
     """Also the shape of a SLURM job through hydra/launcher=submitit_slurm: one task per node,
     nodes=auto reading SLURM's variables, and the one output directory Hydra gives every task
-    of the job."""
+    of the job. A hang on node 1 ends node 0 too: each node's watchdog writes its ranks'
+    stacks, and both name the rank that stalled first."""
     cluster = [
         *FAST,
         "max_epochs=null",
@@ -128,6 +130,8 @@ def test_a_rank_dying_on_node_1_ends_node_0(tmp_path: Path) -> None:
         f"master_port={free_port()}",
         "chaos.kill_rank=3",
         "chaos.at_step=3",
+        f"chaos.action={fault}",
+        "watchdog.timeout=3",
         f"hydra.run.dir={tmp_path / 'runs' / 'job'}",
     ]
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "127.0.0.[1-2]"}
@@ -137,15 +141,23 @@ def test_a_rank_dying_on_node_1_ends_node_0(tmp_path: Path) -> None:
     results = finish(node0, node1)
     run = only_run(tmp_path)
     assert (run / ".hydra").is_dir() and (run / "node1" / ".hydra").is_dir()
-    killed = chaos_time(run, 3)
+    killed, allowed = chaos_time(run, 3), 10.0 if fault == "sigkill" else 3 + 10.0
     for node, (code, output, ended) in enumerate(results):
         assert code == 1, output
-        assert ended - killed < 10.0, f"node {node} ran {ended - killed:.1f}s after rank 3 died"
-        assert f"rank 3 on {socket.gethostname()} was killed by SIGKILL" in output
+        assert ended - killed < allowed, (
+            f"node {node} ran {ended - killed:.1f}s after rank 3 {fault}"
+        )
+        if fault == "sigkill":
+            assert f"rank 3 on {socket.gethostname()} was killed by SIGKILL" in output
+        else:
+            assert "hung: rank 3 after step 2" in output, "\n=====\n".join(r[1] for r in results)
     error = json.loads((run / "summary.json").read_text())["error"]
     assert error["rank"] == 3 and error["host"] == socket.gethostname()
     node1_error = json.loads((run / "node1" / "summary.json").read_text())["error"]
     assert node1_error["rank"] == 3
+    if fault == "hang":
+        for rank in range(4):
+            assert "===== runner watchdog:" in (run / "logs" / f"rank{rank}.log").read_text()
 
 
 def test_nodes_that_disagree_start_no_rank(tmp_path: Path) -> None:

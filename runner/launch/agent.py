@@ -243,7 +243,9 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
     )
     if link is not None:
         link.watch()
-    watchdog = Watchdog(spec.watchdog, run_dir, spec.nproc) if spec.watchdog.timeout else None
+    watchdog = (
+        Watchdog(spec.watchdog, run_dir, spec.nproc, spec.nodes) if spec.watchdog.timeout else None
+    )
     if watchdog is not None:
         watchdog.start()
     try:
@@ -257,7 +259,8 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
         cause = root_cause(failures)
         if link is not None:
             link.publish(cause)
-            failures += link.remote_failures(nodes.COLLECT_S if cause.is_consequence else 0.5)
+            wait = nodes.COLLECT_S if cause.is_consequence or hang else 0.5  # the others' hangs
+            failures += link.remote_failures(wait)
             cause = root_cause(failures)
             link.linger()
         write_outcome(run_dir, FAILED, cause.summary_error(others=len(failures) - 1))

@@ -41,6 +41,7 @@ class RankFailure:
     traceback: str = ""
     log: Path | None = None
     log_tail: str = field(default="", compare=False)
+    beats: int | None = None  # a hang: the heartbeats of the rank that stopped first
 
     @property
     def signal_name(self) -> str | None:
@@ -96,8 +97,13 @@ class RankFailure:
 
 
 def root_cause(failures: Iterable[RankFailure]) -> RankFailure:
-    """The failure that most likely started it all (see module docstring)."""
+    """The failure that most likely started it all (see module docstring). Among hangs that
+    several nodes' watchdogs report, the rank that fell furthest behind: every rank beats
+    in the same order, and beat counts do not depend on clocks agreeing to the millisecond."""
     ordered = sorted(failures, key=lambda f: (f.is_consequence, f.time, f.rank))
     if not ordered:
         raise ValueError("root_cause() needs at least one failure")
+    if ordered[0].error_type == HANG:
+        hangs = [f for f in ordered if f.error_type == HANG]
+        return min(hangs, key=lambda f: (f.beats or 0, f.time, f.rank))
     return ordered[0]

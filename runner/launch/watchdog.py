@@ -37,20 +37,23 @@ STACK_DUMP_WAIT_S = 0.5  # faulthandler writes in the signal handler: this is pl
 
 @dataclass(frozen=True)
 class Seen:
-    """A rank's latest beat and when the watchdog first saw it."""
+    """A rank's latest beat and when the watchdog first saw it (time.monotonic())."""
 
     beat: Beat
-    since: float  # time.monotonic()
-    wall: float  # time.time(), for the report and for ordering failures across nodes
+    since: float
 
 
 class Watchdog:
-    def __init__(self, spec: WatchdogSpec, run_dir: RunDir, nproc: int):
+    def __init__(self, spec: WatchdogSpec, run_dir: RunDir, nproc: int, nodes: int = 1):
         self.spec = spec
         self.run_dir = run_dir
         self.nproc = nproc
         self.path = heartbeat.create(nproc)
         self.poll_s = min(1.0, (spec.timeout or 10.0) / 10)
+        # Every rank of a hung run stalls within about a step of the others, so the other
+        # nodes' watchdogs fire within a poll of this one: let them write their stacks before
+        # this node's ranks die (and the ranks elsewhere fail on the broken connections).
+        self.kill_delay_s = STACK_DUMP_WAIT_S + (2 * self.poll_s if nodes > 1 else 0.0)
         self.seen: dict[int, Seen] = {}
         self.killed: set[int] = set()
         self.hang: RankFailure | None = None
@@ -99,7 +102,7 @@ class Watchdog:
                 continue
             seen = self.seen.get(slot)
             if seen is None or seen.beat != beat:
-                seen = self.seen[slot] = Seen(beat, now, time.time())
+                seen = self.seen[slot] = Seen(beat, now)
             live.append(seen)
         if any(self._over(s, now) for s in live):
             return live
@@ -123,7 +126,7 @@ class Watchdog:
             with contextlib.suppress(OSError), open(log, "a") as f:
                 f.write(marker)
             _signal(seen.beat.pid, signal.SIGUSR1)
-        time.sleep(STACK_DUMP_WAIT_S)
+        time.sleep(self.kill_delay_s)
         for seen in live:
             self.killed.add(seen.beat.pid)
             _signal(seen.beat.pid, signal.SIGKILL)
@@ -134,7 +137,7 @@ class Watchdog:
         trigger = min((s for s in live if self._over(s, now)), key=lambda s: s.since)
         key, limit = self.allowance(trigger.beat.phase)
         stuck = [s for s in live if now - s.since >= (now - trigger.since) / 2]
-        first = min(stuck, key=lambda s: (s.beat.beats, s.since, s.beat.rank))
+        first = min(stuck, key=lambda s: (s.beat.beats, s.beat.at, s.beat.rank))
 
         def state(s: Seen) -> str:
             where = heartbeat.describe(s.beat.phase, s.beat.step)
@@ -149,11 +152,12 @@ class Watchdog:
         return RankFailure(
             rank=first.beat.rank,
             exitcode=-signal.SIGKILL,
-            time=first.wall,
+            time=first.beat.at,  # across nodes, the earliest stalled rank is the root cause
             host=socket.gethostname(),
             error_type=HANG,
             message=message,
             log=self.run_dir.rank_log(first.beat.rank),
+            beats=first.beat.beats,
         )
 
 
