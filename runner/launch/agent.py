@@ -269,7 +269,10 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
         _settle(link, watchdog)
         notices = link.notices if link is not None else []
         if notices:  # another node's part ended first: end with its cause
-            code = _stopped_by_other_node(notices, run_dir, write_outcome)
+            hang = watchdog.hang if watchdog is not None else None
+            if hang is not None:  # ours hung too: the other nodes weigh both
+                link.publish(hang)  # type: ignore[union-attr]
+            code = _stopped_by_other_node(notices, run_dir, write_outcome, hang)
             link.linger()  # type: ignore[union-attr]
             return code
         name = signal.Signals(exc.sigval).name
@@ -302,8 +305,12 @@ def _settle(link: nodes.NodeLink | None, watchdog: Watchdog | None) -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
-def _stopped_by_other_node(notices: list[nodes.StopNotice], run_dir: RunDir, write_outcome) -> int:
+def _stopped_by_other_node(
+    notices: list[nodes.StopNotice], run_dir: RunDir, write_outcome, hang: RankFailure | None
+) -> int:
     failures = [n.failure for n in notices if n.failure is not None]
+    if hang is not None:
+        failures.append(hang)
     if failures:
         cause = root_cause(failures)
         print(f"runner: stopped because {cause.headline()}", file=sys.stderr, flush=True)
