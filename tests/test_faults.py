@@ -161,3 +161,32 @@ def test_hung_rank_is_named_with_every_stack_and_the_run_ends(cli) -> None:
         stack = result.rank_log(rank).split("===== runner watchdog:")[1]
         assert "the Python stack of every thread follows" in stack and frame in stack, stack
     assert not run_processes(result.run_dir)
+
+
+def test_nan_under_skip_costs_one_step_alike_for_ddp_and_deepspeed(cli) -> None:
+    """nonfinite=skip, chaos nan: rank 1's loss is NaN at step 3. ddp skips through the
+    guard's per-step verdict, zero2 through DeepSpeed's own norm check; either way every rank
+    drops step 3 (weights, optimizer state and schedule), logs train/skipped_steps, and the
+    two end with the same weights."""
+    from tests.test_resume import max_relative_difference
+
+    runs = {
+        parallelism: cli(
+            *RESTARTABLE,
+            f"parallelism={parallelism}",
+            "nonfinite=skip",
+            "chaos.kill_rank=1",
+            "chaos.at_step=3",
+            "chaos.action=nan",
+            name=parallelism,
+        )
+        for parallelism in ("ddp", "zero2")
+    }
+    for result in runs.values():
+        assert result.returncode == 0, result.output
+        skipped = {m["step"]: m["train/skipped_steps"] for m in result.metrics()}
+        assert skipped[2] == 0 and skipped[4] == skipped[12] == 1
+        assert "nonfinite: step 3 skipped (non-finite" in result.rank_log(0)
+    lrs = [[m["lr"] for m in r.metrics()] for r in runs.values()]
+    assert lrs[0] == lrs[1]  # the schedule held still for the skipped step under both
+    assert max_relative_difference(runs["ddp"].run_dir, runs["zero2"].run_dir) < 1e-5

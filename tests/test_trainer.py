@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from runner.artifacts import RunDir
 from runner.spec import resolve_spec
+from runner.train.nonfinite import NonFiniteError
 from runner.train.trainer import Trainer
 from tests.conftest import FAST
 from tests.test_compose import compose_config
@@ -42,5 +45,55 @@ def test_evaluation_runs_in_eval_mode_and_training_resumes_in_train_mode(
 
     modes.clear()
     batch = [next(iter(trainer.train_loader))]
-    trainer.train_step(batch, n_global=len(batch[0][0]))
+    trainer.train_step(batch, n_global=len(batch[0][0]), step=1)
     assert modes == [True]
+
+
+def build(tmp_path: Path, *overrides: str) -> Trainer:
+    config = compose_config([*FAST, "device=cpu", "nproc=1", "tensorboard=false", *overrides])
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    return Trainer(resolve_spec(config), RunDir(tmp_path), "cpu", None)
+
+
+def test_a_skipped_step_leaves_weights_optimizer_and_schedule_alone(
+    tmp_path: Path, one_rank_group: None
+) -> None:
+    """nonfinite=skip: a NaN loss costs that step and nothing else; one skip more than
+    nonfinite_max_skips in a row ends the run."""
+    trainer = build(tmp_path, "nonfinite=skip", "nonfinite_max_skips=2", "scheduler=cosine")
+    batch = [next(iter(trainer.train_loader))]
+    n = len(batch[0][0])
+    trainer.train_step(batch, n, step=1)  # a real step: the optimizer has state now
+    weights = copy.deepcopy(trainer.engine.module.state_dict())
+    optimizer = copy.deepcopy(trainer.engine.torch_optimizer.state_dict())
+    lr = trainer.engine.lr
+    for step in (2, 3):
+        trainer.train_step(batch, n, step=step, poison=True)
+    after = trainer.engine.torch_optimizer.state_dict()
+    assert all(torch.equal(v, trainer.engine.module.state_dict()[k]) for k, v in weights.items())
+    assert all(
+        torch.equal(v, after["state"][i][k])
+        for i, s in optimizer["state"].items()
+        for k, v in s.items()
+    )
+    assert trainer.engine.lr == lr and trainer.guard.skipped == 2
+    trainer.train_step(batch, n, step=4)  # a good step resets the count
+    trainer.train_step(batch, n, step=5, poison=True)
+    trainer.train_step(batch, n, step=6, poison=True)
+    with pytest.raises(NonFiniteError, match=r"at step 7 on rank\(s\) 0; 3 steps in a row"):
+        trainer.train_step(batch, n, step=7, poison=True)
+
+
+def test_stop_names_the_gradient_norm_when_the_loss_was_finite(
+    tmp_path: Path, one_rank_group: None
+) -> None:
+    trainer = build(tmp_path)
+    batch = [next(iter(trainer.train_loader))]
+    first = next(trainer.engine.module.parameters())
+    first.register_hook(lambda grad: grad * float("inf"))  # overflows in backward only
+    loss_sum, _ = trainer.train_step(batch, len(batch[0][0]), step=1)
+    assert torch.isfinite(loss_sum)
+    with pytest.raises(
+        NonFiniteError, match=r"gradient norm .* at step 1 on rank\(s\) 0 \(the loss"
+    ):
+        trainer.guard.reduce_with(loss_sum)

@@ -18,7 +18,7 @@ class Engine(ABC):
 
     The loop calls, per optimizer step: for each microbatch i of n,
     `with engine.microbatch(i, n): loss = f(engine.model(x)); engine.backward(loss)`,
-    then `engine.step()`.
+    then `norm = engine.prepare_step()` and `engine.step()` (or `engine.skip_step()`).
     """
 
     model: nn.Module
@@ -38,9 +38,26 @@ class Engine(ABC):
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate `loss` (already weighted by the microbatch's share of the step)."""
 
+    def prepare_step(self) -> torch.Tensor | None:
+        """Finish this step's gradients (sync, unscale, clip) and return their norm on this
+        rank, on device, without a host sync: of the whole gradient where every rank holds
+        it, of this rank's shards under FSDP. None where the engine checks the gradients
+        itself (DeepSpeed) or a loss scaler does (fp16)."""
+        return None
+
     @abstractmethod
     def step(self) -> None:
-        """Finish gradient sync, clip, step optimizer and schedule, zero the gradients."""
+        """Step the optimizer and the schedule, zero the gradients."""
+
+    def skip_step(self) -> None:
+        """Drop this step's gradients: the weights, the optimizer state and the schedule stay
+        as they were."""
+        self.torch_optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def nonfinite_skips(self) -> int:
+        """Steps the engine skipped by itself for a non-finite gradient norm (DeepSpeed)."""
+        return 0
 
     @property
     def lr(self) -> float:
@@ -115,3 +132,12 @@ def storage_bytes(tensors: list[torch.Tensor]) -> int:
         storage = local.untyped_storage()
         storages[(storage.data_ptr(), local.device)] = storage.nbytes()
     return sum(storages.values())
+
+
+def local_grad_norm(params: list[torch.Tensor]) -> torch.Tensor | None:
+    """The norm of the gradients this rank holds (FSDP: its shards), on device, no sync."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return None
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    return torch.nn.utils.get_total_norm(local)

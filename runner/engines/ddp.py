@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from runner import dist as rdist
-from runner.engines.base import Engine
+from runner.engines.base import Engine, local_grad_norm
 from runner.engines.optim import build_optimizer, build_scheduler
 from runner.engines.precision import grad_scaler
 from runner.spec import RunSpec, SyncStrategy
@@ -57,12 +57,17 @@ class DDPEngine(Engine):
         if self.strategy is SyncStrategy.FORCED_SYNC:
             average_gradients(list(self.module.parameters()))
 
-    def step(self) -> None:
+    def prepare_step(self) -> torch.Tensor | None:
         self.sync_gradients()
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
+        params = list(self.module.parameters())
         if self.grad_clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip_norm)
+            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip_norm)
+            return None if self.scaler else norm
+        return None if self.scaler else local_grad_norm(params)
+
+    def step(self) -> None:
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()

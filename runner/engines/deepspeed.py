@@ -85,6 +85,7 @@ class DeepSpeedEngine(Engine):
         self.watch_state(optimizer)  # ZeRO steps our optimizer on its own partitions
         self.stage = spec.parallelism.stage
         self.full_precision = spec.precision.name is Precision.FP32
+        self.fp16 = spec.precision.name is Precision.FP16
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
         return contextlib.nullcontext()  # DeepSpeed knows the boundary from its own count
@@ -96,6 +97,12 @@ class DeepSpeedEngine(Engine):
 
     def step(self) -> None:
         pass  # done by the last microbatch's backward()
+
+    @property
+    def nonfinite_skips(self) -> int:
+        """DeepSpeed skips a step whose global gradient norm is not finite (under fp16 that
+        is its loss scaler at work, not a fault)."""
+        return 0 if self.fp16 else self.model.skipped_steps
 
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         # DeepSpeed's own layout (directory/latest + directory/state/...), so its tools

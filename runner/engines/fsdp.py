@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from runner import dist as rdist
-from runner.engines.base import Engine
+from runner.engines.base import Engine, local_grad_norm
 from runner.engines.optim import build_optimizer, build_scheduler
 from runner.models.blocks import find_blocks
 from runner.spec import Precision, RunSpec
@@ -73,9 +73,14 @@ class FSDPEngine(Engine):
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
+    def prepare_step(self) -> torch.Tensor | None:
+        params = list(self.module.parameters())
+        if self.grad_clip_norm is not None:  # the global norm (a collective): clipping needs it
+            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip_norm)
+            return norm.to_local() if hasattr(norm, "to_local") else norm
+        return local_grad_norm(params)  # this rank's shards: the guard combines the ranks
+
     def step(self) -> None:
-        if self.grad_clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

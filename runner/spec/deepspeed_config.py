@@ -73,7 +73,11 @@ def generated_config(spec: RunSpec) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": spec.micro_batch_size,
         "gradient_accumulation_steps": spec.grad_accum,
         "zero_optimization": _zero_section(zero),
-        "bf16": {"enabled": precision.name is Precision.BF16},
+        # bf16: DeepSpeed skips a step whose gradient norm is not finite only when asked to
+        # (fp32 and ZeRO-3 always do); the non-finite guard counts those skips.
+        "bf16": {"enabled": True, "check_grad_overflow": True}
+        if precision.name is Precision.BF16
+        else {"enabled": False},
         "fp16": {"enabled": precision.name is Precision.FP16},
         "zero_allow_untested_optimizer": True,  # our torch optimizers, passed as client objects
         "steps_per_print": 2**31 - 1,  # runner logs its own metrics

@@ -309,6 +309,8 @@ class RunSpec:
 
     resume: str | None = None
     max_restarts: int = _bound(0, min=0)
+    nonfinite: Literal["stop", "skip"] = "stop"
+    nonfinite_max_skips: int = _bound(5, min=1)
 
     @property
     def world_size(self) -> int:

@@ -1,36 +1,118 @@
-"""The non-finite guard: a loss or weights that turned NaN or inf end the run, and are never
-saved.
+"""The non-finite guard: a loss or gradient that turns NaN or inf ends the run (`nonfinite:
+stop`) or costs only that optimizer step (`skip`), and a non-finite state is never saved.
 
-No host sync per step: each rank notes on its device the first step its loss was not
-finite. The ranks compare notes only where they sync anyway: on log steps, in the same
-all-reduce as the loss, and before a checkpoint or model.pt is written (where the weights
-are checked too). Every rank then raises the same error, naming the step and the ranks.
+stop (the default) adds no host sync per step: each rank notes on its device the first step
+its loss, then its gradient norm, was not finite. The ranks compare notes only where they
+sync anyway: on log steps, in the same all-reduce as the loss, and before a checkpoint or
+model.pt is written (where the weights are checked too). Every rank then raises the same
+error, naming the step, the ranks, and whether the loss or the gradient norm went first.
+
+skip must decide before the optimizer steps, on every rank alike: one small all-reduce of
+the ranks' verdicts and one read of it on the host per step. A skipped step leaves the
+weights, the optimizer state and the schedule as they were. `max_skips` consecutive skips
+end the run as stop would.
+
+DeepSpeed checks the gradient norm itself and skips a non-finite step (ZeRO-3 always; ZeRO-1/2
+in fp32, and in bf16 since runner turns its check on); the guard counts those skips from the
+engine, at no cost. Under fp16 the loss scaler owns gradient overflow: skipping such steps
+and lowering the scale is its job, so there only the loss and the weights are checked.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from torch import nn
 
 from runner import dist as rdist
 
+LOSS, GRAD, WEIGHTS = 0, 1, 2
+_WHAT = {LOSS: "loss", GRAD: "gradient norm", WEIGHTS: "weights"}
+
 
 class NonFiniteError(FloatingPointError):
-    """The loss or the weights are NaN or inf."""
+    """The loss, the gradients or the weights are NaN or inf."""
 
 
 class NonFiniteGuard:
-    def __init__(self, world_size: int, rank: int, device: str):
-        self.rank = rank
-        # Per rank: the first step its loss was non-finite, then the first its weights were
+    def __init__(
+        self,
+        world_size: int,
+        rank: int,
+        device: str,
+        mode: Literal["stop", "skip"] = "stop",
+        max_skips: int = 5,
+    ):
+        self.rank, self.mode, self.max_skips = rank, mode, max_skips
+        # Per rank: the first step its loss, its gradient norm, its weights were non-finite
         # (0: never). A rank writes only its own slots, so a sum over ranks gathers them.
-        self.first = torch.zeros(2, world_size, dtype=torch.float64, device=device)
+        self.first = torch.zeros(3, world_size, dtype=torch.float64, device=device)
+        self.skipped = 0  # steps skipped in all
+        self.consecutive = 0
+        self.engine_skips = 0  # the engine's own count (DeepSpeed), as last seen
 
-    def note_loss(self, loss_sum: torch.Tensor, step: int) -> None:
-        """After each step, on device: remember the step if this rank's loss is not finite."""
-        slot = self.first[0, self.rank]
-        bad = ~torch.isfinite(loss_sum) & (slot == 0)
-        self.first[0, self.rank] = torch.where(bad, float(step), slot)
+    # ------------------------------------------------------------------ every step
+
+    def should_skip(
+        self, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None, step: int
+    ) -> bool:
+        """After backward, before the optimizer: note (stop) or decide (skip)."""
+        if self.mode == "skip":
+            if grad_norm is None:  # the engine or the loss scaler skips by itself
+                return False
+            verdicts = torch.zeros(
+                2, self.first.shape[1], dtype=torch.float64, device=grad_norm.device
+            )
+            verdicts[LOSS, self.rank] = (~torch.isfinite(loss_sum)).double()
+            verdicts[GRAD, self.rank] = (~torch.isfinite(grad_norm)).double()
+            rdist.all_reduce(verdicts)
+            bad = verdicts.cpu()  # the one host read per step that skip costs
+            if bool(bad.any()):
+                return self._skip(bad, step)
+            self.consecutive = 0
+            return False
+        self._note(LOSS, loss_sum, step)
+        if grad_norm is not None:
+            self._note(GRAD, grad_norm, step)
+        return False
+
+    def after_step(self, engine_skips: int, step: int) -> None:
+        """After the engine stepped: count the steps it skipped by itself (a host int)."""
+        if engine_skips == self.engine_skips:
+            return
+        self.engine_skips = engine_skips  # DeepSpeed's norm is global: every rank is here
+        if self.mode == "stop":  # the loss may have gone first: compare notes (we stop anyway)
+            if self.first[GRAD, self.rank] == 0:
+                self.first[GRAD, self.rank] = float(step)
+            notes = self.first.clone()
+            rdist.all_reduce(notes)
+            self._raise_if_noted(notes.cpu())
+        self._skip(torch.zeros(2, 0), step)
+
+    def _skip(self, bad: torch.Tensor, step: int) -> bool:
+        self.skipped += 1
+        self.consecutive += 1
+        what = LOSS if bool(bad[LOSS].any()) else GRAD
+        ranks = [r for r, v in enumerate(bad[what].tolist()) if v > 0]  # none: DeepSpeed's
+        print(f"nonfinite: step {step} skipped ({self._describe(what, step, ranks)})", flush=True)
+        if self.consecutive > self.max_skips:
+            self._raise(
+                what,
+                step,
+                ranks,
+                f"{self.consecutive} steps in a row were skipped "
+                f"(nonfinite_max_skips={self.max_skips}); ",
+            )
+        return True
+
+    def _note(self, row: int, value: torch.Tensor, step: int) -> None:
+        """On device: remember the step if `value` is not finite (first time only)."""
+        slot = self.first[row, self.rank]
+        bad = ~torch.isfinite(value) & (slot == 0)
+        self.first[row, self.rank] = torch.where(bad, float(step), slot)
+
+    # ------------------------------------------------------------------ where ranks sync
 
     def reduce_with(self, loss_sum: torch.Tensor) -> torch.Tensor:
         """All-reduce the loss sum and every rank's notes in one collective; check the notes
@@ -42,23 +124,37 @@ class NonFiniteGuard:
 
     def check_before_saving(self, module: nn.Module, step: int) -> None:
         """Before a checkpoint or model.pt: the notes, and this rank's weights, all finite."""
-        if self.first[1, self.rank] == 0 and not _weights_finite(module):
-            self.first[1, self.rank] = float(step)
+        if self.first[WEIGHTS, self.rank] == 0 and not _weights_finite(module):
+            self.first[WEIGHTS, self.rank] = float(step)
         notes = self.first.clone()
         rdist.all_reduce(notes)
         self._raise_if_noted(notes.cpu())
 
     def _raise_if_noted(self, notes: torch.Tensor) -> None:
-        for row, what in enumerate(("loss", "weights")):
-            steps = {rank: int(s) for rank, s in enumerate(notes[row].tolist()) if s > 0}
-            if steps:
-                first = min(steps.values())
-                ranks = sorted(r for r, s in steps.items() if s == first)
-                raise NonFiniteError(
-                    f"non-finite {what} (NaN or inf) at step {first} on rank(s) "
-                    f"{', '.join(map(str, ranks))}; the run stops and nothing from that state "
-                    "is saved (the latest checkpoint holds finite weights)"
-                )
+        noted = [
+            (int(s), row, rank)
+            for row in (LOSS, GRAD, WEIGHTS)
+            for rank, s in enumerate(notes[row].tolist())
+            if s > 0
+        ]
+        if noted:
+            step, row, _ = min(noted)  # the earliest step; at a tie, the loss before the rest
+            self._raise(row, step, sorted(r for s, w, r in noted if (s, w) == (step, row)))
+
+    def _describe(self, row: int, step: int, ranks: list[int]) -> str:
+        if not ranks:  # the engine's own check (DeepSpeed), of the global norm
+            return f"non-finite {_WHAT[row]} (NaN or inf) at step {step}, found by DeepSpeed"
+        where = ", ".join(map(str, ranks))
+        finite_loss = " (the loss was finite)" if row == GRAD else ""
+        return (
+            f"non-finite {_WHAT[row]} (NaN or inf) at step {step} on rank(s) {where}{finite_loss}"
+        )
+
+    def _raise(self, row: int, step: int, ranks: list[int], why: str = "") -> None:
+        raise NonFiniteError(
+            f"{self._describe(row, step, ranks)}; {why}the run stops and nothing from that state "
+            "is saved (every checkpoint written before it is finite)"
+        )
 
 
 def _weights_finite(module: nn.Module) -> bool:

@@ -123,7 +123,9 @@ class Trainer:
         seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
 
         self.step, self.samples, self.resumed_from = 0, 0, None
-        self.guard = NonFiniteGuard(self.world, self.rank, device)
+        self.guard = NonFiniteGuard(
+            self.world, self.rank, device, spec.nonfinite, spec.nonfinite_max_skips
+        )
         self.check_items = True  # the first step checks the loss's item counts
         self.first_step_at: float | None = None  # wall clock, for time-to-first-step
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -188,8 +190,7 @@ class Trainer:
                 batch = [next(microbatches) for _ in range(spec.grad_accum)]
                 self.heart.beat(Phase.BATCH, step)
                 poison = chaos.poisons_loss(spec.chaos, self.rank, step)
-                loss_sum, items = self.train_step(batch, n_global, poison)
-                self.guard.note_loss(loss_sum, step)  # on device: no host sync
+                loss_sum, items = self.train_step(batch, n_global, step, poison)
                 self.heart.beat(Phase.STEP)
                 if self.first_step_at is None:
                     self.first_step_at = time.time()
@@ -216,9 +217,10 @@ class Trainer:
         return self._finish(start_time)
 
     def train_step(
-        self, microbatches: list[tuple[Any, bool]], n_global: int, poison: bool = False
+        self, microbatches: list[tuple[Any, bool]], n_global: int, step: int, poison: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | int]:
-        """Forward and backward every microbatch of this rank, then step.
+        """Forward and backward every microbatch of this rank, then step (or skip the step,
+        when the guard says so: a non-finite loss or gradient norm under nonfinite=skip).
 
         Returns this rank's loss sum and the items of the whole global batch."""
         items = self._global_items(microbatches, n_global)
@@ -239,7 +241,12 @@ class Trainer:
                 self._check_items(count, targets)
             loss_sum += loss.detach()
         self.check_items = False
-        self.engine.step()
+        grad_norm = self.engine.prepare_step()
+        if self.guard.should_skip(loss_sum, grad_norm, step):
+            self.engine.skip_step()
+        else:
+            self.engine.step()
+            self.guard.after_step(self.engine.nonfinite_skips, step)
         return loss_sum, items
 
     def _global_items(self, microbatches: list[tuple[Any, bool]], n_global: int) -> Any:
@@ -310,7 +317,7 @@ class Trainer:
         throughput: Throughput,
     ) -> dict[str, Any]:
         total = self.guard.reduce_with(loss_sum)  # the only host sync: on log steps
-        return {
+        record = {
             "step": step,
             "epoch": round(step / self.steps_per_epoch, 4),
             "samples": samples,
@@ -318,6 +325,9 @@ class Trainer:
             "lr": lr,
             "throughput/samples_per_sec": throughput.rate(samples),
         }
+        if self.spec.nonfinite == "skip":
+            record["train/skipped_steps"] = self.guard.skipped
+        return record
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.is_main:
