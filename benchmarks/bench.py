@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def time_command(command: list[str], cwd: str, nproc: int) -> tuple[float, float
 
 
 def outside_runner(
-    model: str, steps: int, nproc: int = 2, prestart: bool = True
+    model: str, steps: int, nproc: int = 2, prestart: bool = True, extra: tuple[str, ...] = ()
 ) -> tuple[float, float]:
     """(wall seconds, seconds from the command's start to the first optimizer step done).
 
@@ -136,7 +137,7 @@ def outside_runner(
         command += [f"model={model}", "data=synthetic", f"nproc={nproc}"]
         command += ["global_batch_size=64", f"max_steps={steps}", "max_epochs=null"]
         command += ["eval_interval=1000000", f"hydra.run.dir={run_dir}"]  # eval: last step only
-        wall, start, _ = time_command(command, tmp, nproc)
+        wall, start, _ = time_command([*command, *extra], tmp, nproc)
         first = json.loads((run_dir / "summary.json").read_text())["first_step_at"]
     return wall, first - start
 
@@ -166,11 +167,21 @@ def overhead_config(name: str, measure, model: str) -> Config:
     return Config(name, both)
 
 
+# The defaults (the runner row) keep the hang watchdog and the non-finite guard (stop) on;
+# these rows show what each costs, and what skip's per-step verdict costs.
+NO_WATCHDOG = ("watchdog.timeout=null",)
+SKIP = ("nonfinite=skip",)
+
+
 def overhead_suite(model: str) -> Callable[[int], list[Config]]:
     def build(_steps: int) -> list[Config]:
         return [
             overhead_config("torchrun + plain PyTorch DDP", outside_plain, model),
             overhead_config("runner", outside_runner, model),
+            overhead_config(
+                "runner, no watchdog", partial(outside_runner, extra=NO_WATCHDOG), model
+            ),
+            overhead_config("runner, nonfinite=skip", partial(outside_runner, extra=SKIP), model),
         ]
 
     return build
