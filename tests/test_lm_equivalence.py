@@ -35,13 +35,11 @@ SPLITS = [(1, 4), (2, 2), (4, 1), (2, 3)]
 ENGINES = ["ddp", "zero1", "zero2", "zero3", "fsdp"]
 # The sharded engines (they gather weights in forward) at every split; the others at every
 # split once between them (all 20 pairs passed when this was written; the sample keeps
-# `make test` under its time budget).
+# `make test` under its time budget; the mlp equivalence tests take ddp to 2x3).
 CASES = [(split, p) for split in SPLITS for p in ("zero3", "fsdp")] + [
     ((1, 4), "zero1"),
     ((2, 2), "ddp"),
     ((4, 1), "zero2"),
-    ((2, 3), "ddp"),
-    ((2, 3), "zero2"),
 ]
 assert {p for _, p in CASES} == set(ENGINES)
 

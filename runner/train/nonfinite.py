@@ -28,6 +28,7 @@ from torch import nn
 from runner import dist as rdist
 
 LOSS, GRAD, WEIGHTS = 0, 1, 2
+_LATER = 2.0**52  # a step is noted as _LATER - step (exact in float64): see _note
 _WHAT = {LOSS: "loss", GRAD: "gradient norm", WEIGHTS: "weights"}
 
 
@@ -45,9 +46,11 @@ class NonFiniteGuard:
         max_skips: int = 5,
     ):
         self.rank, self.mode, self.max_skips = rank, mode, max_skips
-        # Per rank: the first step its loss, its gradient norm, its weights were non-finite
-        # (0: never). A rank writes only its own slots, so a sum over ranks gathers them.
+        # Per rank: the first step its loss, its gradient norm, its weights were non-finite,
+        # as _LATER - step (0: never). A rank writes only its own slots, so a sum over ranks
+        # gathers them.
         self.first = torch.zeros(3, world_size, dtype=torch.float64, device=device)
+        self._zero = torch.zeros((), dtype=torch.float64, device=device)
         self.skipped = 0  # steps skipped in all
         self.consecutive = 0
         self.engine_skips = 0  # the engine's own count (DeepSpeed), as last seen
@@ -72,9 +75,7 @@ class NonFiniteGuard:
                 return self._skip(bad, step)
             self.consecutive = 0
             return False
-        self._note(LOSS, loss_sum, step)
-        if grad_norm is not None:
-            self._note(GRAD, grad_norm, step)
+        self._note(loss_sum, grad_norm, step)
         return False
 
     def after_step(self, engine_skips: int, step: int) -> None:
@@ -84,7 +85,7 @@ class NonFiniteGuard:
         self.engine_skips = engine_skips  # DeepSpeed's norm is global: every rank is here
         if self.mode == "stop":  # the loss may have gone first: compare notes (we stop anyway)
             if self.first[GRAD, self.rank] == 0:
-                self.first[GRAD, self.rank] = float(step)
+                self.first[GRAD, self.rank] = _LATER - step
             notes = self.first.clone()
             rdist.all_reduce(notes)
             self._raise_if_noted(notes.cpu())
@@ -106,11 +107,14 @@ class NonFiniteGuard:
             )
         return True
 
-    def _note(self, row: int, value: torch.Tensor, step: int) -> None:
-        """On device: remember the step if `value` is not finite (first time only)."""
-        slot = self.first[row, self.rank]
-        bad = ~torch.isfinite(value) & (slot == 0)
-        self.first[row, self.rank] = torch.where(bad, float(step), slot)
+    def _note(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None, step: int) -> None:
+        """On device, in a few kernels: remember the first step where the loss or the gradient
+        norm was not finite. A slot holds _LATER - step, so the first step is the largest mark
+        (0: never), kept by a running maximum."""
+        values = loss_sum.reshape(1) if grad_norm is None else torch.stack([loss_sum, grad_norm])
+        mark = torch.where(torch.isfinite(values), self._zero, _LATER - step)  # float64
+        slots = self.first[: len(values), self.rank]  # a view: updated in place
+        torch.maximum(slots, mark, out=slots)
 
     # ------------------------------------------------------------------ where ranks sync
 
@@ -125,14 +129,14 @@ class NonFiniteGuard:
     def check_before_saving(self, module: nn.Module, step: int) -> None:
         """Before a checkpoint or model.pt: the notes, and this rank's weights, all finite."""
         if self.first[WEIGHTS, self.rank] == 0 and not _weights_finite(module):
-            self.first[WEIGHTS, self.rank] = float(step)
+            self.first[WEIGHTS, self.rank] = _LATER - step
         notes = self.first.clone()
         rdist.all_reduce(notes)
         self._raise_if_noted(notes.cpu())
 
     def _raise_if_noted(self, notes: torch.Tensor) -> None:
         noted = [
-            (int(s), row, rank)
+            (int(_LATER - s), row, rank)
             for row in (LOSS, GRAD, WEIGHTS)
             for rank, s in enumerate(notes[row].tolist())
             if s > 0
