@@ -204,6 +204,8 @@ CLI_CASES = [
     # Hydra's composition errors, reported the same way
     (["parallelism=zero4"], "parallelism=zero4: no such parallelism option; valid: ddp, fsdp,"),
     (["nprocs=2"], "nprocs=2: unknown key; did you mean nproc?"),
+    (["logger=[tensorboard,mlflw]"], "logger=mlflw: no such logger option; valid: csv, none,"),
+    (["tensorboard=false"], "tensorboard=false: unknown key; the logger group now: logger=none"),
     (["+recipe=nope"], "+recipe=nope: no such recipe option; valid: gpt_text, mlp_digits,"),
     (["nproc=[1"], "nproc=[1: not a valid override"),
 ]

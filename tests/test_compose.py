@@ -85,6 +85,9 @@ def test_every_option_composes_and_resolves(group: str, image_roots: dict[str, s
         if group == "metrics":
             assert set(chosen) == set(OmegaConf.load(CONF_DIR / group / f"{option}.yaml"))
             continue
+        if group == "logger":  # any number of options; `none` selects no tracker
+            assert chosen.selected == ([] if option == "none" else [option])
+            continue
         name = chosen.name
         resolved_elsewhere = (group, option) in (("sync_strategy", "auto"), ("precision", "auto"))
         assert getattr(name, "value", name) == option or resolved_elsewhere

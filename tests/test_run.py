@@ -59,7 +59,7 @@ def test_default_experiment_fills_the_run_directory(default_run) -> None:
     assert summary["steps"] == metrics[-1]["step"] == 276
     assert summary["wall_time_s"] > 0
     assert summary["final"] == metrics[-1]
-    from tests.test_tensorboard import scalars
+    from tests.test_loggers import scalars
 
     curves = scalars(run / "tensorboard")  # `tensorboard --logdir runs/` sees every step
     assert [step for step, _ in curves["train/loss"]] == steps

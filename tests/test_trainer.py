@@ -32,7 +32,7 @@ def test_evaluation_runs_in_eval_mode_and_training_resumes_in_train_mode(
     tmp_path: Path, one_rank_group: None
 ) -> None:
     """train() is set once per fit, not every step, so evaluate() must switch back."""
-    config = compose_config([*FAST, "device=cpu", "nproc=1", "tensorboard=false"])
+    config = compose_config([*FAST, "device=cpu", "nproc=1", "logger=none"])
     (tmp_path / "logs").mkdir()
     trainer = Trainer(resolve_spec(config), RunDir(tmp_path), "cpu", None)
     modes: list[bool] = []
@@ -50,7 +50,7 @@ def test_evaluation_runs_in_eval_mode_and_training_resumes_in_train_mode(
 
 
 def build(tmp_path: Path, *overrides: str) -> Trainer:
-    config = compose_config([*FAST, "device=cpu", "nproc=1", "tensorboard=false", *overrides])
+    config = compose_config([*FAST, "device=cpu", "nproc=1", "logger=none", *overrides])
     (tmp_path / "logs").mkdir(exist_ok=True)
     return Trainer(resolve_spec(config), RunDir(tmp_path), "cpu", None)
 

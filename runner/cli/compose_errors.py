@@ -13,6 +13,7 @@ import difflib
 import re
 import types
 import typing
+from pathlib import Path
 from typing import Any, Union
 
 from hydra.errors import (
@@ -27,10 +28,17 @@ from runner.spec import RunSpec
 GRAMMAR_DOCS = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
 
-def composition_problem(exc: HydraException, overrides: list[str]) -> str:
+def composition_problem(
+    exc: HydraException, overrides: list[str], conf_dir: str | None = None
+) -> str:
     """One line naming the override, what is wrong with it and what is valid. `overrides`
-    are the command line's, to show a group option the way it was given (`+recipe=...`)."""
-    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options:
+    are the command line's, to show a group option the way it was given (`+recipe=...`);
+    `conf_dir` lists a group's options where Hydra does not (a list: `logger=[a,b]`)."""
+    missing = isinstance(exc, MissingConfigException) and exc.missing_cfg_file
+    if missing and not exc.options and conf_dir and "/" in exc.missing_cfg_file:
+        group = exc.missing_cfg_file.rpartition("/")[0]
+        exc.options = [p.stem for p in (Path(conf_dir) / group).glob("*.yaml")]
+    if missing and exc.options:
         group, _, option = exc.missing_cfg_file.rpartition("/")
         plus = "+" if any(o.startswith(f"+{group}=") for o in overrides) else ""
         where = re.match(r"In '([^']+)':", str(exc))
@@ -47,7 +55,12 @@ def composition_problem(exc: HydraException, overrides: list[str]) -> str:
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
+RENAMED = {"tensorboard": "the logger group now: logger=none, logger=[tensorboard,csv], ..."}
+
+
 def _suggestion(key: str) -> str:
+    if key in RENAMED:
+        return RENAMED[key]
     parent, _, leaf = key.rpartition(".")
     prefix = f"{parent}." if parent else ""
     siblings = [k[len(prefix) :] for k in schema_keys(RunSpec) if k.startswith(prefix)]

@@ -265,7 +265,9 @@ def main() -> None:
     except HydraException as exc:
         if user_wants_hydra_errors:
             raise
-        print(_problems_text([composition_problem(exc, sys.argv[1:])]), file=sys.stderr)
+        print(
+            _problems_text([composition_problem(exc, sys.argv[1:], _conf_dir())]), file=sys.stderr
+        )
         if SweepTable.sweep_dir is not None:  # a sweep whose jobs could not be composed
             _discard(SweepTable.sweep_dir, frozenset({"multirun.yaml"}))
         sys.exit(2)

@@ -26,12 +26,16 @@ GROUPS = (
     "parallelism",
     "sync_strategy",
     "precision",
+    "logger",
 )
 
 
-def _option(conf_dir: Path, group: str, node: dict) -> str:
+def _option(conf_dir: Path, group: str, node: dict) -> str | list[str]:
     """The group option a resolved node came from: its `name`, or for a component the
-    shipped option with the same `_target_` (else `custom`; metrics: `none`)."""
+    shipped option with the same `_target_` (else `custom`; metrics: `none`); for the
+    logger, the options selected."""
+    if group == "logger":  # any number of options: the keys of the node
+        return list(node) or "none"
     if "name" in node:
         return node["name"]
     if group == "metrics":
@@ -51,6 +55,8 @@ def rerun_config(run_dir: Path, conf_dir: Path) -> str:
     """
     spec = yaml.safe_load((run_dir / "config.yaml").read_text())
     spec["resume"] = None
+    if "tensorboard" in spec:  # a run from before the logger group
+        spec["logger"] = {"tensorboard": {}} if spec.pop("tensorboard") else {}
     primary = yaml.safe_load((conf_dir / "config.yaml").read_text())
     defaults = [{group: _option(conf_dir, group, spec[group])} for group in GROUPS]
     hydra_defaults = [  # runner's help text and log format

@@ -244,6 +244,8 @@ def _convert_union(tp: Any, raw: Any, key: str, problems: list[str]) -> Any:
     if variants and len(variants) == len([o for o in options if o is not type(None)]):
         if raw is None and type(None) in options:
             return None
+        if len(variants) == 1:  # an optional section: no tag needed
+            return _convert_dataclass(variants[0], raw, key, problems)
         return _convert_tagged(variants, raw, key, problems)
     for option in options:  # scalars: the first option that accepts the value wins
         try:

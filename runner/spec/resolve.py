@@ -44,7 +44,7 @@ def resolve_spec(
     (default os.environ) is where nodes=auto looks for a SLURM allocation.
     Raises SpecError listing every problem found.
     """
-    spec = from_dict(RunSpec, config)
+    spec = from_dict(RunSpec, _migrate(config))
     problems: list[str] = []
     spec = _resolve_hardware(spec, problems, cuda_devices)
     spec = _resolve_nodes(spec, problems, os.environ if environ is None else environ)
@@ -58,6 +58,7 @@ def resolve_spec(
     _check_sync_strategy(spec, problems)
     _check_fsdp(spec, problems)
     _check_deepspeed(spec, problems)
+    _check_loggers(spec, problems)
     _check_resume(spec, problems, Path(run_dir) if run_dir is not None else None)
     if problems:
         raise SpecError(problems)
@@ -224,6 +225,20 @@ def _check_deepspeed(spec: RunSpec, problems: list[str]) -> None:
     problems.extend(merge_user_config(spec)[1])
 
 
+# logger option -> (module it imports, the extra that installs it)
+LOGGER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboard")}
+
+
+def _check_loggers(spec: RunSpec, problems: list[str]) -> None:
+    for name in spec.logger.selected:
+        module, extra = LOGGER_PACKAGES.get(name, (None, None))
+        if module and importlib.util.find_spec(module) is None:
+            problems.append(
+                f"logger={name}: needs the {module} package, which is not installed "
+                f"(pip install 'runner[{extra}]')"
+            )
+
+
 def _check_cluster(spec: RunSpec, problems: list[str]) -> None:
     if spec.node_rank >= spec.nodes:
         problems.append(
@@ -293,4 +308,13 @@ def save_spec(spec: RunSpec, run_dir: str | Path) -> Path:
 def load_spec(run_dir: str | Path) -> RunSpec:
     """Read the resolved spec of a run directory (what every rank does first)."""
     data = yaml.safe_load((Path(run_dir) / CONFIG_FILE).read_text())
-    return from_dict(RunSpec, data)
+    return from_dict(RunSpec, _migrate(data))
+
+
+def _migrate(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Configs of older runs: `tensorboard: true|false` became the logger group."""
+    if "tensorboard" not in config or "logger" in config:
+        return config
+    migrated = {k: v for k, v in config.items() if k != "tensorboard"}
+    migrated["logger"] = {"tensorboard": {}} if config["tensorboard"] else {}
+    return migrated

@@ -12,7 +12,7 @@ code (model, data, loss, metrics) are components: `_target_` plus arguments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, ClassVar, Literal
 
@@ -237,6 +237,29 @@ class PrecisionSpec:
 
 
 @dataclass(frozen=True)
+class TensorBoardLoggerSpec:
+    flush_secs: float = _bound(10.0, gt=0.0)
+
+
+@dataclass(frozen=True)
+class CsvLoggerSpec:
+    file: str = "metrics.csv"
+
+
+@dataclass(frozen=True)
+class LoggerSpec:
+    """The trackers rank 0 feeds (`logger=[tensorboard,csv]`); a key is there when selected.
+    metrics.jsonl is written whatever is selected."""
+
+    tensorboard: TensorBoardLoggerSpec | None = None
+    csv: CsvLoggerSpec | None = None
+
+    @property
+    def selected(self) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
+
+
+@dataclass(frozen=True)
 class CheckpointSpec:
     interval: int | None = _bound(None, min=1)
     keep: int = _bound(2, min=1)
@@ -283,6 +306,7 @@ class RunSpec:
     parallelism: ParallelismSpec = field(default_factory=DDPSpec)
     sync_strategy: SyncStrategySpec = field(default_factory=SyncStrategySpec)
     precision: PrecisionSpec = field(default_factory=PrecisionSpec)
+    logger: LoggerSpec = field(default_factory=lambda: LoggerSpec(TensorBoardLoggerSpec()))
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
     chaos: ChaosSpec = field(default_factory=ChaosSpec)
@@ -305,7 +329,6 @@ class RunSpec:
     log_interval: int = _bound(10, min=1)
     eval_interval: int | None = _bound(None, min=1)
     progress_bar: bool = True
-    tensorboard: bool = True
 
     resume: str | None = None
     max_restarts: int = _bound(0, min=0)

@@ -1,49 +1,56 @@
-"""metrics.jsonl: one JSON object per logged step, appended and flushed by rank 0."""
+"""metrics.jsonl: one JSON object per logged step, appended and flushed by rank 0, and
+the same records handed to the selected trackers (runner.train.loggers)."""
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
-from runner.artifacts import read_jsonl, write_atomic
-from runner.train.tensorboard import EventWriter
+from runner.artifacts import RunDir, read_jsonl, write_atomic
+from runner.spec.schema import LoggerSpec
+from runner.train.loggers import Trackers, build_trackers
 
 
 class MetricsLog:
-    """Appends records to metrics.jsonl (and TensorBoard's event file, if given a directory).
+    """Appends records to metrics.jsonl and hands them to the trackers.
 
     On (re)start it keeps only earlier records up to step `keep_until`, so a resumed run
-    does not repeat the steps it trains again.
+    does not repeat the steps it trains again (nor do the trackers).
     """
 
     def __init__(
-        self, path: Path, enabled: bool, keep_until: int = 0, tensorboard: Path | None = None
+        self,
+        run_dir: RunDir,
+        enabled: bool,
+        keep_until: int = 0,
+        loggers: LoggerSpec | None = None,
     ):
         self.records: list[dict[str, Any]] = []
         self._file = None
-        self._events: EventWriter | None = None
+        self.trackers = Trackers([])
         if enabled:
+            path = run_dir.metrics
             self.records = [r for r in read_jsonl(path) if r.get("step", 0) <= keep_until]
             write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
             self._file = open(path, "a", buffering=1)  # noqa: SIM115
-            if tensorboard is not None:
-                self._events = EventWriter(tensorboard, self.records)
+            if loggers is not None:
+                self.trackers = build_trackers(loggers, run_dir, self.records, keep_until)
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
-        if self._events is not None:
-            self._events.add(record)
+        self.trackers.log(record)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 60.0) -> None:
+        """Close metrics.jsonl, and the trackers once they have what was queued (waiting up
+        to `timeout` seconds for them)."""
         if self._file is not None:
             self._file.close()
-        if self._events is not None:
-            self._events.close()
+            self._file = None
+        self.trackers.close(timeout)
 
 
 class Throughput:

@@ -139,10 +139,7 @@ class Trainer:
         if self.is_main:
             record_attempt(run_dir, self.attempt, self.resumed_from)
         self.metrics = MetricsLog(
-            run_dir.metrics,
-            enabled=self.is_main,
-            keep_until=self.step,
-            tensorboard=run_dir.tensorboard if spec.tensorboard else None,
+            run_dir, enabled=self.is_main, keep_until=self.step, loggers=spec.logger
         )
         self.progress = Progress(
             self.total_steps,
@@ -175,6 +172,13 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def fit(self, start_time: float) -> dict[str, Any]:
+        try:
+            return self._fit(start_time)
+        except BaseException:
+            self.metrics.close(timeout=5.0)  # what the trackers have queued, briefly
+            raise
+
+    def _fit(self, start_time: float) -> dict[str, Any]:
         spec, step, samples = self.spec, self.step, self.samples
         throughput = Throughput(samples)
         self.engine.model.train()  # once, not every step: evaluate() switches it back

@@ -1,0 +1,32 @@
+"""Trackers fed by rank 0: TensorBoard, CSV (and, to come, MLflow and W&B), each through
+its own library, each imported only when selected (`logger=[tensorboard,csv]`).
+
+They run on a background thread (`Trackers`), so neither their I/O nor a slow server touches
+the step path; metrics.jsonl is written by the loop itself, always, whatever is selected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner.artifacts import RunDir
+from runner.spec.schema import LoggerSpec
+from runner.train.loggers.background import Tracker, Trackers
+
+__all__ = ["Tracker", "Trackers", "build_trackers"]
+
+
+def build_trackers(
+    spec: LoggerSpec, run_dir: RunDir, kept: list[dict[str, Any]], keep_until: int
+) -> Trackers:
+    """The selected trackers for rank 0. A resumed run keeps metrics.jsonl's records up to
+    step `keep_until` (`kept`) and trains the steps after it again."""
+    from runner.train.loggers.csv_file import CsvTracker
+    from runner.train.loggers.tensorboard import TensorBoardTracker
+
+    trackers: list[Tracker] = []
+    if spec.tensorboard is not None:
+        trackers.append(TensorBoardTracker(spec.tensorboard, run_dir, keep_until))
+    if spec.csv is not None:
+        trackers.append(CsvTracker(spec.csv, run_dir, kept))
+    return Trackers(trackers)

@@ -1,0 +1,67 @@
+"""The trackers' thread: the loop hands records over and goes on; a tracker that fails is
+reported once and dropped, and training continues."""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+from typing import Any, Protocol
+
+_STOP = object()
+
+
+class Tracker(Protocol):
+    name: str
+
+    def start(self) -> None:
+        """Open the tracker (imports its library): on the thread, off the start-up path."""
+
+    def log(self, record: dict[str, Any]) -> None:
+        """One metrics.jsonl record: `step` and the metric values."""
+
+    def close(self) -> None: ...
+
+
+class Trackers:
+    def __init__(self, trackers: list[Tracker]):
+        self.trackers = trackers
+        self.failed: dict[str, str] = {}
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        if trackers:
+            self._thread = threading.Thread(target=self._work, name="runner-trackers", daemon=True)
+            self._thread.start()
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self._thread is not None:
+            self._queue.put(dict(record))
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Deliver what is queued and close every tracker (waits up to `timeout` seconds)."""
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _work(self) -> None:
+        live = [t for t in self.trackers if self._call(t, "start")]
+        while (item := self._queue.get()) is not _STOP:
+            live = [t for t in live if self._call(t, "log", item)]
+        for tracker in live:
+            self._call(tracker, "close")
+
+    def _call(self, tracker: Tracker, method: str, *args: Any) -> bool:
+        try:
+            getattr(tracker, method)(*args)
+            return True
+        except Exception as exc:  # a tracker never takes the run down
+            message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+            self.failed[tracker.name] = message
+            print(
+                f"runner: warning: logger {tracker.name} failed ({message}); training goes on "
+                "without it, metrics.jsonl is complete",
+                file=sys.stderr,
+                flush=True,
+            )
+            return False

@@ -1,0 +1,52 @@
+"""metrics.csv: one row per logged step, one column per metric seen so far."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from runner.artifacts import RunDir, write_atomic
+from runner.spec.schema import CsvLoggerSpec
+
+
+class CsvTracker:
+    name = "csv"
+
+    def __init__(self, spec: CsvLoggerSpec, run_dir: RunDir, kept: list[dict[str, Any]]):
+        self.path = run_dir.root / spec.file
+        self.rows = list(kept)  # a resumed run: metrics.jsonl's records up to its step
+        self.columns: list[str] = []
+        self.file: Any = None
+
+    def start(self) -> None:
+        for row in self.rows:
+            self._add_columns(row)
+        self._rewrite()
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.rows.append(record)
+        if self._add_columns(record):  # a new metric: the header grows, the file is rewritten
+            self._rewrite()
+        else:
+            csv.DictWriter(self.file, self.columns).writerow(record)
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def _add_columns(self, record: dict[str, Any]) -> bool:
+        new = [k for k in record if k not in self.columns]
+        self.columns += new
+        return bool(new)
+
+    def _rewrite(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        text = io.StringIO()
+        writer = csv.DictWriter(text, self.columns)
+        writer.writeheader()
+        writer.writerows(self.rows)
+        write_atomic(self.path, text.getvalue())
+        self.file = open(self.path, "a", newline="")  # noqa: SIM115
