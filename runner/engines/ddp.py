@@ -35,6 +35,7 @@ class DDPEngine(Engine):
         )
         self.strategy = spec.sync_strategy.name
         self.grad_clip_norm = spec.grad_clip_norm
+        self.params = list(module.parameters())  # listed once, not every step
         self.optimizer = build_optimizer(spec.optimizer, module)
         self.scheduler = build_scheduler(spec.scheduler, self.optimizer, total_steps)
         self.watch_state(self.optimizer)
@@ -55,17 +56,16 @@ class DDPEngine(Engine):
     def sync_gradients(self) -> None:
         """Finish this step's gradient sync: the manual all-reduce of forced_sync."""
         if self.strategy is SyncStrategy.FORCED_SYNC:
-            average_gradients(list(self.module.parameters()))
+            average_gradients(self.params)
 
     def prepare_step(self) -> torch.Tensor | None:
         self.sync_gradients()
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        params = list(self.module.parameters())
         if self.grad_clip_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip_norm)
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
             return None if self.scaler else norm
-        return None if self.scaler else local_grad_norm(params)
+        return None if self.scaler else local_grad_norm(self.params)
 
     def step(self) -> None:
         if self.scaler:

@@ -62,6 +62,7 @@ class FSDPEngine(Engine):
                 sharded.set_force_sum_reduction_for_comms(True)
         self.module = self.model = module
         self.grad_clip_norm = spec.grad_clip_norm
+        self.params = list(module.parameters())  # the sharded ones, listed once
         self.optimizer = build_optimizer(spec.optimizer, module)
         self.scheduler = build_scheduler(spec.scheduler, self.optimizer, total_steps)
         self.watch_state(self.optimizer)
@@ -74,11 +75,10 @@ class FSDPEngine(Engine):
         loss.backward()
 
     def prepare_step(self) -> torch.Tensor | None:
-        params = list(self.module.parameters())
         if self.grad_clip_norm is not None:  # the global norm (a collective): clipping needs it
-            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip_norm)
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
             return norm.to_local() if hasattr(norm, "to_local") else norm
-        return local_grad_norm(params)  # this rank's shards: the guard combines the ranks
+        return local_grad_norm(self.params)  # this rank's shards: the guard combines the ranks
 
     def step(self) -> None:
         self.optimizer.step()

@@ -71,10 +71,12 @@ class NonFiniteGuard:
             verdicts[GRAD, self.rank] = (~torch.isfinite(grad_norm)).double()
             rdist.all_reduce(verdicts)
             bad = verdicts.cpu()  # the one host read per step that skip costs
-            if bool(bad.any()):
-                return self._skip(bad, step)
-            self.consecutive = 0
-            return False
+            if not bool(bad.any()):
+                self.consecutive = 0
+                return False
+            what = LOSS if bool(bad[LOSS].any()) else GRAD
+            self._skip(what, [r for r, v in enumerate(bad[what].tolist()) if v > 0], step)
+            return True
         self._note(loss_sum, grad_norm, step)
         return False
 
@@ -89,13 +91,11 @@ class NonFiniteGuard:
             notes = self.first.clone()
             rdist.all_reduce(notes)
             self._raise_if_noted(notes.cpu())
-        self._skip(torch.zeros(2, 0), step)
+        self._skip(GRAD, [], step)  # no ranks: DeepSpeed's global norm
 
-    def _skip(self, bad: torch.Tensor, step: int) -> bool:
+    def _skip(self, what: int, ranks: list[int], step: int) -> None:
         self.skipped += 1
         self.consecutive += 1
-        what = LOSS if bool(bad[LOSS].any()) else GRAD
-        ranks = [r for r, v in enumerate(bad[what].tolist()) if v > 0]  # none: DeepSpeed's
         print(f"nonfinite: step {step} skipped ({self._describe(what, step, ranks)})", flush=True)
         if self.consecutive > self.max_skips:
             self._raise(
@@ -105,7 +105,6 @@ class NonFiniteGuard:
                 f"{self.consecutive} steps in a row were skipped "
                 f"(nonfinite_max_skips={self.max_skips}); ",
             )
-        return True
 
     def _note(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None, step: int) -> None:
         """On device, in a few kernels: remember the first step where the loss or the gradient
