@@ -179,11 +179,6 @@ def test_every_problem_is_reported_at_once() -> None:
     assert len(found) == 3, found
 
 
-def test_fsdp_has_no_fp16_loss_scaling_yet() -> None:
-    (problem,) = problems("parallelism=fsdp", "precision=fp16", "device=cuda", cuda_devices=2)
-    assert problem.startswith("precision=fp16: parallelism=fsdp has no loss scaler here")
-
-
 def test_cuda_checks_use_the_visible_device_count() -> None:
     assert "only 2 CUDA device(s) visible" in problems("device=cuda", "nproc=4", cuda_devices=2)[0]
     spec = resolve_spec(compose_config(["device=auto", "nproc=auto"]), cuda_devices=4)

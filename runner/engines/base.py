@@ -27,6 +27,10 @@ class Engine(ABC):
     """The plain model underneath: for evaluation and for exporting weights."""
     torch_optimizer: torch.optim.Optimizer
     """The torch optimizer that steps (under DeepSpeed, the one inside ZeRO's wrapper)."""
+    scheduler: Any
+    """The learning-rate schedule, stepped once per optimizer step."""
+    scaler: torch.amp.GradScaler | None = None
+    """fp16's dynamic loss scaler (None for fp32 and bf16, and where DeepSpeed scales)."""
     _grad_bytes: int | None = None
     _grads_noted = False
 
@@ -34,9 +38,9 @@ class Engine(ABC):
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
         """Context for the forward and backward of microbatch `index` of `count`."""
 
-    @abstractmethod
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate `loss` (already weighted by the microbatch's share of the step)."""
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def prepare_step(self) -> torch.Tensor | None:
         """Finish this step's gradients (sync, unscale, clip) and return their norm on this
@@ -45,13 +49,22 @@ class Engine(ABC):
         itself (DeepSpeed) or a loss scaler does (fp16)."""
         return None
 
-    @abstractmethod
     def step(self) -> None:
-        """Step the optimizer and the schedule, zero the gradients."""
+        """Step the optimizer and the schedule, zero the gradients. Under fp16 the scaler
+        steps (or skips, when a gradient overflowed on any rank) and adjusts the scale."""
+        if self.scaler:
+            self.scaler.step(self.torch_optimizer)
+            self.scaler.update()
+        else:
+            self.torch_optimizer.step()
+        self.scheduler.step()
+        self.torch_optimizer.zero_grad(set_to_none=True)
 
     def skip_step(self) -> None:
         """Drop this step's gradients: the weights, the optimizer state and the schedule stay
-        as they were."""
+        as they were (the loss scaler, which saw the gradients unscaled, adjusts its scale)."""
+        if self.scaler:
+            self.scaler.update()
         self.torch_optimizer.zero_grad(set_to_none=True)
 
     @property

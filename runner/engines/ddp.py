@@ -50,9 +50,6 @@ class DDPEngine(Engine):
         }[self.strategy]
         return contextlib.nullcontext() if sync else self.model.no_sync()
 
-    def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
-
     def sync_gradients(self) -> None:
         """Finish this step's gradient sync: the manual all-reduce of forced_sync."""
         if self.strategy is SyncStrategy.FORCED_SYNC:
@@ -66,15 +63,6 @@ class DDPEngine(Engine):
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
             return None if self.scaler else norm
         return None if self.scaler else local_grad_norm(self.params)
-
-    def step(self) -> None:
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         if rdist.get_global_rank() != 0:

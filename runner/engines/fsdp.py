@@ -24,6 +24,7 @@ from torch import nn
 from runner import dist as rdist
 from runner.engines.base import Engine, local_grad_norm
 from runner.engines.optim import build_optimizer, build_scheduler
+from runner.engines.precision import grad_scaler
 from runner.models.blocks import find_blocks
 from runner.spec import Precision, RunSpec
 
@@ -66,24 +67,23 @@ class FSDPEngine(Engine):
         self.optimizer = build_optimizer(spec.optimizer, module)
         self.scheduler = build_scheduler(spec.scheduler, self.optimizer, total_steps)
         self.watch_state(self.optimizer)
+        # fp16: torch's GradScaler works on FSDP2's DTensor gradients, and DTensor reduces its
+        # overflow check over the mesh, so every rank steps or skips alike.
+        self.scaler = grad_scaler(spec.precision, torch.device(device).type)
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
         self.model.set_requires_gradient_sync(index == count - 1)
         return contextlib.nullcontext()
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
     def prepare_step(self) -> torch.Tensor | None:
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
         if self.grad_clip_norm is not None:  # the global norm (a collective): clipping needs it
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
-            return norm.to_local() if hasattr(norm, "to_local") else norm
-        return local_grad_norm(self.params)  # this rank's shards: the guard combines the ranks
-
-    def step(self) -> None:
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            norm = norm.to_local() if hasattr(norm, "to_local") else norm
+        elif self.scaler is None:  # this rank's shards: the guard combines the ranks
+            norm = local_grad_norm(self.params)
+        return None if self.scaler else norm  # under fp16 the scaler owns overflow
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -102,7 +102,11 @@ class FSDPEngine(Engine):
         state = {"model": model_state, "optimizer": optimizer_state}
         dcp.save(state, checkpoint_id=str(directory / DCP_DIR))
         if rdist.get_global_rank() == 0:
-            extra = {"scheduler": self.scheduler.state_dict(), "client": client_state}
+            extra = {
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+                "client": client_state,
+            }
             torch.save(extra, directory / ENGINE_FILE)
 
     def load_checkpoint(self, directory: Path, reshard: Path | None = None) -> dict[str, Any]:
@@ -120,4 +124,6 @@ class FSDPEngine(Engine):
         )
         extra = torch.load(directory / ENGINE_FILE, weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
+        if self.scaler and extra.get("scaler"):
+            self.scaler.load_state_dict(extra["scaler"])
         return extra["client"]

@@ -56,7 +56,6 @@ def resolve_spec(
     _check_cluster(spec, problems)
     _check_run_control(spec, problems)
     _check_sync_strategy(spec, problems)
-    _check_fsdp(spec, problems)
     _check_deepspeed(spec, problems)
     _check_loggers(spec, problems)
     _check_resume(spec, problems, Path(run_dir) if run_dir is not None else None)
@@ -192,14 +191,6 @@ def _check_sizes(spec: RunSpec, problems: list[str]) -> None:
         problems.append(
             f"scheduler.warmup_epochs={warmup.warmup_epochs}: scheduler.warmup_steps="
             f"{warmup.warmup_steps} is set too; set one of them (scheduler.warmup_steps=0)"
-        )
-
-
-def _check_fsdp(spec: RunSpec, problems: list[str]) -> None:
-    if spec.parallelism.name == "fsdp" and spec.precision.name is Precision.FP16:
-        problems.append(
-            "precision=fp16: parallelism=fsdp has no loss scaler here (FSDP2 needs a sharded "
-            "one); use precision=bf16 or fp32"
         )
 
 
