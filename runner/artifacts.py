@@ -20,6 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+TRACKER_RUNS = "tracker_runs.json"  # in a run directory, and at a sweep's root
+
 
 @dataclass(frozen=True)
 class RunDir:
@@ -64,6 +66,10 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def tracker_runs(self) -> Path:
+        return self.root / TRACKER_RUNS
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:

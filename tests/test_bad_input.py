@@ -174,6 +174,20 @@ def test_missing_deepspeed_is_named(monkeypatch) -> None:
     assert any("parallelism=zero1: needs DeepSpeed, which is not installed" in p for p in found)
 
 
+@pytest.mark.parametrize("package", ["mlflow", "wandb"])
+def test_a_missing_tracker_package_names_its_extra(monkeypatch, package: str) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a)
+    )
+    assert problems(f"logger=[tensorboard,{package}]") == [
+        f"logger={package}: needs the {package} package, which is not installed "
+        f"(pip install 'runner[{package}]')"
+    ]
+
+
 def test_every_problem_is_reported_at_once() -> None:
     found = problems("grad_accum=0", "nproc=0", "device=tpu")
     assert len(found) == 3, found
@@ -199,7 +213,10 @@ CLI_CASES = [
     # Hydra's composition errors, reported the same way
     (["parallelism=zero4"], "parallelism=zero4: no such parallelism option; valid: ddp, fsdp,"),
     (["nprocs=2"], "nprocs=2: unknown key; did you mean nproc?"),
-    (["logger=[tensorboard,mlflw]"], "logger=mlflw: no such logger option; valid: csv, none,"),
+    (
+        ["logger=[tensorboard,mlflw]"],
+        "logger=mlflw: no such logger option; valid: csv, mlflow, none, tensorboard, wandb",
+    ),
     (["tensorboard=false"], "tensorboard=false: unknown key; the logger group now: logger=none"),
     (["+recipe=nope"], "+recipe=nope: no such recipe option; valid: gpt_text, mlp_digits,"),
     (["nproc=[1"], "nproc=[1: not a valid override"),

@@ -29,7 +29,7 @@ def rows(path: Path) -> list[dict[str, str]]:
 
 
 def feed(run_dir: RunDir, records: list[dict], kept: list[dict], keep_until: int) -> Trackers:
-    trackers = build_trackers(BOTH, run_dir, kept, keep_until)
+    trackers = build_trackers(BOTH, {}, run_dir, kept, keep_until)
     for record in records:
         trackers.log(record)
     trackers.close()
@@ -81,7 +81,7 @@ class Broken:
     def log(self, record: dict) -> None:
         raise ConnectionError("tracking server unreachable")
 
-    def close(self) -> None:
+    def close(self, outcome: dict | None = None) -> None:
         pass
 
 

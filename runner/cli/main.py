@@ -32,6 +32,7 @@ from runner.cli.outcome import report_outcome, shown
 from runner.cli.rerun import rerun_argv
 from runner.cli.supervise import run_agent
 from runner.cli.sweep import SweepTable, write_sweep_table
+from runner.cli.trackers import finish_trackers
 from runner.procs import add_code_dirs
 from runner.spec import RunSpec, SpecError, resolve_spec, save_spec
 from runner.summary import (
@@ -41,6 +42,7 @@ from runner.summary import (
     read_summary,
     write_unfinished_summary,
 )
+from runner.tracker_runs import SWEEP_DIR_ENV
 
 log = logging.getLogger("runner")
 INVALID_CONFIG = 2  # exit code of a configuration rejected before any rank started
@@ -126,6 +128,10 @@ def _run(cfg: DictConfig) -> float | None:
     run_dir.logs.mkdir(parents=True, exist_ok=True)
     archive_previous(run_dir)  # resuming in an earlier run's directory keeps its story
 
+    if in_sweep:  # rank 0's trackers group the sweep's jobs (MLflow: under one parent run)
+        os.environ[SWEEP_DIR_ENV] = str(Path(hydra_cfg.sweep.dir).absolute())
+    else:
+        os.environ.pop(SWEEP_DIR_ENV, None)
     code, received = run_agent(run_dir.root, start_time)
     summary = read_summary(run_dir)
     if summary is None:  # the agent itself died before it could write one
@@ -145,6 +151,7 @@ def _run(cfg: DictConfig) -> float | None:
         _update_sweep_table(hydra_cfg)
         return math.nan
     report_outcome(summary, run_dir)
+    finish_trackers(spec, run_dir, summary)
     if not in_sweep:
         if code != 0:
             sys.exit(code)

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from runner.artifacts import read_json, read_jsonl
+from runner.nested import flatten
 
 METRICS = ("val/accuracy", "val/loss", "train/loss")
 REPORT_PNG = "report.png"
@@ -48,17 +49,8 @@ def run_config(run: Path) -> dict[str, Any]:
     Hydra's composed config)."""
     for candidate in (run / "config.yaml", run / ".hydra" / "config.yaml"):
         if candidate.is_file():
-            return _flatten(yaml.safe_load(candidate.read_text()) or {})
+            return flatten(yaml.safe_load(candidate.read_text()) or {})
     return {}
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict) or (prefix and not tree):
-        return {prefix: tree}
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(_flatten(value, f"{prefix}{key}."))
-    return {k.rstrip("."): v for k, v in flat.items()}
 
 
 def differing_keys(runs: list[Path], configs: list[dict[str, Any]]) -> list[str]:

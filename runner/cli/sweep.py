@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from runner.artifacts import read_json, write_atomic
 from runner.cli.report import METRICS, job_order
+from runner.cli.trackers import finish_sweep_trackers
 
 SWEEP_CSV, SWEEP_MD = "sweep.csv", "sweep.md"
 
@@ -124,6 +125,9 @@ class SweepTable(Callback):
             return
         markdown = write_sweep_table(sweep_dir)
         SweepTable.failed = failed_jobs(sweep_dir)
+        finish_sweep_trackers(
+            sweep_dir, SweepTable.failed, [sweep_dir / SWEEP_CSV, sweep_dir / SWEEP_MD]
+        )
         print(f"\n{markdown}\nsweep table: {sweep_dir / SWEEP_MD} (and {SWEEP_CSV})", flush=True)
         if SweepTable.failed:
             jobs = ", ".join(SweepTable.failed)

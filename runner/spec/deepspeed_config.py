@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from runner.nested import flatten
 from runner.spec.schema import DEEPSPEED_SPECS, Precision, RunSpec, Zero3Spec
 
 # Dotted keys the spec owns -> (the spec key to change instead, its value in a spec).
@@ -120,17 +121,6 @@ def _zero_section(zero: Any) -> dict[str, Any]:
     return section
 
 
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, path + "."))
-        else:
-            flat[path] = value
-    return flat
-
-
 def _set(data: dict[str, Any], path: str, value: Any) -> None:
     *parents, leaf = path.split(".")
     for key in parents:
@@ -157,9 +147,9 @@ def merge_user_config(spec: RunSpec) -> tuple[dict[str, Any], list[str]]:
     zero = spec.parallelism
     assert isinstance(zero, DEEPSPEED_SPECS)
     config = generated_config(spec)
-    ours = _flatten(config)
+    ours = flatten(config)
     problems = []
-    for path, value in _flatten(zero.deepspeed_config).items():
+    for path, value in flatten(zero.deepspeed_config).items():
         owner = _owner(path)
         mine = ours.get(path)
         if owner is not None and mine != value:

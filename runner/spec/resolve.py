@@ -50,6 +50,7 @@ def resolve_spec(
     spec = _resolve_nodes(spec, problems, os.environ if environ is None else environ)
     spec = _resolve_data_root(spec, problems)
     spec = _resolve_code_dirs(spec, problems)
+    spec = _resolve_trackers(spec)
     if problems:  # the checks below need a resolved nproc and device
         raise SpecError(problems)
     _check_sizes(spec, problems)
@@ -217,7 +218,23 @@ def _check_deepspeed(spec: RunSpec, problems: list[str]) -> None:
 
 
 # logger option -> (module it imports, the extra that installs it)
-LOGGER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboard")}
+LOGGER_PACKAGES = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "mlflow": ("mlflow", "mlflow"),
+    "wandb": ("wandb", "wandb"),
+}
+MLFLOW_DEFAULT_STORE = Path("runs") / "mlflow.db"  # under the launch directory
+
+
+def _resolve_trackers(spec: RunSpec) -> RunSpec:
+    """logger.mlflow.tracking_uri=null: a SQLite store under the launch directory's runs/
+    (absolute, so config.yaml names the store a rerun or resume goes on writing to)."""
+    mlflow = spec.logger.mlflow
+    if mlflow is None or mlflow.tracking_uri is not None:
+        return spec
+    uri = f"sqlite:///{Path.cwd() / MLFLOW_DEFAULT_STORE}"
+    logger = dataclasses.replace(spec.logger, mlflow=dataclasses.replace(mlflow, tracking_uri=uri))
+    return dataclasses.replace(spec, logger=logger)
 
 
 def _check_loggers(spec: RunSpec, problems: list[str]) -> None:

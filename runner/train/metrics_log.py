@@ -25,6 +25,7 @@ class MetricsLog:
         enabled: bool,
         keep_until: int = 0,
         loggers: LoggerSpec | None = None,
+        config: dict[str, Any] | None = None,
     ):
         self.records: list[dict[str, Any]] = []
         self._file = None
@@ -35,7 +36,9 @@ class MetricsLog:
             write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
             self._file = open(path, "a", buffering=1)  # noqa: SIM115
             if loggers is not None:
-                self.trackers = build_trackers(loggers, run_dir, self.records, keep_until)
+                self.trackers = build_trackers(
+                    loggers, config or {}, run_dir, self.records, keep_until
+                )
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
@@ -44,13 +47,13 @@ class MetricsLog:
             self._file.flush()
         self.trackers.log(record)
 
-    def close(self, timeout: float = 60.0) -> None:
+    def close(self, timeout: float = 60.0, outcome: dict[str, Any] | None = None) -> None:
         """Close metrics.jsonl, and the trackers once they have what was queued (waiting up
-        to `timeout` seconds for them)."""
+        to `timeout` seconds for them); `outcome` is how the run ended on this rank."""
         if self._file is not None:
             self._file.close()
             self._file = None
-        self.trackers.close(timeout)
+        self.trackers.close(timeout, outcome)
 
 
 class Throughput:

@@ -34,6 +34,7 @@ from runner.heartbeat import Heartbeat, Phase
 from runner.models.blocks import apply_activation_checkpointing
 from runner.models.builders import build_model
 from runner.spec import RunSpec
+from runner.spec.convert import to_dict
 from runner.summary import (
     COMPLETED,
     attempts,
@@ -139,7 +140,11 @@ class Trainer:
         if self.is_main:
             record_attempt(run_dir, self.attempt, self.resumed_from)
         self.metrics = MetricsLog(
-            run_dir, enabled=self.is_main, keep_until=self.step, loggers=spec.logger
+            run_dir,
+            enabled=self.is_main,
+            keep_until=self.step,
+            loggers=spec.logger,
+            config=to_dict(spec) if self.is_main else None,
         )
         self.progress = Progress(
             self.total_steps,
@@ -174,8 +179,14 @@ class Trainer:
     def fit(self, start_time: float) -> dict[str, Any]:
         try:
             return self._fit(start_time)
-        except BaseException:
-            self.metrics.close(timeout=5.0)  # what the trackers have queued, briefly
+        except BaseException as exc:
+            outcome = {
+                "status": "failed" if isinstance(exc, Exception) else "interrupted",
+                "steps": self.metrics.records[-1]["step"] if self.metrics.records else self.step,
+                "wall_time_s": round(time.time() - start_time, 3),
+                "error": {"message": f"{type(exc).__name__}: {exc}"},
+            }
+            self.metrics.close(timeout=5.0, outcome=outcome)  # what is queued, briefly
             raise
 
     def _fit(self, start_time: float) -> dict[str, Any]:
@@ -374,7 +385,7 @@ class Trainer:
                 history=history(self.run_dir),
             )
             write_summary(self.run_dir, summary)  # last: a summary means the run is complete
-        self.metrics.close()
+        self.metrics.close(outcome=summary)
         return summary
 
 

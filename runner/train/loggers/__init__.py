@@ -1,5 +1,5 @@
-"""Trackers fed by rank 0: TensorBoard, CSV (and, to come, MLflow and W&B), each through
-its own library, each imported only when selected (`logger=[tensorboard,csv]`).
+"""Trackers fed by rank 0: TensorBoard, CSV, MLflow and W&B, each through its own library,
+each imported only when selected (`logger=[tensorboard,mlflow]`).
 
 They run on a background thread (`Trackers`), so neither their I/O nor a slow server touches
 the step path; metrics.jsonl is written by the loop itself, always, whatever is selected.
@@ -11,22 +11,36 @@ from typing import Any
 
 from runner.artifacts import RunDir
 from runner.spec.schema import LoggerSpec
+from runner.tracker_runs import note_tracker_failure
 from runner.train.loggers.background import Tracker, Trackers
 
 __all__ = ["Tracker", "Trackers", "build_trackers"]
 
 
 def build_trackers(
-    spec: LoggerSpec, run_dir: RunDir, kept: list[dict[str, Any]], keep_until: int
+    spec: LoggerSpec,
+    config: dict[str, Any],
+    run_dir: RunDir,
+    kept: list[dict[str, Any]],
+    keep_until: int,
 ) -> Trackers:
-    """The selected trackers for rank 0. A resumed run keeps metrics.jsonl's records up to
-    step `keep_until` (`kept`) and trains the steps after it again."""
+    """The selected trackers for rank 0; `config` is the resolved run config (the trackers'
+    parameters). A resumed run keeps metrics.jsonl's records up to step `keep_until` (`kept`)
+    and trains the steps after it again."""
     from runner.train.loggers.csv_file import CsvTracker
+    from runner.train.loggers.mlflow_tracker import MlflowTracker
     from runner.train.loggers.tensorboard import TensorBoardTracker
+    from runner.train.loggers.wandb_tracker import WandbTracker
 
     trackers: list[Tracker] = []
     if spec.tensorboard is not None:
         trackers.append(TensorBoardTracker(spec.tensorboard, run_dir, keep_until))
     if spec.csv is not None:
         trackers.append(CsvTracker(spec.csv, run_dir, kept))
-    return Trackers(trackers)
+    if spec.mlflow is not None:
+        trackers.append(MlflowTracker(spec.mlflow, config, run_dir, kept))
+    if spec.wandb is not None:
+        trackers.append(WandbTracker(spec.wandb, config, run_dir, kept))
+    return Trackers(
+        trackers, on_failure=lambda name, why: note_tracker_failure(run_dir.root, name, why)
+    )

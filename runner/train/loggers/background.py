@@ -3,9 +3,11 @@ reported once and dropped, and training continues."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 _STOP = object()
@@ -20,15 +22,21 @@ class Tracker(Protocol):
     def log(self, record: dict[str, Any]) -> None:
         """One metrics.jsonl record: `step` and the metric values."""
 
-    def close(self) -> None: ...
+    def close(self, outcome: dict[str, Any] | None = None) -> None:
+        """The run ended on this rank: `outcome` holds status, steps, wall_time_s and error
+        (None when the rank stopped without one)."""
 
 
 class Trackers:
-    def __init__(self, trackers: list[Tracker]):
+    def __init__(
+        self, trackers: list[Tracker], on_failure: Callable[[str, str], None] | None = None
+    ):
         self.trackers = trackers
+        self.on_failure = on_failure  # (tracker, message): noted for the parent to repeat
         self.failed: dict[str, str] = {}
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._outcome: dict[str, Any] | None = None
         if trackers:
             self._thread = threading.Thread(target=self._work, name="runner-trackers", daemon=True)
             self._thread.start()
@@ -37,11 +45,19 @@ class Trackers:
         if self._thread is not None:
             self._queue.put(dict(record))
 
-    def close(self, timeout: float = 60.0) -> None:
+    def close(self, timeout: float = 60.0, outcome: dict[str, Any] | None = None) -> None:
         """Deliver what is queued and close every tracker (waits up to `timeout` seconds)."""
         if self._thread is not None:
+            self._outcome = outcome
             self._queue.put(_STOP)
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                print(
+                    f"runner: warning: the loggers did not finish within {timeout:g} s; "
+                    "what they had not delivered is in metrics.jsonl",
+                    file=sys.stderr,
+                    flush=True,
+                )
             self._thread = None
 
     def _work(self) -> None:
@@ -49,7 +65,7 @@ class Trackers:
         while (item := self._queue.get()) is not _STOP:
             live = [t for t in live if self._call(t, "log", item)]
         for tracker in live:
-            self._call(tracker, "close")
+            self._call(tracker, "close", self._outcome)
 
     def _call(self, tracker: Tracker, method: str, *args: Any) -> bool:
         try:
@@ -57,7 +73,11 @@ class Trackers:
             return True
         except Exception as exc:  # a tracker never takes the run down
             message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+            message = message if len(message) <= 300 else message[:297] + "..."
             self.failed[tracker.name] = message
+            if self.on_failure is not None:
+                with contextlib.suppress(OSError):  # the warning below is in the log anyway
+                    self.on_failure(tracker.name, message)
             print(
                 f"runner: warning: logger {tracker.name} failed ({message}); training goes on "
                 "without it, metrics.jsonl is complete",

@@ -32,7 +32,7 @@ class CsvTracker:
             csv.DictWriter(self.file, self.columns).writerow(record)
             self.file.flush()
 
-    def close(self) -> None:
+    def close(self, outcome: dict[str, Any] | None = None) -> None:
         if self.file is not None:
             self.file.close()
 

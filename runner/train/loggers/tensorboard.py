@@ -31,5 +31,5 @@ class TensorBoardTracker:
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.writer.add_scalar(key, value, step)
 
-    def close(self) -> None:
+    def close(self, outcome: dict[str, Any] | None = None) -> None:
         self.writer.close()

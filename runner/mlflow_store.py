@@ -1,0 +1,169 @@
+"""MLflow, shared by rank 0 (which logs while training) and the parent (which catches up on
+what rank 0 could not deliver, then ends the run with its outcome): a client with bounded
+retries, the run of a run directory (opened or created), and metrics records logged once.
+
+MLflow is imported inside the functions: only processes that log to it pay for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from runner.nested import flatten
+from runner.tracker_runs import SWEEP_DIR_ENV, note_tracker_run, read_tracker_run, tracker_run_once
+
+NAME = "mlflow"
+# A tracker that cannot reach its server costs the run a warning, not minutes of retries:
+# MLflow's own defaults retry for about 4 minutes with a 120 s timeout per request. Values
+# already in the environment win.
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+STATUS = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+PARAMS_PER_BATCH = 100  # MLflow's limit per log_batch call
+PARAM_VALUE_LIMIT = 6000  # characters
+SQLITE = "sqlite:///"
+
+
+def mlflow_client(tracking_uri: str) -> Any:
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri)
+
+
+class MlflowRun:
+    """The MLflow run of one run directory, and the last step of each metric it holds."""
+
+    def __init__(self, settings: Any, config: dict[str, Any], run_dir: Path):
+        """`settings` is the resolved logger.mlflow section; `config`, the run's config."""
+        self.uri: str = settings.tracking_uri
+        self.client = mlflow_client(self.uri)
+        noted = read_tracker_run(run_dir, NAME)
+        if noted and noted.get("tracking_uri") == self.uri:  # a restart, a resume, the parent
+            self.run_id: str = noted["run_id"]
+            self.logged = self._logged_steps()
+        else:
+            self.run_id = self._create(settings, config, run_dir)
+            self.logged = {}
+
+    def log(self, records: list[dict[str, Any]]) -> None:
+        """Log the metrics of `records` at their steps, skipping steps the run holds."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = []
+        for record in records:
+            step = record["step"]
+            for key, value in record.items():
+                if key == "step" or not _is_number(value) or step <= self.logged.get(key, -1):
+                    continue
+                metrics.append(Metric(key, float(value), now, step))
+                self.logged[key] = step
+        for i in range(0, len(metrics), 1000):  # MLflow's limit per call
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+
+    def _create(self, settings: Any, config: dict[str, Any], run_dir: Path) -> str:
+        from mlflow.entities import Param
+
+        experiment = self._experiment(settings.experiment_name)
+        tags = {
+            "mlflow.source.name": "runner",
+            "mlflow.source.type": "LOCAL",
+            "mlflow.user": _user(),
+            "runner.run_dir": str(run_dir.absolute()),
+            **settings.tags,
+        }
+        run_name = settings.run_name or run_dir.name
+        sweep_dir = os.environ.get(SWEEP_DIR_ENV)
+        if sweep_dir:  # a sweep: one parent run, a child per job
+            sweep = Path(sweep_dir)
+            parent = tracker_run_once(
+                sweep, NAME, lambda: self._sweep_run(experiment, sweep, settings.tags)
+            )
+            tags["mlflow.parentRunId"] = parent["run_id"]
+            run_name = settings.run_name or f"{sweep.name}/{run_dir.name}"
+        run_id = self.client.create_run(experiment, run_name=run_name, tags=tags).info.run_id
+        noted = {"run_id": run_id, "experiment_id": experiment, "tracking_uri": self.uri}
+        note_tracker_run(run_dir, NAME, noted)
+        params = [Param(k, v) for k, v in as_params(config).items()]
+        for i in range(0, len(params), PARAMS_PER_BATCH):
+            self.client.log_batch(run_id, params=params[i : i + PARAMS_PER_BATCH])
+        return run_id
+
+    def _sweep_run(self, experiment: str, sweep_dir: Path, tags: dict[str, str]) -> dict:
+        tags = {
+            "mlflow.source.name": "runner",
+            "runner.sweep_dir": str(sweep_dir.absolute()),
+            **tags,
+        }
+        run = self.client.create_run(experiment, run_name=sweep_dir.name, tags=tags)
+        return {"run_id": run.info.run_id, "experiment_id": experiment, "tracking_uri": self.uri}
+
+    def _experiment(self, name: str) -> str:
+        """The experiment called `name`, created when it does not exist yet (beside a local
+        SQLite store, its artifacts go to mlartifacts/ next to the database file; MLflow
+        itself would use ./mlruns of whatever directory the process runs in)."""
+        artifacts = None
+        if self.uri.startswith(SQLITE):
+            database = Path(self.uri[len(SQLITE) :]).absolute()
+            database.parent.mkdir(parents=True, exist_ok=True)
+            artifacts = (database.parent / "mlartifacts").as_uri()
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        try:
+            return self.client.create_experiment(name, artifact_location=artifacts)
+        except Exception:  # another job created it in between
+            experiment = self.client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+            return experiment.experiment_id
+
+    def _logged_steps(self) -> dict[str, int]:
+        """The last step of every metric the run holds (from an earlier attempt)."""
+        keys = self.client.get_run(self.run_id).data.metrics
+        return {
+            key: max((m.step for m in self.client.get_metric_history(self.run_id, key)), default=-1)
+            for key in keys
+        }
+
+
+def end_run(client: Any, run_id: str, status: str, tags: dict[str, str], files: list[Path]) -> None:
+    """Tag the run, attach `files` (those that exist) and set its final status."""
+    from mlflow.entities import RunTag
+
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    for path in files:
+        if path.is_file():
+            client.log_artifact(run_id, str(path))
+    client.set_terminated(run_id, STATUS.get(status, "FAILED"))
+
+
+def as_params(config: dict[str, Any]) -> dict[str, str]:
+    """The config as MLflow parameters: dotted keys, values as text (lists as JSON)."""
+    return {
+        key: (value if isinstance(value, str) else json.dumps(value, default=str))[
+            :PARAM_VALUE_LIMIT
+        ]
+        for key, value in flatten(config).items()
+    }
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (some containers)
+        return "unknown"
