@@ -171,6 +171,7 @@ def overhead_config(name: str, measure, model: str) -> Config:
 # these rows show what each costs, and what skip's per-step verdict costs.
 NO_WATCHDOG = ("watchdog.timeout=null",)
 SKIP = ("nonfinite=skip",)
+TRACKERS = ("logger=[tensorboard,csv,mlflow,wandb]",)  # MLflow: a SQLite store in the tmp dir
 
 
 def overhead_suite(model: str) -> Callable[[int], list[Config]]:
@@ -182,6 +183,11 @@ def overhead_suite(model: str) -> Callable[[int], list[Config]]:
                 "runner, no watchdog", partial(outside_runner, extra=NO_WATCHDOG), model
             ),
             overhead_config("runner, nonfinite=skip", partial(outside_runner, extra=SKIP), model),
+            overhead_config(
+                "runner, logger=[tensorboard,csv,mlflow,wandb]",
+                partial(outside_runner, extra=TRACKERS),
+                model,
+            ),
         ]
 
     return build

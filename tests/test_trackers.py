@@ -41,23 +41,12 @@ def mlflow_server(tmp_path: Path) -> Iterator[str]:
     store = tmp_path / "server"
     store.mkdir()
     env = {**child_env(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    command = [sys.executable, "-m", "mlflow", "server", "--workers", "1"]
+    command += ["--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}"]
+    command += ["--artifacts-destination", str(store / "artifacts")]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{store / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(store / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],  # fmt: skip
+        command,
         cwd=store,
         env=env,
         stdout=open(store / "server.log", "w"),  # noqa: SIM115
@@ -162,19 +151,13 @@ def test_mlflow_default_store_failed_then_resumed_is_one_run(cli, tmp_path: Path
     assert (tmp_path / "runs" / "mlartifacts").is_dir()
 
 
-def test_mlflow_sweep_is_a_parent_run_with_a_child_per_job(tmp_path: Path) -> None:
+def test_a_sweep_is_an_mlflow_parent_run_with_a_child_per_job_and_a_wandb_group(
+    tmp_path: Path,
+) -> None:
+    sweep = ["-m", *RESTARTABLE, "max_steps=4", "logger=[mlflow,wandb]"]
+    sweep += ["optimizer.lr=0.001,0.002", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "runner.cli.entry",
-            "-m",
-            *RESTARTABLE,
-            "max_steps=4",
-            "logger=[mlflow]",
-            "optimizer.lr=0.001,0.002",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        ],  # fmt: skip
+        [sys.executable, "-m", "runner.cli.entry", *sweep],
         cwd=tmp_path,
         env=child_env(),
         capture_output=True,
@@ -192,6 +175,10 @@ def test_mlflow_sweep_is_a_parent_run_with_a_child_per_job(tmp_path: Path) -> No
     assert sorted(c.data.params["optimizer.lr"] for c in children) == ["0.001", "0.002"]
     assert sorted(c.info.run_name for c in children) == ["sweep/0", "sweep/1"]
     assert all(c.info.status == "FINISHED" for c in children)
+    for job in ("0", "1"):
+        (log,) = wandb_logs(tmp_path / "sweep" / job)
+        run = next(r.run for r in records(log) if r.WhichOneof("record_type") == "run")
+        assert (run.run_group, run.display_name) == ("sweep", f"sweep/{job}")
 
 
 def test_an_unreachable_tracking_server_is_a_warning(cli) -> None:
