@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import resource
+import sys
 import time
 
 import torch
@@ -110,3 +112,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Leave without interpreter teardown, where torch 2.14's gloo sometimes aborts (SIGABRT
+    # after the result is printed), which would end a bench suite; runner's worker does the
+    # same. Per-step figures come from differences of walls, so this cancels out.
+    sys.stdout.flush()
+    os._exit(0)

@@ -1,6 +1,7 @@
-"""MLflow, shared by rank 0 (which logs while training) and the parent (which catches up on
-what rank 0 could not deliver, then ends the run with its outcome): a client with bounded
-retries, the run of a run directory (opened or created), and metrics records logged once.
+"""MLflow, shared by rank 0 (which logs while training, and ends a run that completed) and
+the parent (which, when rank 0 did not end it, logs what rank 0 could not deliver and ends
+the run with its outcome): a client with bounded retries, the run of a run directory (opened
+or created), metrics records logged once, and the run's end.
 
 MLflow is imported inside the functions: only processes that log to it pay for it."""
 
@@ -43,15 +44,48 @@ class MlflowRun:
 
     def __init__(self, settings: Any, config: dict[str, Any], run_dir: Path):
         """`settings` is the resolved logger.mlflow section; `config`, the run's config."""
+        self.settings, self.run_dir = settings, run_dir
         self.uri: str = settings.tracking_uri
         self.client = mlflow_client(self.uri)
         noted = read_tracker_run(run_dir, NAME)
         if noted and noted.get("tracking_uri") == self.uri:  # a restart, a resume, the parent
             self.run_id: str = noted["run_id"]
+            self.experiment_id: str = noted["experiment_id"]
             self.logged = self._logged_steps()
         else:
-            self.run_id = self._create(settings, config, run_dir)
+            self._create(config)
             self.logged = {}
+
+    def reopen(self) -> None:
+        """Rank 0 (re)starts: the run is running again, and no longer ended."""
+        self.client.update_run(self.run_id, status="RUNNING")
+        self._note()
+
+    def end(self, summary: dict[str, Any]) -> None:
+        """The run's outcome (summary.json's content): tags `runner.status` and
+        `runner.error`, metrics summary/steps, summary/wall_time_s, summary/restarts,
+        config.yaml, summary.json and (completed, log_model) model.pt as artifacts, and the
+        final status."""
+        from mlflow.entities import Metric, RunTag
+
+        status = summary.get("status", "failed")
+        tags = {"runner.status": status}
+        error = (summary.get("error") or {}).get("message")
+        if error:
+            tags["runner.error"] = str(error)[:5000]
+        now, steps = int(time.time() * 1000), int(summary.get("steps") or 0)
+        numbers = {k: summary[k] for k in ("steps", "wall_time_s", "restarts") if k in summary}
+        metrics = [Metric(f"summary/{k}", float(v), now, steps) for k, v in numbers.items()]
+        run_tags = [RunTag(k, v) for k, v in tags.items()]
+        self.client.log_batch(self.run_id, metrics=metrics, tags=run_tags)
+        files = [self.run_dir / "config.yaml", self.run_dir / "summary.json"]
+        if status == "completed" and self.settings.log_model:
+            files.append(self.run_dir / "model.pt")
+        for path in files:
+            if path.is_file():
+                self.client.log_artifact(self.run_id, str(path))
+        self.client.set_terminated(self.run_id, STATUS.get(status, "FAILED"))
+        self._note(ended=status)
 
     def log(self, records: list[dict[str, Any]]) -> None:
         """Log the metrics of `records` at their steps, skipping steps the run holds."""
@@ -69,9 +103,14 @@ class MlflowRun:
         for i in range(0, len(metrics), 1000):  # MLflow's limit per call
             self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
 
-    def _create(self, settings: Any, config: dict[str, Any], run_dir: Path) -> str:
+    def _note(self, **extra: str) -> None:
+        noted = {"run_id": self.run_id, "experiment_id": self.experiment_id}
+        note_tracker_run(self.run_dir, NAME, {**noted, "tracking_uri": self.uri, **extra})
+
+    def _create(self, config: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
+        settings, run_dir = self.settings, self.run_dir
         experiment = self._experiment(settings.experiment_name)
         tags = {
             "mlflow.source.name": "runner",
@@ -89,13 +128,12 @@ class MlflowRun:
             )
             tags["mlflow.parentRunId"] = parent["run_id"]
             run_name = settings.run_name or f"{sweep.name}/{run_dir.name}"
-        run_id = self.client.create_run(experiment, run_name=run_name, tags=tags).info.run_id
-        noted = {"run_id": run_id, "experiment_id": experiment, "tracking_uri": self.uri}
-        note_tracker_run(run_dir, NAME, noted)
+        run = self.client.create_run(experiment, run_name=run_name, tags=tags)
+        self.run_id, self.experiment_id = run.info.run_id, experiment
+        self._note()
         params = [Param(k, v) for k, v in as_params(config).items()]
         for i in range(0, len(params), PARAMS_PER_BATCH):
-            self.client.log_batch(run_id, params=params[i : i + PARAMS_PER_BATCH])
-        return run_id
+            self.client.log_batch(self.run_id, params=params[i : i + PARAMS_PER_BATCH])
 
     def _sweep_run(self, experiment: str, sweep_dir: Path, tags: dict[str, str]) -> dict:
         tags = {
@@ -135,10 +173,13 @@ class MlflowRun:
         }
 
 
-def end_run(client: Any, run_id: str, status: str, tags: dict[str, str], files: list[Path]) -> None:
-    """Tag the run, attach `files` (those that exist) and set its final status."""
+def end_sweep_run(
+    noted: dict[str, Any], status: str, tags: dict[str, str], files: list[Path]
+) -> None:
+    """A sweep's parent run: tagged, `files` attached, ended."""
     from mlflow.entities import RunTag
 
+    client, run_id = mlflow_client(noted["tracking_uri"]), noted["run_id"]
     client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
     for path in files:
         if path.is_file():

@@ -78,7 +78,7 @@ class Broken:
     def start(self) -> None:
         pass
 
-    def log(self, record: dict) -> None:
+    def log(self, records: list[dict]) -> None:
         raise ConnectionError("tracking server unreachable")
 
     def close(self, outcome: dict | None = None) -> None:
@@ -91,8 +91,8 @@ class Counting(Broken):
     def __init__(self) -> None:
         self.steps: list[int] = []
 
-    def log(self, record: dict) -> None:
-        self.steps.append(record["step"])
+    def log(self, records: list[dict]) -> None:
+        self.steps += [r["step"] for r in records]
 
 
 def test_a_failing_tracker_is_dropped_with_a_warning_and_the_others_go_on(capsys) -> None:

@@ -1,19 +1,18 @@
-"""The parent ends the tracker runs once the run's outcome is known (summary.json). MLflow:
-the parent opens the run directory's run (or creates it, when rank 0 never reached the
-server or died first), logs the metrics.jsonl records it lacks, then the status, steps, wall
-time and failure message, and config.yaml, summary.json and model.pt as artifacts; a sweep's
-parent run ends with the sweep. W&B runs are ended by rank 0 itself
-(runner.train.loggers.wandb_tracker)."""
+"""The parent ends what rank 0 could not, once the run's outcome is known (summary.json).
+MLflow: unless rank 0 ended the run (it completed), the parent opens it (or creates it, when
+rank 0 never reached the server or died first), logs the metrics.jsonl records it lacks,
+then the outcome (runner.mlflow_store.MlflowRun.end); a sweep's parent run ends with the
+sweep. W&B runs are ended by rank 0 itself (runner.train.loggers.wandb_tracker). Trackers
+rank 0 dropped are repeated on the console."""
 
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 from runner.artifacts import RunDir, read_jsonl
-from runner.mlflow_store import NAME, MlflowRun, end_run, mlflow_client
+from runner.mlflow_store import NAME, MlflowRun, end_sweep_run
 from runner.spec.convert import to_dict
 from runner.spec.schema import RunSpec
 from runner.tracker_runs import read_tracker_run, tracker_failures
@@ -30,27 +29,13 @@ def finish_trackers(spec: RunSpec, run_dir: RunDir, summary: dict[str, Any]) -> 
             why,
         )
     settings = spec.logger.mlflow
-    if settings is None:
-        return
-    status = summary.get("status", "failed")
-    tags = {"runner.status": status}
-    error = (summary.get("error") or {}).get("message")
-    if error:
-        tags["runner.error"] = str(error)[:5000]
-    files = [run_dir.config, run_dir.summary]
-    if status == "completed" and settings.log_model:
-        files.append(run_dir.model)
+    noted = read_tracker_run(run_dir.root, NAME) or {}
+    if settings is None or noted.get("ended") == summary.get("status"):
+        return  # not selected, or rank 0 ended it (it completed)
     try:
-        from mlflow.entities import Metric
-
         run = MlflowRun(settings, to_dict(spec), run_dir.root)
         run.log(read_jsonl(run_dir.metrics))  # what rank 0 did not deliver
-        now, steps = int(time.time() * 1000), int(summary.get("steps") or 0)
-        numbers = {k: summary[k] for k in ("steps", "wall_time_s", "restarts") if k in summary}
-        metrics = [Metric(f"summary/{k}", float(v), now, steps) for k, v in numbers.items()]
-        if metrics:
-            run.client.log_batch(run.run_id, metrics=metrics)
-        end_run(run.client, run.run_id, status, tags, files)
+        run.end(summary)
     except Exception as exc:  # a tracker never fails a run, nor hides its outcome
         _warn(exc, "the run's outcome is in summary.json")
 
@@ -64,7 +49,7 @@ def finish_sweep_trackers(sweep_dir: Path, failed: list[str], files: list[Path])
     if failed:
         tags["runner.failed_jobs"] = ", ".join(failed)
     try:
-        end_run(mlflow_client(noted["tracking_uri"]), noted["run_id"], status, tags, files)
+        end_sweep_run(noted, status, tags, files)
     except Exception as exc:
         _warn(exc, "the sweep's outcome is in sweep.csv")
 

@@ -19,8 +19,8 @@ class Tracker(Protocol):
     def start(self) -> None:
         """Open the tracker (imports its library): on the thread, off the start-up path."""
 
-    def log(self, record: dict[str, Any]) -> None:
-        """One metrics.jsonl record: `step` and the metric values."""
+    def log(self, records: list[dict[str, Any]]) -> None:
+        """metrics.jsonl records (`step` and the metric values), oldest first."""
 
     def close(self, outcome: dict[str, Any] | None = None) -> None:
         """The run ended on this rank: `outcome` holds status, steps, wall_time_s and error
@@ -28,15 +28,24 @@ class Tracker(Protocol):
 
 
 class Trackers:
+    """The trackers' thread. It delivers what has been queued at most every `interval`
+    seconds, in one call per tracker: a tracker's cost is mostly per call (a request, a
+    database transaction), and rank 0's process, whose GIL the thread shares, trains."""
+
     def __init__(
-        self, trackers: list[Tracker], on_failure: Callable[[str, str], None] | None = None
+        self,
+        trackers: list[Tracker],
+        on_failure: Callable[[str, str], None] | None = None,
+        interval: float = 2.0,
     ):
         self.trackers = trackers
+        self.interval = interval
         self.on_failure = on_failure  # (tracker, message): noted for the parent to repeat
         self.failed: dict[str, str] = {}
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._outcome: dict[str, Any] | None = None
+        self._closing = threading.Event()
         if trackers:
             self._thread = threading.Thread(target=self._work, name="runner-trackers", daemon=True)
             self._thread.start()
@@ -50,6 +59,7 @@ class Trackers:
         if self._thread is not None:
             self._outcome = outcome
             self._queue.put(_STOP)
+            self._closing.set()
             self._thread.join(timeout)
             if self._thread.is_alive():
                 print(
@@ -62,8 +72,17 @@ class Trackers:
 
     def _work(self) -> None:
         live = [t for t in self.trackers if self._call(t, "start")]
-        while (item := self._queue.get()) is not _STOP:
-            live = [t for t in live if self._call(t, "log", item)]
+        stopping = False
+        while not stopping:
+            batch = [self._queue.get()]  # wait for the first, then take what else is there
+            while not self._queue.empty():
+                batch.append(self._queue.get())
+            stopping = batch[-1] is _STOP
+            records = [item for item in batch if item is not _STOP]
+            if records:
+                live = [t for t in live if self._call(t, "log", records)]
+            if not stopping:
+                self._closing.wait(self.interval)  # let records gather; close() cuts it short
         for tracker in live:
             self._call(tracker, "close", self._outcome)
 

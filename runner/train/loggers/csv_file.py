@@ -24,12 +24,13 @@ class CsvTracker:
             self._add_columns(row)
         self._rewrite()
 
-    def log(self, record: dict[str, Any]) -> None:
-        self.rows.append(record)
-        if self._add_columns(record):  # a new metric: the header grows, the file is rewritten
+    def log(self, records: list[dict[str, Any]]) -> None:
+        self.rows += records
+        grew = [self._add_columns(r) for r in records]  # every record's new metrics
+        if any(grew):  # the header grows: the file is rewritten
             self._rewrite()
         else:
-            csv.DictWriter(self.file, self.columns).writerow(record)
+            csv.DictWriter(self.file, self.columns).writerows(records)
             self.file.flush()
 
     def close(self, outcome: dict[str, Any] | None = None) -> None:

@@ -1,7 +1,7 @@
 """MLflow through MlflowClient (not the fluent API: its global active run stays free for the
 user's own code). Rank 0 creates the run, or reopens the one noted in tracker_runs.json on a
-restart or resume, and logs every metrics record; the parent then logs what did not arrive
-and ends the run with the outcome of every rank (runner.cli.trackers)."""
+restart or resume, logs every metrics record, and ends a run that completed. Any other
+ending is the parent's to record (runner.cli.trackers): it knows how every rank ended."""
 
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ class MlflowTracker:
 
     def start(self) -> None:
         self.run = MlflowRun(self.spec, self.config, self.run_dir.root)
-        self.run.client.update_run(self.run.run_id, status="RUNNING")
+        self.run.reopen()
         self.run.log(self.kept)  # what an earlier attempt wrote but may not have delivered
 
-    def log(self, record: dict[str, Any]) -> None:
-        self.run.log([record])
+    def log(self, records: list[dict[str, Any]]) -> None:
+        self.run.log(records)  # one request (or transaction) for all of them
 
     def close(self, outcome: dict[str, Any] | None = None) -> None:
-        """The parent ends the run: it knows the outcome of every rank, not only this one's."""
+        if outcome is not None and outcome.get("status") == "completed":  # summary.json's
+            self.run.end(outcome)

@@ -25,11 +25,16 @@ class TensorBoardTracker:
             str(self.directory), purge_step=purge, flush_secs=self.spec.flush_secs
         )
 
-    def log(self, record: dict[str, Any]) -> None:
-        step = record["step"]
-        for key, value in record.items():
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.writer.add_scalar(key, value, step)
+    def log(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            step = record["step"]
+            for key, value in record.items():
+                if (
+                    key != "step"
+                    and isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                ):
+                    self.writer.add_scalar(key, value, step)
 
     def close(self, outcome: dict[str, Any] | None = None) -> None:
         self.writer.close()

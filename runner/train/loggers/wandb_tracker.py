@@ -52,16 +52,15 @@ class WandbTracker:
             settings=wandb.Settings(silent=True, console="off"),
         )
         self._note()
-        for record in self.kept:  # what an earlier attempt wrote but may not have delivered
-            self.log(record)
+        self.log(self.kept)  # what an earlier attempt wrote but may not have delivered
 
-    def log(self, record: dict[str, Any]) -> None:
-        step = record["step"]
-        if step <= self.noted["last_step"]:  # the run holds it already (an earlier attempt)
-            return
-        self.run.log({k: v for k, v in record.items() if k != "step"}, step=step)
-        self.noted["last_step"] = step
-        self._note()
+    def log(self, records: list[dict[str, Any]]) -> None:
+        new = [r for r in records if r["step"] > self.noted["last_step"]]  # not in the run yet
+        for record in new:
+            self.run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+        if new:
+            self.noted["last_step"] = new[-1]["step"]
+            self._note()
 
     def close(self, outcome: dict[str, Any] | None = None) -> None:
         import wandb
