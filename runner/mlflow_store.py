@@ -52,12 +52,14 @@ class MlflowRun:
             self.run_id: str = noted["run_id"]
             self.experiment_id: str = noted["experiment_id"]
             self.logged = self._logged_steps()
+            self.existed = True
         else:
             self._create(config)
             self.logged = {}
+            self.existed = False
 
     def reopen(self) -> None:
-        """Rank 0 (re)starts: the run is running again, and no longer ended."""
+        """Rank 0 restarts in a run that existed: running again, and no longer ended."""
         self.client.update_run(self.run_id, status="RUNNING")
         self._note()
 
@@ -66,7 +68,7 @@ class MlflowRun:
         `runner.error`, metrics summary/steps, summary/wall_time_s, summary/restarts,
         config.yaml, summary.json and (completed, log_model) model.pt as artifacts, and the
         final status."""
-        from mlflow.entities import Metric, RunTag
+        from mlflow.entities import Metric
 
         status = summary.get("status", "failed")
         tags = {"runner.status": status}
@@ -76,15 +78,10 @@ class MlflowRun:
         now, steps = int(time.time() * 1000), int(summary.get("steps") or 0)
         numbers = {k: summary[k] for k in ("steps", "wall_time_s", "restarts") if k in summary}
         metrics = [Metric(f"summary/{k}", float(v), now, steps) for k, v in numbers.items()]
-        run_tags = [RunTag(k, v) for k, v in tags.items()]
-        self.client.log_batch(self.run_id, metrics=metrics, tags=run_tags)
         files = [self.run_dir / "config.yaml", self.run_dir / "summary.json"]
         if status == "completed" and self.settings.log_model:
             files.append(self.run_dir / "model.pt")
-        for path in files:
-            if path.is_file():
-                self.client.log_artifact(self.run_id, str(path))
-        self.client.set_terminated(self.run_id, STATUS.get(status, "FAILED"))
+        _end(self.client, self.run_id, status, tags, files, metrics)
         self._note(ended=status)
 
     def log(self, records: list[dict[str, Any]]) -> None:
@@ -177,10 +174,21 @@ def end_sweep_run(
     noted: dict[str, Any], status: str, tags: dict[str, str], files: list[Path]
 ) -> None:
     """A sweep's parent run: tagged, `files` attached, ended."""
+    _end(mlflow_client(noted["tracking_uri"]), noted["run_id"], status, tags, files, [])
+
+
+def _end(
+    client: Any,
+    run_id: str,
+    status: str,
+    tags: dict[str, str],
+    files: list[Path],
+    metrics: list[Any],
+) -> None:
+    """Tag the run (and log `metrics`), attach the `files` that exist, set its final status."""
     from mlflow.entities import RunTag
 
-    client, run_id = mlflow_client(noted["tracking_uri"]), noted["run_id"]
-    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
     for path in files:
         if path.is_file():
             client.log_artifact(run_id, str(path))

@@ -5,13 +5,11 @@ run in parallel."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.artifacts import TRACKER_RUNS, read_json, write_json
+from runner.artifacts import TRACKER_RUNS, file_lock, read_json, write_json
 
 FAILED = "failed"  # tracker -> why rank 0 dropped it
 SWEEP_DIR_ENV = "RUNNER_SWEEP_DIR"  # set by the parent for a sweep's job: the sweep's root
@@ -23,18 +21,12 @@ def read_tracker_run(directory: Path, tracker: str) -> dict[str, Any] | None:
 
 
 def note_tracker_run(directory: Path, tracker: str, value: dict[str, Any]) -> None:
-    with _locked(directory):
-        runs = read_json(directory / TRACKER_RUNS) or {}
-        runs[tracker] = value
-        write_json(directory / TRACKER_RUNS, runs)
+    _update(directory, lambda runs: runs.update({tracker: value}))
 
 
 def note_tracker_failure(directory: Path, tracker: str, message: str) -> None:
     """A tracker rank 0 dropped: the parent repeats it on the console at the end."""
-    with _locked(directory):
-        runs = read_json(directory / TRACKER_RUNS) or {}
-        runs.setdefault(FAILED, {})[tracker] = message
-        write_json(directory / TRACKER_RUNS, runs)
+    _update(directory, lambda runs: runs.setdefault(FAILED, {}).update({tracker: message}))
 
 
 def tracker_failures(directory: Path) -> dict[str, str]:
@@ -45,20 +37,18 @@ def tracker_run_once(
     directory: Path, tracker: str, create: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
     """The run `tracker` noted in `directory`, created (and noted) by the first caller."""
-    with _locked(directory):
-        runs = read_json(directory / TRACKER_RUNS) or {}
+
+    def add_if_missing(runs: dict[str, Any]) -> None:
         if tracker not in runs:
             runs[tracker] = create()
-            write_json(directory / TRACKER_RUNS, runs)
-        return runs[tracker]
+
+    return _update(directory, add_if_missing)[tracker]
 
 
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / f".{TRACKER_RUNS}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+def _update(directory: Path, change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    """Apply `change` to tracker_runs.json in `directory`, under its lock; the new content."""
+    with file_lock(directory / f".{TRACKER_RUNS}.lock"):
+        runs = read_json(directory / TRACKER_RUNS) or {}
+        change(runs)
+        write_json(directory / TRACKER_RUNS, runs)
+        return runs

@@ -9,12 +9,9 @@ so jobs that failed or were rejected are listed like the others.
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import fcntl
 import io
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,7 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from runner.artifacts import read_json, write_atomic
+from runner.artifacts import file_lock, read_json, write_atomic
 from runner.cli.report import METRICS, job_order
 from runner.cli.trackers import finish_sweep_trackers
 
@@ -67,7 +64,7 @@ def sweep_rows(sweep_dir: Path) -> tuple[list[str], list[dict[str, Any]]]:
 
 def write_sweep_table(sweep_dir: Path) -> str:
     """Rewrite sweep.csv and sweep.md from the job directories; return the markdown."""
-    with _locked(sweep_dir):
+    with file_lock(sweep_dir / ".sweep.lock"):
         shared, rows = sweep_rows(sweep_dir)
         columns = ["job", "overrides", "status", "steps", "wall_time_s", *METRICS, "error"]
         buffer = io.StringIO()
@@ -94,16 +91,6 @@ def _markdown(shared: list[str], rows: list[dict[str, Any]], columns: list[str])
     lines.append("|" + "---|" * len(columns))
     lines += ["| " + " | ".join(cell(c, row[c]) for c in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
-
-
-@contextlib.contextmanager
-def _locked(sweep_dir: Path) -> Iterator[None]:
-    with open(sweep_dir / ".sweep.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def failed_jobs(sweep_dir: Path) -> list[str]:

@@ -28,7 +28,8 @@ class MlflowTracker:
 
     def start(self) -> None:
         self.run = MlflowRun(self.spec, self.config, self.run_dir.root)
-        self.run.reopen()
+        if self.run.existed:  # a restart or a resume
+            self.run.reopen()
         self.run.log(self.kept)  # what an earlier attempt wrote but may not have delivered
 
     def log(self, records: list[dict[str, Any]]) -> None:
