@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runner.artifacts import file_lock
 from runner.nested import flatten
 from runner.tracker_runs import SWEEP_DIR_ENV, note_tracker_run, read_tracker_run, tracker_run_once
 
@@ -32,11 +33,19 @@ SQLITE = "sqlite:///"
 
 
 def mlflow_client(tracking_uri: str) -> Any:
+    """A client of `tracking_uri`. A local SQLite store is opened under a lock beside it:
+    opening one creates or migrates its tables, and two processes doing that at once (a
+    sweep's parallel jobs on a new store) leave it half-migrated."""
     for key, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri)
+    database = _sqlite_file(tracking_uri)
+    if database is None:
+        return MlflowClient(tracking_uri)
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(database.with_name(f".{database.name}.lock")):
+        return MlflowClient(tracking_uri)  # opens the store: creates or migrates its tables
 
 
 class MlflowRun:
@@ -145,11 +154,8 @@ class MlflowRun:
         """The experiment called `name`, created when it does not exist yet (beside a local
         SQLite store, its artifacts go to mlartifacts/ next to the database file; MLflow
         itself would use ./mlruns of whatever directory the process runs in)."""
-        artifacts = None
-        if self.uri.startswith(SQLITE):
-            database = Path(self.uri[len(SQLITE) :]).absolute()
-            database.parent.mkdir(parents=True, exist_ok=True)
-            artifacts = (database.parent / "mlartifacts").as_uri()
+        database = _sqlite_file(self.uri)
+        artifacts = (database.parent / "mlartifacts").as_uri() if database else None
         experiment = self.client.get_experiment_by_name(name)
         if experiment is not None:
             return experiment.experiment_id
@@ -203,6 +209,13 @@ def as_params(config: dict[str, Any]) -> dict[str, str]:
         ]
         for key, value in flatten(config).items()
     }
+
+
+def _sqlite_file(tracking_uri: str) -> Path | None:
+    """The database file of a local SQLite store's URI; None for anything else."""
+    if not tracking_uri.startswith(SQLITE):
+        return None
+    return Path(tracking_uri[len(SQLITE) :]).absolute()
 
 
 def _is_number(value: Any) -> bool:

@@ -151,6 +151,26 @@ def test_mlflow_default_store_failed_then_resumed_is_one_run(cli, tmp_path: Path
     assert (tmp_path / "runs" / "mlartifacts").is_dir()
 
 
+def open_store(uri: str) -> str:
+    from runner.mlflow_store import mlflow_client
+
+    try:
+        mlflow_client(uri).search_experiments()
+        return "ok"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_parallel_jobs_open_a_new_local_store_one_at_a_time(tmp_path: Path) -> None:
+    """Opening a SQLite store creates its tables; three processes at once left it
+    half-migrated (`table _alembic_tmp_latest_metrics already exists`) before the lock."""
+    import multiprocessing
+
+    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        assert pool.map(open_store, [uri] * 3) == ["ok"] * 3
+
+
 def wandb_logs(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
 
