@@ -66,6 +66,24 @@ CASES = [
     (["code_dir=[no/such/dir]"], "code_dir='no/such/dir': directory does not exist"),
     (["chaos.kill_rank=5", "chaos.at_step=2"], "chaos.kill_rank=5: must be a rank in 0..1"),
     (["chaos.kill_rank=1"], "set both or neither"),
+    (["chaos.action=oom", "chaos.oom_above=-1"], "chaos.oom_above=-1: must be >= 0"),
+    (
+        ["grad_accum=auto", "parallelism=zero3"],
+        "grad_accum=auto: parallelism=zero3 is not supported",
+    ),
+    (
+        ["grad_accum=auto", "sync_strategy=single_auto_sync"],
+        "sync_strategy=single_auto_sync: grad_accum=auto on ddp needs gradients synced after "
+        "the last backward pass",
+    ),
+    (["grad_accum=some"], "grad_accum='some': expected an integer or one of auto"),
+    (["compile=yes"], "compile='yes': expected a mapping"),
+    (
+        ["compile={backend:tvm}"],
+        "compile.backend='tvm': expected one of inductor, aot_eager, eager",
+    ),
+    (["compile={per_block:maybe}"], "compile.per_block='maybe': expected true or false or null"),
+    (["compile={modes:max}"], "compile.modes: unknown key; valid keys here: backend, fullgraph"),
     (["resume=/no/such/checkpoint"], "resume='/no/such/checkpoint': no such file or directory"),
     (
         ["parallelism=fsdp", "sync_strategy=forced_sync"],
@@ -186,6 +204,16 @@ def test_a_missing_tracker_package_names_its_extra(monkeypatch, package: str) ->
         f"logger={package}: needs the {package} package, which is not installed "
         f"(pip install 'runner[{package}]')"
     ]
+
+
+def test_compile_on_cpu_without_a_cpp_compiler_says_what_to_install(monkeypatch) -> None:
+    monkeypatch.setenv("CXX", "/no/such/g++")
+    assert problems("compile=true", "device=cpu") == [
+        "compile.backend=inductor: on CPU it builds C++ kernels with /no/such/g++, which is not "
+        "on PATH; install a C++ compiler (Debian/Ubuntu: apt-get install g++; or set CXX), or "
+        "use compile.backend=aot_eager"
+    ]
+    resolve_spec(compose_config(["compile={backend:aot_eager}", "device=cpu"]))  # no C++ needed
 
 
 def test_every_problem_is_reported_at_once() -> None:

@@ -67,6 +67,21 @@ class Engine(ABC):
             self.scaler.update()
         self.torch_optimizer.zero_grad(set_to_none=True)
 
+    def communicating_modules(self) -> list[nn.Module]:
+        """Modules whose forward pass starts with a collective (FSDP's weight gathers)."""
+        return []
+
+    keeps_microbatches = False
+    """grad_accum=auto: True where the gradients of a step's finished microbatches cannot be
+    dropped (DeepSpeed accumulates them in its own partitions), so a step that ran out of
+    memory goes on from the microbatch that failed; otherwise it starts again."""
+
+    def drop_forward(self) -> None:
+        """After a forward pass abandoned midway (grad_accum=auto, out of memory): undo what
+        it left behind, the same on every rank, and unless `keeps_microbatches`, drop the
+        gradients of the step so far."""
+        self.torch_optimizer.zero_grad(set_to_none=True)
+
     @property
     def nonfinite_skips(self) -> int:
         """Steps the engine skipped by itself for a non-finite gradient norm (DeepSpeed)."""

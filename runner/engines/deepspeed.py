@@ -88,7 +88,14 @@ class DeepSpeedEngine(Engine):
         self.fp16 = spec.precision.name is Precision.FP16
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
-        return contextlib.nullcontext()  # DeepSpeed knows the boundary from its own count
+        # Said each time: with grad_accum=auto the count changes within a step.
+        self.model.set_gradient_accumulation_boundary(index == count - 1)
+        return contextlib.nullcontext()
+
+    keeps_microbatches = True  # ZeRO accumulates reduced gradients in its own partitions
+
+    def drop_forward(self) -> None:
+        pass  # ZeRO-1/2 communicate in backward only: a forward pass leaves nothing behind
 
     def backward(self, loss: torch.Tensor) -> None:
         self.model.backward(loss, scale_wrt_gas=False)

@@ -75,6 +75,17 @@ class FSDPEngine(Engine):
         self.model.set_requires_gradient_sync(index == count - 1)
         return contextlib.nullcontext()
 
+    def communicating_modules(self) -> list[nn.Module]:
+        from torch.distributed.fsdp import FSDPModule
+
+        return [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+
+    def drop_forward(self) -> None:
+        # Ranks stopped in different blocks: FSDP's recovery reshards every block and clears
+        # the iteration's state (forward root, prefetch order), so the next pass starts alike.
+        self.module.reset_iter_state()
+        super().drop_forward()
+
     def prepare_step(self) -> torch.Tensor | None:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)

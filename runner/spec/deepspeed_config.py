@@ -23,7 +23,7 @@ OWNED: dict[str, tuple[str, Callable[[RunSpec], Any]]] = {
         "global_batch_size / (world_size x grad_accum)",
         lambda s: s.micro_batch_size,
     ),
-    "gradient_accumulation_steps": ("grad_accum", lambda s: s.grad_accum),
+    "gradient_accumulation_steps": ("grad_accum", lambda s: s.accum_steps),
     "bf16": ("precision", lambda s: s.precision.name.value),
     "fp16": ("precision", lambda s: s.precision.name.value),
     "optimizer": ("optimizer", lambda s: s.optimizer.name),
@@ -72,7 +72,7 @@ def generated_config(spec: RunSpec) -> dict[str, Any]:
     config: dict[str, Any] = {
         "train_batch_size": spec.global_batch_size,
         "train_micro_batch_size_per_gpu": spec.micro_batch_size,
-        "gradient_accumulation_steps": spec.grad_accum,
+        "gradient_accumulation_steps": spec.accum_steps,
         "zero_optimization": _zero_section(zero),
         # bf16: DeepSpeed skips a step whose gradient norm is not finite only when asked to
         # (fp32 and ZeRO-3 always do); the non-finite guard counts those skips.

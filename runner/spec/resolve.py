@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,17 +58,20 @@ def resolve_spec(
     _check_cluster(spec, problems)
     _check_run_control(spec, problems)
     _check_sync_strategy(spec, problems)
+    _check_auto_microbatching(spec, problems)
+    _check_compile(spec, problems)
     _check_deepspeed(spec, problems)
     _check_loggers(spec, problems)
     _check_resume(spec, problems, Path(run_dir) if run_dir is not None else None)
     if problems:
         raise SpecError(problems)
     if spec.sync_strategy.name is SyncStrategy.AUTO and not spec.parallelism.syncs_gradients_itself:
-        chosen = (
-            SyncStrategy.MULTI_AUTO_SYNC
-            if getattr(spec.parallelism, "find_unused_parameters", False)
-            else SyncStrategy.SINGLE_AUTO_SYNC
-        )
+        if spec.grad_accum == "auto":  # see _check_auto_microbatching
+            chosen = SyncStrategy.FORCED_SYNC
+        elif getattr(spec.parallelism, "find_unused_parameters", False):
+            chosen = SyncStrategy.MULTI_AUTO_SYNC
+        else:
+            chosen = SyncStrategy.SINGLE_AUTO_SYNC
         spec = dataclasses.replace(
             spec, sync_strategy=dataclasses.replace(spec.sync_strategy, name=chosen)
         )
@@ -178,11 +182,11 @@ def _resolve_code_dirs(spec: RunSpec, problems: list[str]) -> RunSpec:
 
 
 def _check_sizes(spec: RunSpec, problems: list[str]) -> None:
-    per_step = spec.world_size * spec.grad_accum
+    per_step = spec.world_size * spec.accum_steps
     if spec.global_batch_size % per_step:
         problems.append(
             f"global_batch_size={spec.global_batch_size}: not divisible by "
-            f"world_size x grad_accum = {spec.world_size} x {spec.grad_accum} = {per_step}; "
+            f"world_size x grad_accum = {spec.world_size} x {spec.accum_steps} = {per_step}; "
             f"pick a multiple of {per_step}"
         )
     if spec.max_steps is None and spec.max_epochs is None:
@@ -202,6 +206,43 @@ def _check_sync_strategy(spec: RunSpec, problems: list[str]) -> None:
             f"sync_strategy={strategy.value}: parallelism={spec.parallelism.name} reduces "
             "gradients itself; sync strategies apply to ddp only, use sync_strategy=auto"
         )
+
+
+def _check_auto_microbatching(spec: RunSpec, problems: list[str]) -> None:
+    """grad_accum=auto retries a microbatch whose forward pass ran out of memory, so no rank
+    may have started exchanging that microbatch's gradients: ddp syncs by hand after the
+    last backward (forced_sync), and zero3 (which gathers weights inside DeepSpeed's
+    forward hooks) is left out."""
+    if spec.grad_accum != "auto":
+        return
+    name = spec.parallelism.name
+    if name == "zero3":
+        problems.append(
+            "grad_accum=auto: parallelism=zero3 is not supported (its forward pass gathers "
+            "weights in DeepSpeed's own hooks, where a rank that ran out of memory cannot "
+            "agree with the others); use a fixed grad_accum, or ddp, zero1, zero2, fsdp"
+        )
+    strategy = spec.sync_strategy.name
+    if name == "ddp" and strategy not in (SyncStrategy.AUTO, SyncStrategy.FORCED_SYNC):
+        problems.append(
+            f"sync_strategy={strategy.value}: grad_accum=auto on ddp needs gradients synced "
+            "after the last backward pass, so that a microbatch can be retried; use "
+            "sync_strategy=auto (it picks forced_sync) or forced_sync"
+        )
+
+
+def _check_compile(spec: RunSpec, problems: list[str]) -> None:
+    options = spec.compile
+    if options is None:
+        return
+    if spec.device == "cpu" and options.backend == "inductor":
+        compiler = os.environ.get("CXX") or "g++"  # what inductor's CPU backend runs
+        if shutil.which(compiler) is None:
+            problems.append(
+                f"compile.backend=inductor: on CPU it builds C++ kernels with {compiler}, "
+                "which is not on PATH; install a C++ compiler (Debian/Ubuntu: apt-get install "
+                "g++; or set CXX), or use compile.backend=aot_eager"
+            )
 
 
 def _check_deepspeed(spec: RunSpec, problems: list[str]) -> None:
@@ -320,9 +361,12 @@ def load_spec(run_dir: str | Path) -> RunSpec:
 
 
 def _migrate(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """Configs of older runs: `tensorboard: true|false` became the logger group."""
-    if "tensorboard" not in config or "logger" in config:
-        return config
-    migrated = {k: v for k, v in config.items() if k != "tensorboard"}
-    migrated["logger"] = {"tensorboard": {}} if config["tensorboard"] else {}
+    """`compile: true|false` as the optional section it stands for; configs of older runs:
+    `tensorboard: true|false` became the logger group."""
+    migrated = dict(config)
+    if isinstance(migrated.get("compile"), bool):
+        migrated["compile"] = {} if migrated["compile"] else None
+    if "tensorboard" in config and "logger" not in config:
+        tensorboard = migrated.pop("tensorboard")
+        migrated["logger"] = {"tensorboard": {}} if tensorboard else {}
     return migrated

@@ -306,7 +306,22 @@ class ChaosSpec:
 
     kill_rank: int | None = _bound(None, min=0)
     at_step: int | None = _bound(None, min=1)
-    action: Literal["sigkill", "raise", "hang", "disk_full", "nan"] = "sigkill"
+    action: Literal["sigkill", "raise", "hang", "disk_full", "nan", "oom"] = "sigkill"
+    oom_above: int = _bound(0, min=0)  # oom: raised from at_step on while microbatch > this
+
+
+@dataclass(frozen=True)
+class CompileSpec:
+    """torch.compile. `per_block`: compile each block of the model's blocks list on its own
+    (after activation checkpointing, before FSDP shards it); null = when the model has
+    one. Otherwise the whole model is compiled (under DDP with its graph-break optimizer)."""
+
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = (
+        "default"
+    )
+    backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    per_block: bool | None = None
+    fullgraph: bool = False
 
 
 # ------------------------------------------------------------------------------- run
@@ -330,6 +345,7 @@ class RunSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
     chaos: ChaosSpec = field(default_factory=ChaosSpec)
+    compile: CompileSpec | None = None  # null: eager (the YAML's compile: false|true|{...})
 
     nproc: int | Literal["auto"] = _bound(1, min=1)
     nodes: int | Literal["auto"] = _bound(1, min=1)
@@ -340,7 +356,7 @@ class RunSpec:
     seed: int = _bound(0, min=0)
 
     global_batch_size: int = _bound(64, min=1)
-    grad_accum: int = _bound(1, min=1)
+    grad_accum: int | Literal["auto"] = _bound(1, min=1)  # auto: halve on out-of-memory
     max_steps: int | None = _bound(None, min=1)
     max_epochs: int | None = _bound(None, min=1)
     grad_clip_norm: float | None = _bound(None, gt=0.0)
@@ -372,5 +388,10 @@ class RunSpec:
         return self.global_batch_size // self.world_size
 
     @property
+    def accum_steps(self) -> int:
+        """Microbatches per step to start with (grad_accum=auto starts at one)."""
+        return 1 if self.grad_accum == "auto" else self.grad_accum
+
+    @property
     def micro_batch_size(self) -> int:
-        return self.per_rank_batch_size // self.grad_accum
+        return self.per_rank_batch_size // self.accum_steps

@@ -1,6 +1,7 @@
 """Fault injection for tests and drills: `chaos.kill_rank` fails at `chaos.at_step`
-(sigkill, raise), stops there for good (hang), its loss turns NaN there (nan), or its
-checkpoint writes fail from that step on (disk_full).
+(sigkill, raise), stops there for good (hang), its loss turns NaN there (nan), its
+checkpoint writes fail from that step on (disk_full), or its forward passes run out of
+memory from that step on while the microbatch is larger than `chaos.oom_above` (oom).
 
 Fires on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0), so a run
 with max_restarts >= 1 shows the restart path end to end.
@@ -15,7 +16,11 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from runner.spec.schema import ChaosSpec
+
+DELAYED = ("disk_full", "nan", "oom")  # actions that fire inside the step, not at its start
 
 
 class ChaosError(RuntimeError):
@@ -27,7 +32,7 @@ def _first_attempt() -> bool:
 
 
 def maybe_fail(chaos: ChaosSpec, rank: int, step: int) -> None:
-    if chaos.kill_rank != rank or chaos.at_step != step or chaos.action in ("disk_full", "nan"):
+    if chaos.kill_rank != rank or chaos.at_step != step or chaos.action in DELAYED:
         return
     if not _first_attempt():
         return
@@ -63,3 +68,16 @@ def poisons_loss(chaos: ChaosSpec, rank: int, step: int) -> bool:
         print(f"chaos: rank {rank}'s loss becomes NaN at step {step}", flush=True)
         return True
     return False
+
+
+def maybe_run_out_of_memory(chaos: ChaosSpec, rank: int, step: int, samples: int) -> None:
+    """oom: called in this rank's training forward pass with the microbatch's samples."""
+    if chaos.action != "oom" or chaos.kill_rank != rank or chaos.at_step is None:
+        return
+    if step < chaos.at_step or samples <= chaos.oom_above or not _first_attempt():
+        return
+    print(f"chaos: rank {rank} runs out of memory at step {step} ({samples} samples)", flush=True)
+    raise torch.OutOfMemoryError(
+        f"chaos: rank {rank} ran out of memory at step {step} with a microbatch of {samples} "
+        f"samples (chaos.oom_above={chaos.oom_above})"
+    )

@@ -53,14 +53,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save(store: CheckpointStore, engine: Engine, spec: RunSpec, step: int, samples: int) -> None:
-    """Write a checkpoint of `step` (every rank calls this)."""
+def save(
+    store: CheckpointStore,
+    engine: Engine,
+    spec: RunSpec,
+    step: int,
+    samples: int,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Write a checkpoint of `step` (every rank calls this); `extra` joins the client state."""
     client = {
         "step": step,
         "samples": samples,
         "world_size": rdist.get_world_size(),
         "spec": to_dict(spec),
         "rng": rdist.all_gather_object(rng_state()),
+        **(extra or {}),
     }
     if rdist.get_global_rank() == 0:
         store.begin(step)

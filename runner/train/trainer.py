@@ -31,7 +31,7 @@ from runner.data.sampler import GlobalBatchSampler
 from runner.engines import build_engine
 from runner.engines.precision import autocast
 from runner.heartbeat import Heartbeat, Phase
-from runner.models.blocks import apply_activation_checkpointing
+from runner.models.blocks import apply_activation_checkpointing, find_blocks
 from runner.models.builders import build_model
 from runner.spec import RunSpec
 from runner.spec.convert import to_dict
@@ -45,7 +45,15 @@ from runner.summary import (
 )
 from runner.train import chaos, checkpointing
 from runner.train.batches import logits_of, split, to_device
+from runner.train.compiling import CompileClock, compile_model
 from runner.train.metrics_log import MetricsLog, Throughput
+from runner.train.microbatching import (
+    AutoMicrobatching,
+    OutOfMemoryElsewhere,
+    batch_size,
+    cut_batch,
+    is_out_of_memory,
+)
 from runner.train.nonfinite import NonFiniteGuard
 from runner.train.progress import Progress
 
@@ -84,6 +92,10 @@ class Trainer:
         self.channels_last = spec.model.channels_last and self.device_type == "cuda"
         if self.channels_last:
             module = module.to(memory_format=torch.channels_last)
+        self.compile_clock = None
+        if spec.compile is not None:  # per block after checkpointing, before any sharding
+            self.compile_clock = CompileClock()
+            print(f"compile: {compile_model(module, spec.compile)}", flush=True)
         self.loss_fn = instantiate(spec.loss.node, data.info)
         self.metrics_fns = {
             name: _on_device(instantiate(m.node, data.info), device)
@@ -95,7 +107,7 @@ class Trainer:
             spec.global_batch_size,
             self.world,
             self.rank,
-            spec.grad_accum,
+            spec.accum_steps,  # grad_accum=auto: the rank's whole share, cut in train_step
             shuffle=True,
             seed=spec.seed,
             drop_last=spec.data.drop_last,
@@ -132,11 +144,28 @@ class Trainer:
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
         start = checkpointing.find_resume_point(self.store, spec.resume)
+        client: dict[str, Any] = {}
         if start is not None:
             client = checkpointing.load(start, self.engine, self.store)
             self.step, self.samples = client["step"], client["samples"]
             self.resumed_from = self.step
             print(f"resumed from {start} (step {self.step})", flush=True)
+        self.auto = None
+        if spec.grad_accum == "auto":
+            self.auto = AutoMicrobatching(
+                spec.per_rank_batch_size, run_dir.root, device, client.get("grad_accum", 1)
+            )
+            for module in self.engine.communicating_modules():
+                hook = torch.compiler.disable(self.auto.before_collective)
+                module.register_forward_pre_hook(hook, prepend=True)
+            print(f"grad_accum=auto: starting at grad_accum={self.auto.accum}", flush=True)
+        self.forward_batch: Any = None  # the microbatch in the forward pass (chaos.action=oom)
+        self.step_now = self.step
+        self._ran_out_here = False
+        if spec.chaos.action == "oom" and spec.chaos.kill_rank == self.rank:
+            # Deep in the forward pass: in the last block (after FSDP gathered the others).
+            where = (find_blocks(self.engine.module) or [self.engine.module])[-1]
+            where.register_forward_pre_hook(torch.compiler.disable(self._chaos_oom))
         if self.is_main:
             record_attempt(run_dir, self.attempt, self.resumed_from)
         self.metrics = MetricsLog(
@@ -202,7 +231,7 @@ class Trainer:
                 chaos.maybe_fail(spec.chaos, self.rank, step)
                 n_global = self.sampler.global_count(step_in_epoch)
                 lr = self.engine.lr
-                batch = [next(microbatches) for _ in range(spec.grad_accum)]
+                batch = [next(microbatches) for _ in range(self.sampler.grad_accum)]
                 self.heart.beat(Phase.BATCH, step)
                 poison = chaos.poisons_loss(spec.chaos, self.rank, step)
                 loss_sum, items = self.train_step(batch, n_global, step, poison)
@@ -225,7 +254,8 @@ class Trainer:
                 if last or (spec.checkpoint.interval and step % spec.checkpoint.interval == 0):
                     self.heart.beat(Phase.SAVE)
                     self.guard.check_before_saving(self.engine.module, step)
-                    checkpointing.save(self.store, self.engine, spec, step, samples)
+                    extra = {"grad_accum": self.auto.accum} if self.auto else {}
+                    checkpointing.save(self.store, self.engine, spec, step, samples, extra)
                     self.heart.beat(Phase.STEP)
                 if last:
                     break
@@ -236,25 +266,38 @@ class Trainer:
     ) -> tuple[torch.Tensor, torch.Tensor | int]:
         """Forward and backward every microbatch of this rank, then step (or skip the step,
         when the guard says so: a non-finite loss or gradient norm under nonfinite=skip).
+        Under grad_accum=auto the rank's batch is cut here, and cut finer when a forward
+        pass runs out of memory on any rank (runner.train.microbatching).
 
         Returns this rank's loss sum and the items of the whole global batch."""
         items = self._global_items(microbatches, n_global)
         weight = self.world / items  # DDP averages over ranks; this makes it a mean over items
         loss_sum = torch.zeros((), device=self.device)
-        for i, (batch, real) in enumerate(microbatches):
-            args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
+        self.step_now = step
+        if self.auto is not None:
+            self._uncut = batch, real = microbatches[0]
+            size = batch_size(batch) if real else 0
+            microbatches = cut_batch(batch, real, 0, size, self.auto.accum)
+        i = 0
+        while i < len(microbatches):
+            batch, real = microbatches[i][:2]
             with self.engine.microbatch(i, len(microbatches)):
-                with autocast(self.spec.precision, self.device_type):
-                    outputs = self.engine.model(*args, **kwargs)
-                loss, count = self.loss_fn(logits_of(outputs), targets)
-                if not real:  # a placeholder: runs for the collectives, counts nothing
-                    loss = loss * 0.0
-                if poison:  # chaos.action=nan
-                    loss = loss * float("nan")
+                loss, count, targets = self._forward(batch, real, poison)
+                if self.auto is not None:
+                    ran_out = self.auto.agree(self._ran_out_here)
+                    if ran_out:  # every rank drops this forward pass and cuts finer
+                        self.engine.drop_forward()
+                        if not self.engine.keeps_microbatches:
+                            i, loss_sum = 0, torch.zeros((), device=self.device)  # from the start
+                        microbatches = microbatches[:i] + self._recut(
+                            microbatches, i, step, ran_out
+                        )
+                        continue
                 self.engine.backward(loss * weight)
             if self.check_items and real:
                 self._check_items(count, targets)
             loss_sum += loss.detach()
+            i += 1
         self.check_items = False
         grad_norm = self.engine.prepare_step()
         if self.guard.should_skip(loss_sum, grad_norm, step):
@@ -263,6 +306,50 @@ class Trainer:
             self.engine.step()
             self.guard.after_step(self.engine.nonfinite_skips, step)
         return loss_sum, items
+
+    def _forward(self, batch: Any, real: bool, poison: bool) -> tuple[Any, Any, Any]:
+        """One microbatch's forward pass and loss: (loss, item count, targets). The loss is
+        None when the pass ran out of memory under grad_accum=auto."""
+        args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
+        self.forward_batch = batch
+        if self.auto is not None:
+            self.auto.armed = True
+            self._ran_out_here = False
+            try:
+                return (*self._loss(args, kwargs, targets, real, poison), targets)
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                self._ran_out_here = not isinstance(exc, OutOfMemoryElsewhere)
+            # Past the except block: the failed pass's tensors went with its traceback.
+            return None, 0, targets
+        return (*self._loss(args, kwargs, targets, real, poison), targets)
+
+    def _loss(
+        self, args: Any, kwargs: Any, targets: Any, real: bool, poison: bool
+    ) -> tuple[torch.Tensor, Any]:
+        with autocast(self.spec.precision, self.device_type):
+            outputs = self.engine.model(*args, **kwargs)
+        loss, count = self.loss_fn(logits_of(outputs), targets)
+        if not real:  # a placeholder: runs for the collectives, counts nothing
+            loss = loss * 0.0
+        if poison:  # chaos.action=nan
+            loss = loss * float("nan")
+        return loss, count
+
+    def _recut(self, microbatches: list[Any], i: int, step: int, ranks: list[int]) -> list[Any]:
+        """The step from microbatch i on, cut into twice as many microbatches."""
+        assert self.auto is not None
+        print(self.auto.grow(step, ranks), flush=True)
+        batch, real = self._uncut
+        start = microbatches[i][2]
+        stop = batch_size(batch) if real else 0
+        return cut_batch(batch, real, start, stop, 2 * (len(microbatches) - i))
+
+    def _chaos_oom(self, module: torch.nn.Module, _: Any) -> None:
+        if module.training and self.forward_batch is not None:
+            samples = batch_size(self.forward_batch)
+            chaos.maybe_run_out_of_memory(self.spec.chaos, self.rank, self.step_now, samples)
 
     def _global_items(self, microbatches: list[tuple[Any, bool]], n_global: int) -> Any:
         """Samples in the global batch, or, for a loss that counts its own items (tokens),
@@ -355,6 +442,18 @@ class Trainer:
                 )
             )
 
+    def _microbatching(self) -> dict[str, Any]:
+        """summary.json: the microbatch trained with (under grad_accum=auto, where it settled
+        and each time it was cut)."""
+        if self.auto is None:
+            spec = self.spec
+            return {"grad_accum": spec.grad_accum, "micro_batch_size": spec.micro_batch_size}
+        return {
+            "grad_accum": self.auto.accum,
+            "micro_batch_size": self.auto.micro_batch_size,
+            "microbatch_retries": self.auto.events,
+        }
+
     def _finish(self, start_time: float) -> dict[str, Any]:
         self.progress.close()
         self.heart.beat(Phase.FINISH)
@@ -381,6 +480,8 @@ class Trainer:
                 restarts=self.attempt,
                 resumed_from=self.resumed_from,
                 first_step_at=self.first_step_at,
+                compile_s=round(self.compile_clock.seconds, 3) if self.compile_clock else None,
+                **self._microbatching(),
                 attempts=attempts(self.run_dir),
                 history=history(self.run_dir),
             )
