@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint bench profile clean-runs
+.PHONY: install run test test-gpu lint bench profile clean-runs
 
 install: $(STAMP)
 
@@ -25,6 +25,11 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The CUDA-only suite (tests/gpu: NCCL, bf16/fp16, channels_last, compile, a real
+# out-of-memory error); every test is skipped on a machine without a GPU.
+test-gpu: install
+	$(BIN)/python -m pytest tests/gpu -m gpu $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check runner tests benchmarks examples

@@ -404,6 +404,123 @@ def scaling_suite(steps: int) -> list[Config]:
     return configs
 
 
+# --- GPU: runner against torchrun + plain DDP on the same GPU(s) ------------------------
+
+GPU_BATCH = {"resnet50": 128, "gpt": 16}  # global batch: images, or 1024-token sequences
+GPT_SHAPE = {"block_size": 1024, "n_layer": 12, "n_head": 12, "n_embd": 768}
+ITEMS = "images or tokens/s"
+
+
+GPU_NAME: list[str] = []  # filled by the gpu suite, for the table's machine line
+
+
+def cuda_devices() -> int:
+    import torch
+
+    if torch.cuda.is_available() and not GPU_NAME:
+        GPU_NAME.append(f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
+    return torch.cuda.device_count()
+
+
+def gpu_rows(model: str, steps: int, corpus: Path) -> list[Config]:
+    """Plain DDP and runner training `model` in bf16 on every visible GPU (nccl)."""
+    gpus, batch = cuda_devices(), GPU_BATCH[model]
+    per_item = GPT_SHAPE["block_size"] if model == "gpt" else 1  # tokens per sample
+    if model == "gpt":
+        plain_args = [f"--{k.replace('_', '-')}={v}" for k, v in GPT_SHAPE.items()]
+        runner_args = ["model=gpt", "data=text", f"data.root={corpus}", "loss=causal_lm"]
+        runner_args += ["metrics=language_model", f"data.block_size={GPT_SHAPE['block_size']}"]
+        runner_args += [f"model.{k}={v}" for k, v in GPT_SHAPE.items() if k != "block_size"]
+    else:
+        plain_args = ["--image-size=224", "--channels-last"]
+        runner_args = ["model=resnet50", "data=synthetic", "data.image_size=224"]
+        runner_args += ["model.channels_last=true"]
+    plain_args += [f"--model={model}", "--device=cuda", "--precision=bf16"]
+    plain_args += [f"--global-batch-size={batch}"]
+    runner_args += ["device=cuda", "precision=bf16", f"global_batch_size={batch}"]
+    runner_args += ["eval_interval=1000000", "checkpoint.interval=null"]
+
+    def with_items(result: dict[str, float]) -> dict[str, float]:
+        return {STEP: result[STEP], ITEMS: result[SPS] * per_item, STATE: result[STATE]}
+
+    plain = Config(
+        f"torchrun + plain PyTorch DDP, {model}",
+        lambda: with_items(run_plain(*plain_args, nproc=gpus, steps=steps)),
+    )
+    ours = Config(
+        f"runner, {model}",
+        lambda: with_items(run_runner(*runner_args, nproc=gpus, steps=steps)),
+        baseline=plain.name,
+    )
+    return [plain, ours]
+
+
+def random_corpus(characters: int) -> Path:
+    """A directory with one text file of random letters (byte tokens for runner's gpt)."""
+    import random
+
+    corpus = Path(tempfile.mkdtemp(prefix="runner-bench-corpus-"))
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz      \n"
+    (corpus / "random.txt").write_text("".join(rng.choice(letters) for _ in range(characters)))
+    return corpus
+
+
+def gpu_suite(steps: int) -> list[Config]:
+    if cuda_devices() == 0:
+        sys.exit("the gpu suite needs a CUDA device; none is visible")
+    corpus = random_corpus(2_500_000)
+    return [*gpu_rows("resnet50", steps, corpus), *gpu_rows("gpt", steps, corpus)]
+
+
+# --- compile: time to first step and step time, eager against torch.compile --------------
+
+COMPILE_S = "compile s"
+COMPILE_GPT = ["model=gpt", "model.n_layer=4", "model.n_embd=128", "data=text"]
+COMPILE_GPT += ["data.block_size=256", "loss=causal_lm", "metrics=language_model"]
+COMPILE_GPT += ["global_batch_size=8", "eval_interval=1000000"]
+
+
+def compile_row(name: str, extra: tuple[str, ...], steps: int, corpus: Path) -> Config:
+    """One run: s/step after the warmup (own clocks), seconds from the command's start to
+    the first step done, and summary.json's compile_s. A fresh inductor cache each run
+    (TORCHINDUCTOR_CACHE_DIR), so the compile is paid in full as on a first run."""
+
+    def measure() -> dict[str, float]:
+        with tempfile.TemporaryDirectory() as tmp:
+            run_dir = Path(tmp) / "run"
+            command = [_venv_tool("runner"), *COMPILE_GPT, f"data.root={corpus}", "nproc=2"]
+            command += [f"max_steps={steps}", "max_epochs=null", f"log_interval={WARMUP}"]
+            command += ["progress_bar=false", *extra, f"hydra.run.dir={run_dir}"]
+            env = {**thread_env(2), "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor")}
+            start = time.time()
+            run(command, env, cwd=tmp)
+            summary = json.loads((run_dir / "summary.json").read_text())
+            records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+        later = [8 / r["throughput/samples_per_sec"] for r in records if r["step"] > WARMUP]
+        return {
+            STEP: statistics.fmean(later),
+            FIRST: summary["first_step_at"] - start,
+            COMPILE_S: summary["compile_s"] or 0.0,
+        }
+
+    return Config(name, measure)
+
+
+def compile_suite(steps: int) -> list[Config]:
+    corpus = random_corpus(200_000)
+    return [
+        compile_row("runner, eager", (), steps, corpus),
+        compile_row("runner compile=true (per block)", ("compile=true",), steps, corpus),
+        compile_row(
+            "runner compile={per_block:false} (whole model)",
+            ("compile={per_block:false}",),
+            steps,
+            corpus,
+        ),
+    ]
+
+
 SUITES = {
     "overhead_resnet18": (
         "B1/B2 per-step overhead and time to first step: resnet18, synthetic 3x32x32, "
@@ -444,6 +561,18 @@ SUITES = {
         "B5 scaling: resnet18, synthetic 3x32x32, global batch 64, 1 thread per rank",
         scaling_suite,
     ),
+    "compile": (
+        "torch.compile on CPU: gpt (4 layers, 128 wide, 256-token blocks), nproc=2, global batch "
+        "8, fp32, ddp; inductor's C++ kernels, a fresh compile cache every run; ratios against "
+        "eager",
+        compile_suite,
+    ),
+    "gpu": (
+        "GPU: resnet50 on synthetic 3x224x224 images (global batch 128, channels_last) and gpt "
+        "(12 layers, 768 wide, 1024-token blocks, global batch 16), bf16, AdamW, one rank "
+        "per GPU over nccl; ratios against torchrun + plain DDP on the same model",
+        gpu_suite,
+    ),
     "activation_checkpointing": (
         "B3 activation checkpointing: gpt (4 layers, 128 wide), 1024-token blocks, nproc=2, "
         "global batch 16, fp32, AdamW",
@@ -453,14 +582,15 @@ SUITES = {
 
 
 def machine() -> str:
+    gpus = f"{GPU_NAME[0]}, " if GPU_NAME else ""
     return (
-        f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
+        f"{gpus}{os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
         f"torch {metadata.version('torch')}, deepspeed {metadata.version('deepspeed')}, "
         f"python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
     )
 
 
-RATIO_METRICS = (STEP, FIRST, SPS, STATE)  # compared with the baseline; the rest shown as is
+RATIO_METRICS = (STEP, FIRST, SPS, STATE, ITEMS)  # compared with the baseline; the rest shown as is
 
 
 def _cell(values: list[float], digits: int) -> str:
@@ -518,7 +648,7 @@ def run_suite(name: str, reps: int, steps: int) -> str:
                 reference = statistics.median(r[metric] for r in baseline)
                 small = metric == STEP and statistics.median(values) < 0.05  # ms-scale steps
                 cells += [
-                    _cell(values, 1 if metric in (SPS, STATE) else 4 if small else 3),
+                    _cell(values, 1 if metric in (SPS, STATE, ITEMS) else 4 if small else 3),
                     f"{statistics.median(values) / reference:.3f}",
                 ]
             else:
@@ -540,7 +670,8 @@ def main() -> None:
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     every = [*SUITES, *TABLES]
-    names = every if args.suite == "all" else args.suite.split(",")
+    everything = [n for n in every if n != "gpu" or cuda_devices()]  # gpu: where there is one
+    names = everything if args.suite == "all" else args.suite.split(",")
     unknown = [name for name in names if name not in every]
     if unknown:
         parser.error(f"unknown suite {','.join(unknown)}; valid: {','.join(every)}")

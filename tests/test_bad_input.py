@@ -83,6 +83,10 @@ CASES = [
         "compile.backend='tvm': expected one of inductor, aot_eager, eager",
     ),
     (["compile={per_block:maybe}"], "compile.per_block='maybe': expected true or false or null"),
+    (
+        ["compile=true", "parallelism.bucket_cap_mb=0.5"],
+        "parallelism.bucket_cap_mb=0.5: with compile, dynamo's DDP optimizer needs buckets",
+    ),
     (["compile={modes:max}"], "compile.modes: unknown key; valid keys here: backend, fullgraph"),
     (["resume=/no/such/checkpoint"], "resume='/no/such/checkpoint': no such file or directory"),
     (

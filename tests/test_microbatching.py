@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from runner.train.microbatching import batch_size, cut_batch, slice_batch
-from tests.conftest import FAST
+from tests.conftest import FAST, run_cli
 from tests.test_equivalence import relative_error
 from tests.test_lm_equivalence import corpus, lm_args  # noqa: F401  (the corpus fixture)
 
@@ -44,15 +44,42 @@ def check_settled(run, micro: int, accum: int, oom_step: int = 3) -> None:
     assert "ran out of memory at step 3" in run.rank_log(0)  # rank 0 heard of it
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "zero2"])
-def test_oom_halves_the_microbatch_to_the_weights_of_the_smaller_one(cli, parallelism):
-    auto = cli(*FAST, *STEPS, f"parallelism={parallelism}", "grad_accum=auto", *OOM, name="auto")
+@pytest.fixture(scope="module")
+def fixed_ddp(tmp_path_factory):
+    """The mlp on ddp with grad_accum=4 from the start: what the ddp runs must end at."""
+    run = run_cli(tmp_path_factory.mktemp("fixed"), *FAST, *STEPS, "grad_accum=4", name="fixed")
+    assert run.returncode == 0, run.output
+    return weights(run)
+
+
+def test_ddp_settles_resumes_at_the_settled_microbatch_and_gives_up_at_one_sample(cli, fixed_ddp):
+    auto = cli(*FAST, *STEPS, "checkpoint.interval=2", "grad_accum=auto", *OOM, name="run")
     check_settled(auto, micro=8, accum=4)
-    fixed = cli(*FAST, *STEPS, f"parallelism={parallelism}", "grad_accum=4", name="fixed")
+    assert relative_error(weights(auto), fixed_ddp) < RTOL
+    # ddp under grad_accum=auto syncs by hand after the backward passes
+    assert "sync_strategy:\n  name: forced_sync" in (auto.run_dir / "config.yaml").read_text()
+    record = json.loads((auto.run_dir / "microbatching.json").read_text())
+    assert record["grad_accum"] == 4
+
+    more = cli(*FAST, *STEPS[:1], "max_steps=8", "global_batch_size=64", "grad_accum=auto",
+               "resume=auto", name="run")  # fmt: skip
+    assert more.returncode == 0, more.output
+    assert "starting at grad_accum=4" in more.rank_log(0)
+    assert more.summary()["grad_accum"] == 4 and more.summary()["microbatch_retries"] == []
+
+    # Every microbatch too large: 32 -> ... -> 1 sample, then a clear failure.
+    hopeless = cli(*FAST, *STEPS, "grad_accum=auto", *OOM[:3], "chaos.oom_above=0", name="none")
+    assert hopeless.returncode != 0
+    assert "with a microbatch of 1 sample; the model does not fit" in hopeless.output
+    assert hopeless.summary()["status"] == "failed"
+
+
+def test_zero2_goes_on_from_the_microbatch_that_ran_out(cli):
+    auto = cli(*FAST, *STEPS, "parallelism=zero2", "grad_accum=auto", *OOM, name="auto")
+    check_settled(auto, micro=8, accum=4)
+    fixed = cli(*FAST, *STEPS, "parallelism=zero2", "grad_accum=4", name="fixed")
     assert fixed.returncode == 0, fixed.output
     assert relative_error(weights(auto), weights(fixed)) < RTOL
-    if parallelism == "ddp":  # ddp under grad_accum=auto syncs by hand after the backward passes
-        assert "sync_strategy:\n  name: forced_sync" in (auto.run_dir / "config.yaml").read_text()
 
 
 def test_fsdp_gpt_ranks_stopped_in_different_blocks_agree(cli, corpus):  # noqa: F811
@@ -65,22 +92,26 @@ def test_fsdp_gpt_ranks_stopped_in_different_blocks_agree(cli, corpus):  # noqa:
     assert relative_error(weights(auto), weights(fixed)) < RTOL
 
 
-def test_resume_starts_at_the_settled_microbatch_and_one_sample_too_many_fails(cli):
-    first = cli(*FAST, *STEPS, "checkpoint.interval=2", "grad_accum=auto", *OOM, name="run")
-    check_settled(first, micro=8, accum=4)
-    record = json.loads((first.run_dir / "microbatching.json").read_text())
-    assert record["grad_accum"] == 4
-    more = cli(*FAST, *STEPS[:1], "max_steps=8", "global_batch_size=64", "grad_accum=auto",
-               "resume=auto", name="run")  # fmt: skip
-    assert more.returncode == 0, more.output
-    assert "starting at grad_accum=4" in more.rank_log(0)
-    assert more.summary()["grad_accum"] == 4 and more.summary()["microbatch_retries"] == []
+BACKWARD_OOM = ["model=custom", "model._target_=tests.oom_models.BackwardOom"]
 
-    # Every microbatch too large: 32 -> ... -> 1 sample, then a clear failure.
-    hopeless = cli(*FAST, *STEPS, "grad_accum=auto", *OOM[:3], "chaos.oom_above=0", name="none")
-    assert hopeless.returncode != 0
-    assert "with a microbatch of 1 sample; the model does not fit" in hopeless.output
-    assert hopeless.summary()["status"] == "failed"
+
+def test_a_backward_pass_that_runs_out_is_retried_where_it_exchanges_nothing(cli, fixed_ddp):
+    """ddp under grad_accum=auto syncs after the backward passes, so rank 1's backward pass
+    running out of memory is retried like a forward pass (the model is the mlp, whose
+    backward raises while a microbatch holds more than 8 samples); zero2's backward pass
+    exchanges gradients, so there it ends the run, promptly, naming the rank and the error."""
+    auto = cli(*BACKWARD_OOM, *FAST[1:], *STEPS, "grad_accum=auto", name="auto")
+    assert auto.returncode == 0, auto.output
+    assert (auto.summary()["micro_batch_size"], auto.summary()["grad_accum"]) == (8, 4)
+    assert "out of memory: backward pass ran out of memory" in auto.rank_log(1)
+    as_mlp = {k.removeprefix("net."): v for k, v in weights(auto).items()}  # one level down
+    assert relative_error(as_mlp, fixed_ddp) < RTOL
+
+    zero2 = cli(*BACKWARD_OOM, *FAST[1:], *STEPS, "grad_accum=auto", "parallelism=zero2",
+                name="zero2", timeout=120)  # fmt: skip
+    assert zero2.returncode != 0
+    error = zero2.summary()["error"]
+    assert error["rank"] == 1 and "OutOfMemoryError" in error["message"], error
 
 
 def test_cutting_a_batch_keeps_the_sampler_split_and_fills_empty_parts():

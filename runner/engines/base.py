@@ -71,15 +71,18 @@ class Engine(ABC):
         """Modules whose forward pass starts with a collective (FSDP's weight gathers)."""
         return []
 
+    backward_communicates = True
+    """Whether a backward pass may exchange gradients (grad_accum=auto agrees on running out
+    of memory before it then; after it where it does not, so a backward pass is retried too)."""
     keeps_microbatches = False
     """grad_accum=auto: True where the gradients of a step's finished microbatches cannot be
     dropped (DeepSpeed accumulates them in its own partitions), so a step that ran out of
     memory goes on from the microbatch that failed; otherwise it starts again."""
 
-    def drop_forward(self) -> None:
-        """After a forward pass abandoned midway (grad_accum=auto, out of memory): undo what
-        it left behind, the same on every rank, and unless `keeps_microbatches`, drop the
-        gradients of the step so far."""
+    def drop_pass(self) -> None:
+        """After a pass abandoned midway (grad_accum=auto, out of memory): undo what it left
+        behind, the same on every rank, and unless `keeps_microbatches`, drop the gradients
+        of the step so far."""
         self.torch_optimizer.zero_grad(set_to_none=True)
 
     @property

@@ -34,6 +34,7 @@ class DDPEngine(Engine):
             static_graph=options.static_graph,
         )
         self.strategy = spec.sync_strategy.name
+        self.backward_communicates = self.strategy is not SyncStrategy.FORCED_SYNC
         self.grad_clip_norm = spec.grad_clip_norm
         self.params = list(module.parameters())  # listed once, not every step
         self.optimizer = build_optimizer(spec.optimizer, module)

@@ -94,7 +94,7 @@ class DeepSpeedEngine(Engine):
 
     keeps_microbatches = True  # ZeRO accumulates reduced gradients in its own partitions
 
-    def drop_forward(self) -> None:
+    def drop_pass(self) -> None:
         pass  # ZeRO-1/2 communicate in backward only: a forward pass leaves nothing behind
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -80,11 +80,11 @@ class FSDPEngine(Engine):
 
         return [m for m in self.module.modules() if isinstance(m, FSDPModule)]
 
-    def drop_forward(self) -> None:
+    def drop_pass(self) -> None:
         # Ranks stopped in different blocks: FSDP's recovery reshards every block and clears
         # the iteration's state (forward root, prefetch order), so the next pass starts alike.
         self.module.reset_iter_state()
-        super().drop_forward()
+        super().drop_pass()
 
     def prepare_step(self) -> torch.Tensor | None:
         if self.scaler:

@@ -235,6 +235,13 @@ def _check_compile(spec: RunSpec, problems: list[str]) -> None:
     options = spec.compile
     if options is None:
         return
+    bucket_mb = getattr(spec.parallelism, "bucket_cap_mb", None)
+    if bucket_mb is not None and bucket_mb < 1:
+        problems.append(
+            f"parallelism.bucket_cap_mb={bucket_mb:g}: with compile, dynamo's DDP optimizer "
+            "needs buckets of at least DDP's first one (1 MB); use bucket_cap_mb>=1, or "
+            "compile=false"
+        )
     if spec.device == "cpu" and options.backend == "inductor":
         compiler = os.environ.get("CXX") or "g++"  # what inductor's CPU backend runs
         if shutil.which(compiler) is None:

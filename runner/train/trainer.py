@@ -161,7 +161,7 @@ class Trainer:
             print(f"grad_accum=auto: starting at grad_accum={self.auto.accum}", flush=True)
         self.forward_batch: Any = None  # the microbatch in the forward pass (chaos.action=oom)
         self.step_now = self.step
-        self._ran_out_here = False
+        self._ran_out_here, self._ran_out = False, []
         if spec.chaos.action == "oom" and spec.chaos.kill_rank == self.rank:
             # Deep in the forward pass: in the last block (after FSDP gathered the others).
             where = (find_blocks(self.engine.module) or [self.engine.module])[-1]
@@ -266,8 +266,8 @@ class Trainer:
     ) -> tuple[torch.Tensor, torch.Tensor | int]:
         """Forward and backward every microbatch of this rank, then step (or skip the step,
         when the guard says so: a non-finite loss or gradient norm under nonfinite=skip).
-        Under grad_accum=auto the rank's batch is cut here, and cut finer when a forward
-        pass runs out of memory on any rank (runner.train.microbatching).
+        Under grad_accum=auto the rank's batch is cut here, and cut finer when a pass runs
+        out of memory on any rank (runner.train.microbatching).
 
         Returns this rank's loss sum and the items of the whole global batch."""
         items = self._global_items(microbatches, n_global)
@@ -282,18 +282,13 @@ class Trainer:
         while i < len(microbatches):
             batch, real = microbatches[i][:2]
             with self.engine.microbatch(i, len(microbatches)):
-                loss, count, targets = self._forward(batch, real, poison)
-                if self.auto is not None:
-                    ran_out = self.auto.agree(self._ran_out_here)
-                    if ran_out:  # every rank drops this forward pass and cuts finer
-                        self.engine.drop_forward()
-                        if not self.engine.keeps_microbatches:
-                            i, loss_sum = 0, torch.zeros((), device=self.device)  # from the start
-                        microbatches = microbatches[:i] + self._recut(
-                            microbatches, i, step, ran_out
-                        )
-                        continue
-                self.engine.backward(loss * weight)
+                loss, count, targets = self._forward_backward(batch, real, weight, poison)
+            if loss is None:  # out of memory on some rank (grad_accum=auto): cut finer, again
+                self.engine.drop_pass()
+                if not self.engine.keeps_microbatches:
+                    i, loss_sum = 0, torch.zeros((), device=self.device)  # from the start
+                microbatches = microbatches[:i] + self._recut(microbatches, i, step)
+                continue
             if self.check_items and real:
                 self._check_items(count, targets)
             loss_sum += loss.detach()
@@ -307,23 +302,56 @@ class Trainer:
             self.guard.after_step(self.engine.nonfinite_skips, step)
         return loss_sum, items
 
-    def _forward(self, batch: Any, real: bool, poison: bool) -> tuple[Any, Any, Any]:
-        """One microbatch's forward pass and loss: (loss, item count, targets). The loss is
-        None when the pass ran out of memory under grad_accum=auto."""
+    def _forward_backward(
+        self, batch: Any, real: bool, weight: Any, poison: bool
+    ) -> tuple[torch.Tensor | None, Any, Any]:
+        """One microbatch's forward and backward pass: (loss, item count, targets).
+
+        Under grad_accum=auto the loss is None when a pass ran out of memory on any rank:
+        the ranks agree on it after the forward pass where the backward pass exchanges
+        gradients (FSDP, ZeRO), else after the backward pass (ddp, synced by hand later)."""
         args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
         self.forward_batch = batch
-        if self.auto is not None:
-            self.auto.armed = True
-            self._ran_out_here = False
-            try:
-                return (*self._loss(args, kwargs, targets, real, poison), targets)
-            except Exception as exc:
-                if not is_out_of_memory(exc):
-                    raise
-                self._ran_out_here = not isinstance(exc, OutOfMemoryElsewhere)
-            # Past the except block: the failed pass's tensors went with its traceback.
+        if self.auto is None:
+            loss, count = self._loss(args, kwargs, targets, real, poison)
+            self.engine.backward(loss * weight)
+            return loss, count, targets
+        self.auto.armed, self._ran_out_here, loss, count = True, False, None, 0
+        try:
+            loss, count = self._loss(args, kwargs, targets, real, poison)
+        except Exception as exc:
+            self._note_out_of_memory(exc)
+        # Past the except block: the failed pass's tensors went with its traceback.
+        communicates = self.engine.backward_communicates
+        if communicates and self._agree():
             return None, 0, targets
-        return (*self._loss(args, kwargs, targets, real, poison), targets)
+        if loss is not None:
+            if communicates:
+                self.engine.backward(loss * weight)
+            else:
+                try:
+                    self.engine.backward(loss * weight)
+                except Exception as exc:
+                    self._note_out_of_memory(exc)
+        if not communicates and self._agree():
+            return None, 0, targets
+        return loss, count, targets
+
+    def _note_out_of_memory(self, exc: Exception) -> None:
+        """grad_accum=auto: re-raise anything but running out of memory (here or, raised by
+        a collective's hook, on another rank)."""
+        if not is_out_of_memory(exc):
+            raise exc
+        self._ran_out_here = not isinstance(exc, OutOfMemoryElsewhere)
+        if self._ran_out_here:
+            print(f"out of memory: {str(exc).strip().splitlines()[0]}", flush=True)
+
+    def _agree(self) -> bool:
+        """grad_accum=auto: whether any rank ran out of memory in this microbatch (the same
+        answer on every rank)."""
+        assert self.auto is not None
+        self._ran_out = self.auto.agree(self._ran_out_here)
+        return bool(self._ran_out)
 
     def _loss(
         self, args: Any, kwargs: Any, targets: Any, real: bool, poison: bool
@@ -337,10 +365,10 @@ class Trainer:
             loss = loss * float("nan")
         return loss, count
 
-    def _recut(self, microbatches: list[Any], i: int, step: int, ranks: list[int]) -> list[Any]:
+    def _recut(self, microbatches: list[Any], i: int, step: int) -> list[Any]:
         """The step from microbatch i on, cut into twice as many microbatches."""
         assert self.auto is not None
-        print(self.auto.grow(step, ranks), flush=True)
+        print(self.auto.grow(step, self._ran_out), flush=True)
         batch, real = self._uncut
         start = microbatches[i][2]
         stop = batch_size(batch) if real else 0

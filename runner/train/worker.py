@@ -81,7 +81,9 @@ def run(run_dir: RunDir, terminal: TextIO | None, heart: Heartbeat) -> None:
     device = rdist.device_for(spec.device, rdist.get_local_rank())
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
-    dist.init_process_group(backend=rdist.backend_for(spec.device))
+    backend = rdist.backend_for(spec.device)
+    dist.init_process_group(backend=backend)
+    print(f"process group: {backend}, device {device}", flush=True)
     start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
     trainer = Trainer(spec, run_dir, device, terminal, heart)
     trainer.fit(start_time)
