@@ -521,6 +521,27 @@ def compile_suite(steps: int) -> list[Config]:
     ]
 
 
+def auto_microbatch_suite(steps: int) -> list[Config]:
+    """What grad_accum=auto costs when nothing runs out of memory: one small all-reduce per
+    microbatch (and, under fsdp, one before each block's forward), each read on the host."""
+    corpus = random_corpus(200_000)
+    gpt = [*COMPILE_GPT, f"data.root={corpus}", "parallelism=fsdp"]
+    return [
+        runner_row("runner ddp resnet18, grad_accum=1", (*RESNET,), steps),
+        runner_row("runner ddp resnet18, grad_accum=auto", (*RESNET, "grad_accum=auto"), steps),
+        Config(
+            "runner fsdp gpt, grad_accum=1",
+            lambda: run_runner(*gpt, nproc=2, steps=steps),
+            baseline="runner fsdp gpt, grad_accum=1",
+        ),
+        Config(
+            "runner fsdp gpt, grad_accum=auto",
+            lambda: run_runner(*gpt, "grad_accum=auto", nproc=2, steps=steps),
+            baseline="runner fsdp gpt, grad_accum=1",
+        ),
+    ]
+
+
 SUITES = {
     "overhead_resnet18": (
         "B1/B2 per-step overhead and time to first step: resnet18, synthetic 3x32x32, "
@@ -566,6 +587,12 @@ SUITES = {
         "8, fp32, ddp; inductor's C++ kernels, a fresh compile cache every run; ratios against "
         "eager",
         compile_suite,
+    ),
+    "auto_microbatch": (
+        "grad_accum=auto without an out-of-memory error: resnet18 (synthetic 3x32x32, global "
+        "batch 64) under ddp and the compile suite's gpt under fsdp, nproc=2; ratios against "
+        "grad_accum=1",
+        auto_microbatch_suite,
     ),
     "gpu": (
         "GPU: resnet50 on synthetic 3x224x224 images (global batch 128, channels_last) and gpt "

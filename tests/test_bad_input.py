@@ -71,11 +71,6 @@ CASES = [
         ["grad_accum=auto", "parallelism=zero3"],
         "grad_accum=auto: parallelism=zero3 is not supported",
     ),
-    (
-        ["grad_accum=auto", "sync_strategy=single_auto_sync"],
-        "sync_strategy=single_auto_sync: grad_accum=auto on ddp needs gradients synced after "
-        "the last backward pass",
-    ),
     (["grad_accum=some"], "grad_accum='some': expected an integer or one of auto"),
     (["compile=yes"], "compile='yes': expected a mapping"),
     (

@@ -35,6 +35,7 @@ class DDPEngine(Engine):
         )
         self.strategy = spec.sync_strategy.name
         self.backward_communicates = self.strategy is not SyncStrategy.FORCED_SYNC
+        self._resync = False  # the next microbatch syncs (after a dropped pass)
         self.grad_clip_norm = spec.grad_clip_norm
         self.params = list(module.parameters())  # listed once, not every step
         self.optimizer = build_optimizer(spec.optimizer, module)
@@ -45,11 +46,21 @@ class DDPEngine(Engine):
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
         last = index == count - 1
         sync = {
-            SyncStrategy.SINGLE_AUTO_SYNC: last,
+            SyncStrategy.SINGLE_AUTO_SYNC: last or self._resync,
             SyncStrategy.MULTI_AUTO_SYNC: True,
             SyncStrategy.FORCED_SYNC: False,
         }[self.strategy]
+        self._resync = False
         return contextlib.nullcontext() if sync else self.model.no_sync()
+
+    def drop_pass(self) -> None:
+        # A forward pass that syncs arms DDP's gradient hooks for the next backward; the
+        # ranks that finished the dropped one are armed, one that ran out of memory in it is
+        # not. The next microbatch syncs on every rank, which arms them all alike: one more
+        # all-reduce of gradients that are averaged again at the last microbatch anyway
+        # (an average of averages is the average).
+        self._resync = True
+        super().drop_pass()
 
     def sync_gradients(self) -> None:
         """Finish this step's gradient sync: the manual all-reduce of forced_sync."""

@@ -66,9 +66,7 @@ def resolve_spec(
     if problems:
         raise SpecError(problems)
     if spec.sync_strategy.name is SyncStrategy.AUTO and not spec.parallelism.syncs_gradients_itself:
-        if spec.grad_accum == "auto":  # see _check_auto_microbatching
-            chosen = SyncStrategy.FORCED_SYNC
-        elif getattr(spec.parallelism, "find_unused_parameters", False):
+        if getattr(spec.parallelism, "find_unused_parameters", False):
             chosen = SyncStrategy.MULTI_AUTO_SYNC
         else:
             chosen = SyncStrategy.SINGLE_AUTO_SYNC
@@ -210,24 +208,13 @@ def _check_sync_strategy(spec: RunSpec, problems: list[str]) -> None:
 
 def _check_auto_microbatching(spec: RunSpec, problems: list[str]) -> None:
     """grad_accum=auto retries a microbatch whose forward pass ran out of memory, so no rank
-    may have started exchanging that microbatch's gradients: ddp syncs by hand after the
-    last backward (forced_sync), and zero3 (which gathers weights inside DeepSpeed's
-    forward hooks) is left out."""
-    if spec.grad_accum != "auto":
-        return
-    name = spec.parallelism.name
-    if name == "zero3":
+    may have started exchanging that microbatch's gradients; zero3 gathers weights inside
+    DeepSpeed's forward hooks, where a rank that ran out cannot agree with the others."""
+    if spec.grad_accum == "auto" and spec.parallelism.name == "zero3":
         problems.append(
             "grad_accum=auto: parallelism=zero3 is not supported (its forward pass gathers "
             "weights in DeepSpeed's own hooks, where a rank that ran out of memory cannot "
             "agree with the others); use a fixed grad_accum, or ddp, zero1, zero2, fsdp"
-        )
-    strategy = spec.sync_strategy.name
-    if name == "ddp" and strategy not in (SyncStrategy.AUTO, SyncStrategy.FORCED_SYNC):
-        problems.append(
-            f"sync_strategy={strategy.value}: grad_accum=auto on ddp needs gradients synced "
-            "after the last backward pass, so that a microbatch can be retried; use "
-            "sync_strategy=auto (it picks forced_sync) or forced_sync"
         )
 
 

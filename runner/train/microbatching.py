@@ -3,17 +3,18 @@
 Each step starts with this rank's whole share of the global batch cut into `accum`
 microbatches (np.array_split positions, as the sampler cuts them for a fixed grad_accum,
 so the samples of every microbatch are those of a run that used that grad_accum). When a
-forward pass runs out of device memory on any rank, every rank agrees on it before any
-gradient of that microbatch is exchanged, drops that forward pass, doubles `accum` and
-cuts what is left of the step into twice as many microbatches. The microbatches already
-done keep their gradients; nothing is trained twice or skipped, so the step's gradient is
-the same sum over the same samples (up to float rounding).
+pass runs out of device memory on any rank, every rank agrees on it before any gradient
+of that microbatch is exchanged, drops the pass, doubles `accum` and trains the step again
+from its start, cut finer; under DeepSpeed, whose partitions keep the gradients of the
+microbatches already done, it goes on from the one that failed. Nothing is trained twice
+or skipped, so the step's gradient is the same sum over the same samples (up to float
+rounding).
 
-Agreeing: a rank that ran out of memory, or finished its forward pass, meets the others
-in rounds of one all-reduce of [ran out per rank..., still busy]. A rank still inside a
-forward pass that communicates (FSDP gathers weights block by block) joins a round before
-each of those collectives (`before_collective`, a forward pre-hook), so every collective
-is met by the same one on every rank. Once no rank is busy, all know the same answer.
+Agreeing: a rank that ran out of memory, or finished its pass, meets the others in rounds
+of one all-reduce of [ran out, per rank..., still busy]. A rank still inside a forward
+pass that communicates (FSDP gathers weights block by block) joins a round before each of
+those collectives (`before_collective`, a forward pre-hook), so every collective is met by
+the same one on every rank. Once no rank is busy, all know the same answer.
 """
 
 from __future__ import annotations

@@ -150,18 +150,9 @@ class Trainer:
             self.step, self.samples = client["step"], client["samples"]
             self.resumed_from = self.step
             print(f"resumed from {start} (step {self.step})", flush=True)
-        self.auto = None
-        if spec.grad_accum == "auto":
-            self.auto = AutoMicrobatching(
-                spec.per_rank_batch_size, run_dir.root, device, client.get("grad_accum", 1)
-            )
-            for module in self.engine.communicating_modules():
-                hook = torch.compiler.disable(self.auto.before_collective)
-                module.register_forward_pre_hook(hook, prepend=True)
-            print(f"grad_accum=auto: starting at grad_accum={self.auto.accum}", flush=True)
+        self.auto = self._auto_microbatching(client.get("grad_accum", 1))
         self.forward_batch: Any = None  # the microbatch in the forward pass (chaos.action=oom)
         self.step_now = self.step
-        self._ran_out_here, self._ran_out = False, []
         if spec.chaos.action == "oom" and spec.chaos.kill_rank == self.rank:
             # Deep in the forward pass: in the last block (after FSDP gathered the others).
             where = (find_blocks(self.engine.module) or [self.engine.module])[-1]
@@ -181,6 +172,20 @@ class Trainer:
             enabled=self.is_main and spec.progress_bar,
             initial=self.step,
         )
+
+    def _auto_microbatching(self, checkpointed: int) -> AutoMicrobatching | None:
+        """grad_accum=auto: the microbatch count to start at (a checkpoint's, a restart's),
+        and a round of agreement before each collective of a forward pass (FSDP's blocks)."""
+        if self.spec.grad_accum != "auto":
+            return None
+        root = self.run_dir.root
+        auto = AutoMicrobatching(self.spec.per_rank_batch_size, root, self.device, checkpointed)
+        for module in self.engine.communicating_modules():
+            hook = torch.compiler.disable(auto.before_collective)
+            module.register_forward_pre_hook(hook, prepend=True)
+        print(f"grad_accum=auto: starting at grad_accum={auto.accum}", flush=True)
+        self._ran_out_here, self._ran_out = False, []
+        return auto
 
     def _with_warmup_steps(self, spec: RunSpec) -> RunSpec:
         """scheduler.warmup_epochs in optimizer steps, now that an epoch's length is known."""
@@ -411,7 +416,7 @@ class Trainer:
         for metric in self.metrics_fns.values():
             metric.reset()
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss, items
-        for batch, real in self.val_loader:
+        for batch, real in self._eval_batches():
             self.heart.beat(Phase.EVAL)
             args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
             with autocast(self.spec.precision, self.device_type):
@@ -431,6 +436,17 @@ class Trainer:
         return results
 
     # ------------------------------------------------------------------ helpers
+
+    def _eval_batches(self) -> Any:
+        """The validation batches; under grad_accum=auto cut like the training batches, so
+        evaluation needs no more memory than a training microbatch (every rank alike)."""
+        for batch, real in self.val_loader:
+            if self.auto is None or self.auto.accum == 1:
+                yield batch, real
+                continue
+            size = batch_size(batch) if real else 0
+            for piece, piece_real, _, _ in cut_batch(batch, real, 0, size, self.auto.accum):
+                yield piece, piece_real
 
     def _is_eval_step(self, step: int) -> bool:
         if self.spec.eval_interval is None:
