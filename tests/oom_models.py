@@ -28,7 +28,9 @@ class BackwardOom(nn.Module):
     """runner's mlp, whose backward pass raises torch.OutOfMemoryError on global rank `rank`
     while a training microbatch holds more than `above` samples."""
 
-    def __init__(self, input_shape: Sequence[int], num_classes: int, rank: int = 1, above: int = 8):
+    def __init__(
+        self, input_shape: Sequence[int], num_classes: int, rank: int = 1, above: int = 11
+    ):
         super().__init__()
         self.net = mlp(input_shape, num_classes)
         self.rank, self.above = rank, above

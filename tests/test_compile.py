@@ -1,7 +1,9 @@
 """compile: torch.compile (inductor, real C++ kernels on CPU) trains the weights eager
-training does, up to the float rounding of reordered sums, on real 2-rank gloo runs:
-the whole mlp under DDP (dynamo's DDP optimizer), and the gpt block by block after
-activation checkpointing and before FSDP shards it. model.pt keeps eager's keys.
+training does, up to the float rounding of reordered sums, on real 2-rank gloo runs: the
+whole mlp under DDP (dynamo's DDP optimizer), and the gpt block by block after activation
+checkpointing and before FSDP shards it. Eager is plain PyTorch on whole global batches
+(the equivalence tests' references, which every eager split matches within 1e-7).
+model.pt keeps eager's keys.
 """
 
 from __future__ import annotations
@@ -12,40 +14,34 @@ from torch import nn
 
 from runner.spec.schema import CompileSpec
 from runner.train.compiling import blocks_to_compile
-from tests.conftest import FAST
-from tests.test_equivalence import relative_error
-from tests.test_lm_equivalence import corpus, lm_args  # noqa: F401  (the corpus fixture)
+from tests.references import corpus, lm_reference, mlp_reference  # noqa: F401  (fixtures)
+from tests.test_equivalence import ARGS, relative_error
+from tests.test_lm_equivalence import lm_args
 
 pytestmark = pytest.mark.slow
 
 # Measured when written: 3e-8 (mlp, ddp) and 2e-7 (gpt, fsdp; zero2, zero3 and ddp alike)
-# relative to the weights' norm.
+# relative to the weights' norm, against eager runner runs.
 RTOL = 1e-5
-STEPS = ["max_epochs=null", "max_steps=8", "log_interval=4"]
 
 
-def compare(cli, overrides: list[str], compiled_as: str) -> None:
+def check_compiled(cli, overrides: list[str], compiled_as: str, eager: dict) -> None:
     compiled = cli(*overrides, "compile=true", name="compiled", timeout=300)
     assert compiled.returncode == 0, compiled.output
     assert f"compile: {compiled_as}" in compiled.rank_log(0)
-    summary = compiled.summary()
-    assert summary["compile_s"] > 0
-    eager = cli(*overrides, name="eager")
-    assert eager.returncode == 0, eager.output
-    assert eager.summary()["compile_s"] is None
-    a = torch.load(compiled.run_dir / "model.pt", weights_only=True)
-    b = torch.load(eager.run_dir / "model.pt", weights_only=True)
-    assert list(a) == list(b)  # compiled in place: no _orig_mod. prefixes
-    assert relative_error(a, b) < RTOL
+    assert compiled.summary()["compile_s"] > 0
+    weights = torch.load(compiled.run_dir / "model.pt", weights_only=True)
+    assert list(weights) == list(eager)  # compiled in place: no _orig_mod. prefixes
+    assert relative_error(weights, eager) < RTOL
 
 
-def test_whole_model_under_ddp(cli):
-    compare(cli, [*FAST, *STEPS], "the whole Sequential compiled")
+def test_whole_model_under_ddp(cli, mlp_reference):  # noqa: F811
+    check_compiled(cli, ARGS, "the whole Sequential compiled", mlp_reference)
 
 
-def test_gpt_blocks_after_checkpointing_before_fsdp(cli, corpus):  # noqa: F811
-    gpt = [*lm_args(corpus), *STEPS, "parallelism=fsdp", "activation_checkpointing=full"]
-    compare(cli, gpt, "2 blocks (Block) compiled one by one")
+def test_gpt_blocks_after_checkpointing_before_fsdp(cli, corpus, lm_reference):  # noqa: F811
+    gpt = [*lm_args(corpus), "parallelism=fsdp", "activation_checkpointing=full"]
+    check_compiled(cli, gpt, "2 blocks (Block) compiled one by one", lm_reference)
 
 
 class Net(nn.Module):

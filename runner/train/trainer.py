@@ -154,8 +154,9 @@ class Trainer:
         self.forward_batch: Any = None  # the microbatch in the forward pass (chaos.action=oom)
         self.step_now = self.step
         if spec.chaos.action == "oom" and spec.chaos.kill_rank == self.rank:
-            # Deep in the forward pass: in the last block (after FSDP gathered the others).
-            where = (find_blocks(self.engine.module) or [self.engine.module])[-1]
+            # Inside the forward pass: in the first block (FSDP has gathered it; the other
+            # ranks go on to the next block's gather, and meet the agreement there).
+            where = (find_blocks(self.engine.module) or [self.engine.module])[0]
             where.register_forward_pre_hook(torch.compiler.disable(self._chaos_oom))
         if self.is_main:
             record_attempt(run_dir, self.attempt, self.resumed_from)
@@ -348,8 +349,8 @@ class Trainer:
         if not is_out_of_memory(exc):
             raise exc
         self._ran_out_here = not isinstance(exc, OutOfMemoryElsewhere)
-        if self._ran_out_here:
-            print(f"out of memory: {str(exc).strip().splitlines()[0]}", flush=True)
+        what = "out of memory" if self._ran_out_here else "stopped"
+        print(f"{what}: {str(exc).strip().splitlines()[0]}", flush=True)
 
     def _agree(self) -> bool:
         """grad_accum=auto: whether any rank ran out of memory in this microbatch (the same
