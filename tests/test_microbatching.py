@@ -52,6 +52,9 @@ def test_ddp_settles_resumes_at_the_settled_microbatch_and_gives_up_at_one_sampl
     check_settled(auto, micro=11, accum=4)
     # single_auto_sync: the dropped pass synced on rank 0 (it finished it), not on rank 1
     assert relative_error(weights(auto), mlp_reference) < RTOL
+    fixed = cli(*ARGS, "grad_accum=4", name="fixed")  # the final microbatch from the start
+    assert fixed.returncode == 0, fixed.output
+    assert relative_error(weights(auto), weights(fixed)) < RTOL
     record = json.loads((auto.run_dir / "microbatching.json").read_text())
     assert record["grad_accum"] == 4
 
@@ -112,6 +115,9 @@ def test_a_backward_pass_that_runs_out_is_retried_where_it_exchanges_nothing(
 def test_cutting_a_batch_keeps_the_sampler_split_and_fills_empty_parts():
     batch = {"x": torch.arange(10).view(5, 2), "labels": torch.arange(5), "names": list("abcde")}
     assert batch_size(batch) == 5
+    assert batch_size((["a", "b"], {"x": torch.zeros(2, 3)})) == 2
+    with pytest.raises(ValueError, match="needs a tensor with the samples first"):
+        batch_size((["a", "b"], 3))
     piece = slice_batch(batch, 1, 3, 5)
     assert piece["x"].tolist() == [[2, 3], [4, 5]] and piece["names"] == ["b", "c"]
     cut = cut_batch(batch, True, 0, 5, 4)

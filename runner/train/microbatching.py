@@ -63,14 +63,21 @@ def slice_batch(batch: Any, start: int, stop: int, size: int) -> Any:
 
 def batch_size(batch: Any) -> int:
     """Samples in a collated batch: the first dimension of its first tensor."""
+    size = _first_dimension(batch)
+    if size is None:
+        raise ValueError("grad_accum=auto: a batch needs a tensor with the samples first to cut")
+    return size
+
+
+def _first_dimension(batch: Any) -> int | None:
     if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    values = batch.values() if isinstance(batch, Mapping) else batch
-    for value in values:
-        found = batch_size(value) if isinstance(value, (torch.Tensor, Mapping, tuple, list)) else 0
-        if found:
-            return found
-    raise ValueError("grad_accum=auto: a batch needs a tensor with the samples first to cut")
+        return batch.shape[0] if batch.dim() else None
+    if isinstance(batch, (Mapping, tuple, list)):
+        for value in batch.values() if isinstance(batch, Mapping) else batch:
+            size = _first_dimension(value)
+            if size is not None:
+                return size
+    return None
 
 
 def cut_batch(batch: Any, real: bool, start: int, stop: int, parts: int) -> list[Any]:
