@@ -24,8 +24,10 @@ from tests.test_lm_equivalence import lm_args
 pytestmark = pytest.mark.slow
 
 # Global batch 84 on 2 ranks: 42 samples per rank. Rank 1 runs out of memory from step 3 on
-# while a microbatch holds more than 11: 42 -> 21 -> 11 samples, grad_accum 1 -> 2 -> 4.
-# Step 18 (10 samples) cuts 5 per rank into 2, 1, 1, 1.
+# while a microbatch holds more than 11: 42 -> 21 -> 11 samples, grad_accum 1 -> 2 -> 4
+# (microbatches of 11, 11, 10, 10: a split no fixed grad_accum gives, as 84 is not a
+# multiple of 2 x 4; plain PyTorch on whole batches is the reference). Step 18 (10
+# samples) cuts 5 per rank into 2, 1, 1, 1.
 OOM = ["chaos.kill_rank=1", "chaos.at_step=3", "chaos.action=oom", "chaos.oom_above=11"]
 
 
@@ -52,9 +54,6 @@ def test_ddp_settles_resumes_at_the_settled_microbatch_and_gives_up_at_one_sampl
     check_settled(auto, micro=11, accum=4)
     # single_auto_sync: the dropped pass synced on rank 0 (it finished it), not on rank 1
     assert relative_error(weights(auto), mlp_reference) < RTOL
-    fixed = cli(*ARGS, "grad_accum=4", name="fixed")  # the final microbatch from the start
-    assert fixed.returncode == 0, fixed.output
-    assert relative_error(weights(auto), weights(fixed)) < RTOL
     record = json.loads((auto.run_dir / "microbatching.json").read_text())
     assert record["grad_accum"] == 4
 
