@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-gpu lint bench profile clean-runs
+.PHONY: install run test test-gpu test-slurm lint bench profile clean-runs
 
 install: $(STAMP)
 
@@ -32,6 +32,13 @@ test: install
 # out-of-memory error); every test is skipped on a machine without a GPU.
 test-gpu: install
 	$(BIN)/python -m pytest tests/gpu -m gpu $(PYTEST_ARGS)
+
+# A real two-node SLURM cluster on this machine (root: network namespaces), the SLURM
+# packages installed when missing; tests/slurm/cluster.sh brings it up and down.
+test-slurm: install
+	command -v slurmctld >/dev/null && command -v munged >/dev/null || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge
+	RUNNER_SLURM_TESTS=1 $(BIN)/python -m pytest tests/slurm -m slurm $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check runner tests benchmarks examples

@@ -1,0 +1,80 @@
+"""runner through a real SLURM cluster: 2 nodes (network namespaces) x 2 ranks."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import torch
+
+from tests.conftest import FAST, child_env, runner_command
+from tests.test_equivalence import relative_error
+
+TRAIN = [*FAST, "max_epochs=null", "max_steps=20", "checkpoint.interval=null"]
+RTOL = 1e-5
+
+
+def runner(cwd: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        runner_command(*overrides),
+        cwd=cwd,
+        env={**child_env(), "SLURM_CONF": env["SLURM_CONF"]},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_submitit_slurm_on_two_nodes_trains_what_four_local_ranks_do(slurm, tmp_path):
+    """The README's submitit_slurm example: one task per node, nodes=auto, 2 ranks each."""
+    sweep = tmp_path / "sweep"
+    done = runner(
+        tmp_path,
+        slurm,
+        "-m",
+        "hydra/launcher=submitit_slurm",
+        "hydra.launcher.nodes=2",
+        "hydra.launcher.tasks_per_node=1",
+        "hydra.launcher.cpus_per_task=2",
+        "hydra.launcher.timeout_min=10",
+        "hydra.launcher.partition=debug",
+        "nodes=auto",
+        "nproc=2",
+        *TRAIN,
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = sweep / "0"
+    assert (run / "node1").is_dir()  # node 1's own files, one run directory
+    local = runner(tmp_path, slurm, "nproc=4", *TRAIN, f"hydra.run.dir={tmp_path / 'local'}")
+    assert local.returncode == 0, local.stdout + local.stderr
+    a = torch.load(run / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "local" / "model.pt", weights_only=True)
+    assert relative_error(a, b) < RTOL
+
+
+def test_a_sweep_is_one_slurm_job_per_point_with_its_table(slurm, tmp_path):
+    sweep = tmp_path / "sweep"
+    done = runner(
+        tmp_path,
+        slurm,
+        "-m",
+        "hydra/launcher=submitit_slurm",
+        "hydra.launcher.nodes=2",
+        "hydra.launcher.tasks_per_node=1",
+        "hydra.launcher.cpus_per_task=2",
+        "hydra.launcher.timeout_min=10",
+        "hydra.launcher.partition=debug",
+        "nodes=auto",
+        "nproc=1",
+        *TRAIN,
+        "seed=1,2",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = (sweep / "sweep.csv").read_text().splitlines()
+    assert len(rows) == 3 and all(",completed," in row for row in rows[1:]), rows
+    assert "seed=1" in rows[1] and "seed=2" in rows[2]
+    # submitit submits the sweep as one job array: a task per point, <array>_0 and <array>_1
+    tasks = [p.name for p in (sweep / ".submitit").iterdir() if p.is_dir() and "_" in p.name]
+    assert len(tasks) == 2, tasks
