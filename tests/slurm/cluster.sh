@@ -119,8 +119,10 @@ EOF
     wait_for 20 "slurmctld" scontrol ping
     for i in "${!NODES[@]}"; do
         mkdir -p "$DIR/spool/${NODES[$i]}"
-        # nsenter, not ip netns exec: that remounts /sys, hiding the cgroup tree slurmd reads
-        nsenter --net="/run/netns/${PREFIX}${i}" slurmd -f "$SLURM_CONF" -N "${NODES[$i]}"
+        # nsenter, not ip netns exec: that remounts /sys, hiding the cgroup tree slurmd reads.
+        # Its own UTS namespace: processes on the node see its name as their host name.
+        nsenter --net="/run/netns/${PREFIX}${i}" unshare --uts sh -c \
+            "hostname ${NODES[$i]} && exec slurmd -f '$SLURM_CONF' -N ${NODES[$i]}"
     done
     wait_for 30 "both nodes idle" bash -c \
         "[ \$(sinfo -h -N -t idle -o %N | sort -u | wc -l) -eq ${#NODES[@]} ]"

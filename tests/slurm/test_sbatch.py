@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -78,3 +79,36 @@ def test_a_sweep_is_one_slurm_job_per_point_with_its_table(slurm, tmp_path):
     # submitit submits the sweep as one job array: a task per point, <array>_0 and <array>_1
     tasks = [p.name for p in (sweep / ".submitit").iterdir() if p.is_dir() and "_" in p.name]
     assert len(tasks) == 2, tasks
+
+
+def test_a_failing_rank_on_node_2_fails_the_job_naming_rank_and_host(slurm, tmp_path):
+    """sbatch + srun, one runner per node: rank 3 (node2's second) raises at step 5."""
+    run = tmp_path / "run"
+    command = " ".join(
+        runner_command(
+            *TRAIN,
+            "nodes=auto",
+            "nproc=2",
+            "master_port=29613",
+            "chaos.kill_rank=3",
+            "chaos.at_step=5",
+            "chaos.action=raise",
+            f"hydra.run.dir={run}",
+        )  # fmt: skip
+    )
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH -N 2\n#SBATCH --ntasks-per-node=1\n"
+        f"#SBATCH -o {tmp_path}/job-%j.out\ncd {tmp_path}\nsrun {command}\n"
+    )
+    env = {**child_env(), "SLURM_CONF": slurm["SLURM_CONF"]}
+    job = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert job.returncode != 0, job.stdout + job.stderr
+    job_id = job.stdout.strip().split(";")[0]
+    error = json.loads((run / "summary.json").read_text())["error"]
+    assert (error["rank"], error["host"]) == (3, "node2"), error
+    assert "ChaosError" in error["message"]
+    states = subprocess.run(["sacct", "-c", "-n", "-X", "-o", "JobID,State", "-j", job_id],
+                            env=env, capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert "FAILED" in states.stdout, states.stdout + states.stderr
