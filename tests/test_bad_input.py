@@ -323,6 +323,10 @@ def test_components_are_checked_before_any_rank_starts(
         ("max_step=3", "max_step=3: unknown key; did you mean max_steps?"),
         ("data.bach=3", "data.bach=3: unknown key; `runner --cfg job` shows every key"),
         (
+            "compile.mode=max-autotune",
+            "compile is false here; give its options as a mapping: compile={mode:max-autotune}",
+        ),
+        (
             "model=vit",
             "model=vit: no such model option; valid: custom, gpt, mlp, resnet18, resnet50",
         ),

@@ -51,10 +51,18 @@ def composition_problem(
     key = getattr(exc.__cause__, "full_key", None)
     override = re.search(r"use \+(\S+)", str(exc))
     if isinstance(exc, ConfigCompositionException) and key and override:
+        parent, _, leaf = key.rpartition(".")
+        if parent in SWITCHED_SECTIONS and key in schema_keys(RunSpec):
+            value = override[1].partition("=")[2]
+            return (
+                f"{override[1]}: {parent} is false here; give its options as a mapping: "
+                f"{parent}={{{leaf}:{value}}}"
+            )
         return f"{override[1]}: unknown key; {_suggestion(key)}"
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
+SWITCHED_SECTIONS = {"compile"}  # `false`, or a mapping of options, in the YAML
 RENAMED = {"tensorboard": "the logger group now: logger=none, logger=[tensorboard,csv], ..."}
 
 
