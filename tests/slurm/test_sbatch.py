@@ -13,6 +13,17 @@ from tests.test_equivalence import relative_error
 
 TRAIN = [*FAST, "max_epochs=null", "max_steps=20", "checkpoint.interval=null"]
 RTOL = 1e-5
+# The README's example: a sweep through submitit onto 2 nodes, one task (one runner) each
+SUBMITIT_2_NODES = [
+    "-m",
+    "hydra/launcher=submitit_slurm",
+    "hydra.launcher.nodes=2",
+    "hydra.launcher.tasks_per_node=1",
+    "hydra.launcher.cpus_per_task=2",
+    "hydra.launcher.timeout_min=10",
+    "hydra.launcher.partition=debug",
+    "nodes=auto",
+]
 
 
 def runner(cwd: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess:
@@ -32,14 +43,7 @@ def test_submitit_slurm_on_two_nodes_trains_what_four_local_ranks_do(slurm, tmp_
     done = runner(
         tmp_path,
         slurm,
-        "-m",
-        "hydra/launcher=submitit_slurm",
-        "hydra.launcher.nodes=2",
-        "hydra.launcher.tasks_per_node=1",
-        "hydra.launcher.cpus_per_task=2",
-        "hydra.launcher.timeout_min=10",
-        "hydra.launcher.partition=debug",
-        "nodes=auto",
+        *SUBMITIT_2_NODES,
         "nproc=2",
         *TRAIN,
         f"hydra.sweep.dir={sweep}",
@@ -59,14 +63,7 @@ def test_a_sweep_is_one_slurm_job_per_point_with_its_table(slurm, tmp_path):
     done = runner(
         tmp_path,
         slurm,
-        "-m",
-        "hydra/launcher=submitit_slurm",
-        "hydra.launcher.nodes=2",
-        "hydra.launcher.tasks_per_node=1",
-        "hydra.launcher.cpus_per_task=2",
-        "hydra.launcher.timeout_min=10",
-        "hydra.launcher.partition=debug",
-        "nodes=auto",
+        *SUBMITIT_2_NODES,
         "nproc=1",
         *TRAIN,
         "seed=1,2",
