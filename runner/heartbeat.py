@@ -6,6 +6,9 @@ is a store into a memory map: no system call, no collective, no wait for the dev
 the step path pays nothing measurable. The agent's watchdog (runner.launch.watchdog) reads
 the slots and notices a rank whose slot stops changing.
 
+The file opens with a control block the agent writes and the ranks read at the end of every
+step: a graceful stop (runner.launch.stopping). Reading it is a load from the same map.
+
 Every rank beats in the same order (the same steps, microbatch loads and validation
 batches), so the beat counts of two ranks say which one fell behind.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import signal
 import struct
 import tempfile
 import time
@@ -23,6 +27,13 @@ from pathlib import Path
 
 ENV = "RUNNER_HEARTBEAT"
 _SLOT = struct.Struct("<6qd")  # pid, global rank, attempt, phase, step, beats, time of the beat
+_CONTROL = struct.Struct(
+    "<2q"
+)  # a stop was asked (0/1); the step every rank stops after (0: not yet)
+PAUSE_POLL_S = 0.005
+# The watchdog's request for a rank's Python stacks (faulthandler). Not SIGUSR1/SIGUSR2: SLURM
+# sends those (--signal) to every process of a job, ranks included, to ask for a stop.
+STACK_SIGNAL = signal.SIGRTMIN + 1
 
 
 class Phase(IntEnum):
@@ -32,6 +43,8 @@ class Phase(IntEnum):
     EVAL = 4  # evaluating (one beat per validation batch)
     SAVE = 5  # writing a checkpoint
     FINISH = 6  # gathering the weights, writing model.pt and summary.json
+    PAUSED = 7  # a stop was asked: waiting to learn after which step every rank stops
+    STOPPED = 8  # stopped as asked, after its checkpoint: closing its metrics, exiting
 
 
 def describe(phase: int, step: int) -> str:
@@ -43,6 +56,8 @@ def describe(phase: int, step: int) -> str:
         Phase.EVAL: f"evaluating after step {step}",
         Phase.SAVE: f"writing the checkpoint of step {step}",
         Phase.FINISH: f"finishing after step {step} (model.pt, summary.json)",
+        Phase.PAUSED: f"paused after step {step} (a stop was asked; agreeing where)",
+        Phase.STOPPED: f"stopped after step {step} as asked",
     }.get(phase, f"phase {phase} at step {step}")
 
 
@@ -63,14 +78,52 @@ def create(slots: int) -> Path:
     """The agent's side: a zeroed file of `slots` slots, in memory where the OS offers it."""
     where = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     fd, name = tempfile.mkstemp(prefix="runner-heartbeat-", dir=where)
-    os.write(fd, bytes(_SLOT.size * slots))
+    os.write(fd, bytes(_CONTROL.size + _SLOT.size * slots))
     os.close(fd)
     return Path(name)
 
 
 def read(path: Path, slots: int) -> list[Beat]:
     data = path.read_bytes()
-    return [Beat(*_SLOT.unpack_from(data, i * _SLOT.size)) for i in range(slots)]
+    return [Beat(*_SLOT.unpack_from(data, _slot_offset(i))) for i in range(slots)]
+
+
+def _slot_offset(local_rank: int) -> int:
+    return _CONTROL.size + local_rank * _SLOT.size
+
+
+def request_stop(path: Path) -> None:
+    """Ask this node's ranks to pause at the end of their current step (the agent's side)."""
+    _write_control(path, 0, 1)
+
+
+def set_stop_step(path: Path, step: int) -> None:
+    """Tell this node's ranks the step every rank of the run stops after."""
+    _write_control(path, 8, step)
+
+
+def _write_control(path: Path, offset: int, value: int) -> None:
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        file.write(struct.pack("<q", value))
+
+
+def stopped(path: Path, slots: int) -> bool:
+    """Whether this node's ranks ended by stopping as asked (not by finishing the run)."""
+    return any(beat.phase == Phase.STOPPED for beat in read(path, slots))
+
+
+def reachable_step(path: Path, slots: int) -> int:
+    """After request_stop: the last step a rank of this node can finish before it sees the
+    request and pauses. A rank checks at the end of every step, so it is the step it is in,
+    or the next one when it is between steps (it may have checked just before the request)."""
+    furthest = 0
+    for beat in read(path, slots):
+        if beat.pid == 0:
+            continue  # not started: no step of this attempt yet (another rank bounds it)
+        inside = beat.phase in (Phase.BATCH, Phase.PAUSED)
+        furthest = max(furthest, beat.step if inside else beat.step + 1)
+    return furthest
 
 
 class Heartbeat:
@@ -78,7 +131,7 @@ class Heartbeat:
 
     def __init__(self, path: str | None, local_rank: int, rank: int, attempt: int):
         self._map: mmap.mmap | None = None
-        self._offset = local_rank * _SLOT.size
+        self._offset = _slot_offset(local_rank)
         self._head = (os.getpid(), rank, attempt)
         self.step = 0
         self.beats = 0
@@ -104,3 +157,23 @@ class Heartbeat:
         if self._map is not None:
             head, step, beats = self._head, self.step, self.beats
             _SLOT.pack_into(self._map, self._offset, *head, phase, step, beats, time.time())
+
+    def stop_after(self, step: int) -> bool:
+        """At the end of `step`: whether a graceful stop was asked and every rank stops here.
+
+        Free until a stop is asked (one read of the map). Then a rank that does not know the
+        agreed step yet pauses until its agent writes it; the agents pick a step no rank has
+        passed (reachable_step, over every node), so all ranks stop after the same one.
+        """
+        if self._map is None:
+            return False
+        asked, stop = _CONTROL.unpack_from(self._map, 0)
+        if not asked:
+            return False
+        if not stop:
+            self.beat(Phase.PAUSED, step)
+            while not stop:
+                time.sleep(PAUSE_POLL_S)
+                stop = _CONTROL.unpack_from(self._map, 0)[1]
+            self.beat(Phase.STEP)
+        return step >= stop

@@ -94,6 +94,7 @@ def write_unfinished_summary(
     world_size: int,
     start_time: float,
     error: dict[str, Any] | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
     """Record a failed or interrupted run from what it left behind, and return it."""
     summary = build_summary(
@@ -104,6 +105,7 @@ def write_unfinished_summary(
         error=error,
         history=history(run_dir),
         attempts=attempts(run_dir),
+        **extra,
     )
     write_summary(run_dir, summary)
     return summary

@@ -13,6 +13,7 @@ import sys
 def main() -> None:
     from runner.cli import supervise
 
+    supervise.catch_early_asks()
     supervise.prestart_agent(sys.argv[1:])
     from runner.cli.main import main as cli_main
 

@@ -29,12 +29,13 @@ from omegaconf.errors import OmegaConfBaseException
 from runner.artifacts import RunDir, environment_info, read_json, write_json
 from runner.cli.compose_errors import composition_problem
 from runner.cli.outcome import report_outcome, shown
+from runner.cli.requeue import continue_after_stop, first_run_dir
 from runner.cli.rerun import rerun_argv
 from runner.cli.supervise import run_agent
 from runner.cli.sweep import SweepTable, write_sweep_table
 from runner.cli.trackers import finish_trackers
 from runner.procs import add_code_dirs
-from runner.spec import RunSpec, SpecError, resolve_spec, save_spec
+from runner.spec import RunSpec, SpecError, resolve_spec, save_spec, slurm
 from runner.summary import (
     FAILED,
     INTERRUPTED,
@@ -56,12 +57,14 @@ def _conf_dir() -> str:
     raise SystemExit(f"runner: cannot find conf/config.yaml next to {package}; reinstall runner")
 
 
-def _resolve(cfg: DictConfig, run_dir: Path) -> RunSpec:
+def _resolve(cfg: DictConfig, run_dir: Path, requeued: bool = False) -> RunSpec:
     try:
         data = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "config"
         raise SpecError([f"{key}: {str(exc).splitlines()[0]}"]) from None
+    if requeued and isinstance(data, dict) and data.get("resume") is None:
+        data["resume"] = "auto"  # SLURM started the job again: go on from its checkpoint
     return resolve_spec(data, run_dir=run_dir)  # type: ignore[arg-type]
 
 
@@ -103,8 +106,15 @@ def _run(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = RunDir(Path(hydra_cfg.runtime.output_dir))
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    requeued = slurm.requeued(os.environ)
+    if requeued:  # SLURM started this job again: go on with the run it started
+        first = first_run_dir(run_dir.root)
+        if first != run_dir.root:
+            _discard(run_dir.root)  # holds only Hydra's files of this start
+            run_dir = RunDir(first)
+            log.info("runner: SLURM job restarted; continuing the run in %s", shown(first))
     try:
-        spec = _resolve(cfg, run_dir.root)
+        spec = _resolve(cfg, run_dir.root, requeued)
     except SpecError as err:
         log.error("%s", _problems_text(err.problems))
         if not in_sweep:
@@ -124,7 +134,8 @@ def _run(cfg: DictConfig) -> float | None:
     if spec.node_rank > 0:
         return _run_other_node(spec, run_dir, start_time)
     save_spec(spec, run_dir.root)
-    write_json(run_dir.env, {"run_id": uuid.uuid4().hex, **environment_info(spec.code_dir)})
+    env = {"run_id": uuid.uuid4().hex, **environment_info(spec.code_dir)}
+    write_json(run_dir.env, {**env, "slurm_job": slurm.job_key(os.environ)})
     run_dir.logs.mkdir(parents=True, exist_ok=True)
     archive_previous(run_dir)  # resuming in an earlier run's directory keeps its story
 
@@ -132,7 +143,8 @@ def _run(cfg: DictConfig) -> float | None:
         os.environ[SWEEP_DIR_ENV] = str(Path(hydra_cfg.sweep.dir).absolute())
     else:
         os.environ.pop(SWEEP_DIR_ENV, None)
-    code, received = run_agent(run_dir.root, start_time)
+    end = run_agent(run_dir.root, start_time)
+    code, received = end.code, end.received
     summary = read_summary(run_dir)
     if summary is None:  # the agent itself died before it could write one
         status = INTERRUPTED if received else FAILED
@@ -152,6 +164,8 @@ def _run(cfg: DictConfig) -> float | None:
         return math.nan
     report_outcome(summary, run_dir)
     finish_trackers(spec, run_dir, summary)
+    if end.asked and summary.get("stopped"):  # a graceful stop: SLURM's job comes back
+        continue_after_stop(end.asked, end.asked_handler, 0, summary["stopped"]["after_step"])
     if not in_sweep:
         if code != 0:
             sys.exit(code)
@@ -174,7 +188,8 @@ def _run_other_node(spec: RunSpec, run_dir: RunDir, start_time: float) -> float 
     outcome.unlink(missing_ok=True)
     save_spec(spec, node_dir)
     write_json(node_dir / "env.json", environment_info(spec.code_dir))
-    code, received = run_agent(node_dir, start_time)
+    end = run_agent(node_dir, start_time)
+    code, received = end.code, end.received
     summary = read_json(outcome)
     if summary is None:  # the agent died before it could write one
         summary = {
@@ -202,6 +217,9 @@ def _run_other_node(spec: RunSpec, run_dir: RunDir, start_time: float) -> float 
     run_summary = read_summary(RunDir(ranks_root))
     final_summary = run_summary if summary.get("status") == "completed" and run_summary else summary
     report_outcome(final_summary, RunDir(ranks_root))
+    if end.asked and summary.get("stopped"):
+        after = summary["stopped"]["after_step"]
+        continue_after_stop(end.asked, end.asked_handler, spec.node_rank, after)
     if code != 0 and HydraConfig.get().mode != RunMode.MULTIRUN:
         sys.exit(code)
     return final_summary.get("final", {}).get("val/accuracy", math.nan)

@@ -19,7 +19,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runner.procs import exit_code_for_signal
 
@@ -93,12 +96,40 @@ def _start_agent(run_dir: Path, start_time: float) -> subprocess.Popen:
     )
 
 
-def run_agent(run_dir: Path, start_time: float) -> tuple[int, int | None]:
-    """Run the agent for `run_dir` to the end. Returns (exit code, signal received or None)."""
+class _Asks:
+    """Forwards SIGUSR1/SIGUSR2 (a graceful stop, runner.launch.stopping) to the agent, each
+    time: they ask it to stop after a step with a checkpoint, and arm no kill."""
+
+    def __init__(self, agent: subprocess.Popen):
+        self.agent = agent
+        self.first: int | None = None
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        self.first = self.first or signum
+        _send(self.agent, signum)
+
+
+@dataclass(frozen=True)
+class AgentEnd:
+    """How the agent ended: its exit code; the interrupting signal relayed (SIGINT, SIGTERM,
+    SIGHUP), if any; the signal that asked for a graceful stop, if any, and the handler
+    something else had installed for it here (submitit's, which requeues its job)."""
+
+    code: int
+    received: int | None = None
+    asked: int | None = None
+    asked_handler: Callable[..., Any] | None = None
+
+
+def run_agent(run_dir: Path, start_time: float) -> AgentEnd:
+    """Run the agent for `run_dir` to the end, relaying signals to it."""
     agent = _start_agent(run_dir, start_time)
-    relay = _Relay(agent)
+    relay, asks = _Relay(agent), _Asks(agent)
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, relay) for s in handled}
+    previous.update({s: signal.signal(s, asks) for s in ASKING_SIGNALS})
+    for signum in _asked_early:  # before the agent existed
+        asks(signum, None)
     try:
         while True:
             try:
@@ -112,7 +143,24 @@ def run_agent(run_dir: Path, start_time: float) -> tuple[int, int | None]:
             signal.signal(s, handler)
     if relay.first is not None and code < 0:
         code = exit_code_for_signal(relay.first)
-    return code, relay.first
+    handler = previous.get(asks.first) if asks.first else None
+    others = handler if callable(handler) and handler is not _note_early_ask else None
+    return AgentEnd(code, relay.first, asks.first, others)
+
+
+ASKING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+_asked_early: list[int] = []
+
+
+def _note_early_ask(signum: int, _frame: object) -> None:
+    _asked_early.append(signum)
+
+
+def catch_early_asks() -> None:
+    """From the `runner` command's start: a SIGUSR1/SIGUSR2 (SLURM's --signal) that comes
+    while the config is composed is kept for the agent, not the end of this process."""
+    for sig in ASKING_SIGNALS:
+        signal.signal(sig, _note_early_ask)
 
 
 def _send(proc: subprocess.Popen, signum: int) -> None:

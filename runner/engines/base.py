@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ class Engine(ABC):
     """The learning-rate schedule, stepped once per optimizer step."""
     scaler: torch.amp.GradScaler | None = None
     """fp16's dynamic loss scaler (None for fp32 and bf16, and where DeepSpeed scales)."""
+    needs_warm_up = False
+    """Whether the loop runs warm_up() before this start's first step."""
     _grad_bytes: int | None = None
     _grads_noted = False
 
@@ -65,6 +68,20 @@ class Engine(ABC):
         as they were (the loss scaler, which saw the gradients unscaled, adjusts its scale)."""
         if self.scaler:
             self.scaler.update()
+        self.torch_optimizer.zero_grad(set_to_none=True)
+
+    def warm_up(self, one_pass: Callable[[], None]) -> None:
+        """Run `one_pass` (a forward and backward pass of the first microbatch) and leave no
+        trace of it: the RNG streams, the module's buffers and the gradients are as before.
+        Only what the engine learned from it stays (see DDPEngine)."""
+        self.needs_warm_up = False
+        buffers = [b.detach().clone() for b in self.module.buffers()]
+        cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=cuda):
+            one_pass()
+        with torch.no_grad():
+            for buffer, saved in zip(self.module.buffers(), buffers, strict=True):
+                buffer.copy_(saved)
         self.torch_optimizer.zero_grad(set_to_none=True)
 
     def communicating_modules(self) -> list[nn.Module]:

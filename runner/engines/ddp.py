@@ -35,6 +35,15 @@ class DDPEngine(Engine):
         )
         self.strategy = spec.sync_strategy.name
         self.backward_communicates = self.strategy is not SyncStrategy.FORCED_SYNC
+        # DDP reduces its first iteration in one bucket in parameter order, then rebuilds its
+        # buckets in the order gradients became ready. With 3 or more ranks an element's sum
+        # depends on where it sits in its bucket (the ring all-reduce adds the ranks' values
+        # in an order that depends on the chunk), so a resumed run's first step would round
+        # differently from the uninterrupted run's. A discarded warm-up pass at every start
+        # has DDP rebuild before the first real step: every step of every start, fresh or
+        # resumed, then reduces in the same layout, and restarts stay bit for bit.
+        rebuilds = options.static_graph or not options.find_unused_parameters
+        self.needs_warm_up = self.backward_communicates and rebuilds and rdist.get_world_size() >= 3
         self._resync = False  # the next microbatch syncs (after a dropped pass)
         self.grad_clip_norm = spec.grad_clip_norm
         self.params = list(module.parameters())  # listed once, not every step

@@ -17,13 +17,15 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from runner import hardware
+from runner import hardware, heartbeat
 from runner.artifacts import RunDir, read_json, tail, write_json
 from runner.checkpoint_store import CheckpointStore
 from runner.launch import network, nodes, rendezvous
 from runner.launch.failures import RankFailure, root_cause
 from runner.launch.preflight import INVALID, component_problems
+from runner.launch.stopping import GracefulStop, catch_early
 from runner.launch.watchdog import Watchdog
 from runner.procs import add_code_dirs, die_with_parent, exit_code_for_signal
 from runner.spec import RunSpec, load_spec
@@ -111,12 +113,12 @@ def _outcome_writer(spec: RunSpec, node_dir: Path, start_time: float):
     """Node 0 writes the run's summary.json; another node writes its own in its node directory
     (`node{i}/summary.json`), with `run_dir` telling where its ranks wrote."""
 
-    def write(run_dir: RunDir, status: str, error: dict | None = None) -> None:
+    def write(run_dir: RunDir, status: str, error: dict | None = None, **extra: Any) -> None:
         if spec.node_rank == 0:  # every rank is gone: no partial checkpoint outlives the run
             CheckpointStore(run_dir.checkpoints, keep=1).discard_unfinished()
-            write_unfinished_summary(run_dir, status, spec.world_size, start_time, error)
+            write_unfinished_summary(run_dir, status, spec.world_size, start_time, error, **extra)
             return
-        summary = build_summary(status, spec.world_size, start_time, [], error=error)
+        summary = build_summary(status, spec.world_size, start_time, [], error=error, **extra)
         summary.update(
             node_rank=spec.node_rank, host=socket.gethostname(), run_dir=str(run_dir.root)
         )
@@ -191,10 +193,6 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
     `node_dir` holds this node's config.yaml: the run directory on node 0, its
     `node{i}/` subdirectory on the others.
     """
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
     write_outcome = _outcome_writer(spec, node_dir, start_time)
     run_root = node_dir if spec.node_rank == 0 else node_dir.parent
@@ -214,6 +212,26 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
             write_outcome(RunDir(run_root), FAILED, error)
             return 2
     run_dir = RunDir(run_root)
+    beats = heartbeat.create(spec.nproc)  # the ranks' heartbeats and the stop's control block
+    os.environ[heartbeat.ENV] = str(beats)
+    try:
+        return _run_ranks(spec, node_dir, run_dir, link, beats, write_outcome)
+    finally:
+        beats.unlink(missing_ok=True)
+
+
+def _run_ranks(
+    spec: RunSpec,
+    node_dir: Path,
+    run_dir: RunDir,
+    link: nodes.NodeLink | None,
+    beats: Path,
+    write_outcome,
+) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
     rendezvous.register()
     threads = _set_thread_env(spec)
     os.environ["RUNNER_AGENT_PID"] = str(os.getpid())
@@ -241,10 +259,14 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
         threads,
         run_dir.root,
     )
+    stop = GracefulStop(beats, spec.nproc, link)
+    stop.install()
     if link is not None:
-        link.watch()
+        link.watch(on_stop_asked=stop.ask)
     watchdog = (
-        Watchdog(spec.watchdog, run_dir, spec.nproc, spec.nodes) if spec.watchdog.timeout else None
+        Watchdog(spec.watchdog, run_dir, spec.nproc, spec.nodes, path=beats)
+        if spec.watchdog.timeout
+        else None
     )
     if watchdog is not None:
         watchdog.start()
@@ -262,8 +284,11 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
             wait = nodes.COLLECT_S if cause.is_consequence or hang else 0.5  # the others' hangs
             failures += link.remote_failures(wait)
             cause = root_cause(failures)
-            link.linger()
+        # summary.json before lingering: SLURM kills what is left KillWait seconds after a
+        # scancel or requeue (30 s by default; 5 s on the test cluster)
         write_outcome(run_dir, FAILED, cause.summary_error(others=len(failures) - 1))
+        if link is not None:
+            link.linger()
         return 1
     except SignalException as exc:
         _settle(link, watchdog)
@@ -277,12 +302,14 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
             return code
         name = signal.Signals(exc.sigval).name
         print(f"runner: received {name}; all ranks stopped", file=sys.stderr, flush=True)
+        write_outcome(run_dir, INTERRUPTED)
         if link is not None:
             link.publish(None, signal_name=name)
             link.linger()
-        write_outcome(run_dir, INTERRUPTED)
         return exit_code_for_signal(exc.sigval)
     _settle(link, watchdog)
+    if stop.step is not None and heartbeat.stopped(beats, spec.nproc):
+        return _stopped_as_asked(stop, run_dir, write_outcome)
     if spec.node_rank > 0:
         write_outcome(run_dir, COMPLETED)
         return 0
@@ -303,6 +330,17 @@ def _settle(link: nodes.NodeLink | None, watchdog: Watchdog | None) -> None:
         link.stop_watching()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
+
+
+def _stopped_as_asked(stop: GracefulStop, run_dir: RunDir, write_outcome) -> int:
+    """Every rank stopped after the agreed step and saved a checkpoint there."""
+    latest = CheckpointStore(run_dir.checkpoints, keep=1).latest()
+    where = str(latest.relative_to(run_dir.root)) if latest is not None else None
+    print(f"runner: stopped after step {stop.step} ({stop.asked_by}); checkpoint {where}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    stopped = {"asked_by": stop.asked_by, "after_step": stop.step, "checkpoint": where}
+    write_outcome(run_dir, INTERRUPTED, None, steps=stop.step, stopped=stopped)
+    return exit_code_for_signal(stop.signal)
 
 
 def _stopped_by_other_node(
@@ -329,6 +367,7 @@ def main() -> None:
             "usage: python -m runner.launch.agent NODE_DIR  (the run directory on node 0), or - to "
             "import torch first and then read 'NODE_DIR<TAB>START_TIME' from stdin"
         )
+    catch_early()  # a graceful stop asked while torch imports (SLURM signals every process)
     parent = os.environ.get("RUNNER_PARENT_PID")
     die_with_parent(signal.SIGTERM, int(parent) if parent else None)
     # torch's C++ warnings (a TCPStore peer going away at the end of a multi-node run) are

@@ -28,6 +28,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -45,7 +46,8 @@ COLLECT_S = 3.0  # how long a failed agent waits for a better root cause from an
 LINGER_S = 5.0  # how long node 0 keeps the store up so that the others learn of a failure
 LOST_S = 3.0  # a node that cannot reach node 0's store this long stops its ranks
 
-_FAILED, _LEFT = "runner/failed", "runner/left"
+STOP_AGREE_S = 60.0  # how long a graceful stop waits for every node's reachable step
+_FAILED, _LEFT, _STOP = "runner/failed", "runner/left", "runner/stop"
 
 
 class NodeMismatch(Exception):
@@ -129,6 +131,7 @@ class NodeLink:
         self.store = self._connect(serve=node_rank == 0)
         self._stop = threading.Event()
         self.notices: list[StopNotice] = []  # set by the watcher before it signals the agent
+        self._on_stop_asked: Callable[[str], None] | None = None
         self._left = False
 
     def _connect(self, timeout: float = JOIN_TIMEOUT_S, serve: bool = False):
@@ -197,16 +200,21 @@ class NodeLink:
 
     # --- while the ranks run ----------------------------------------------------------
 
-    def watch(self) -> None:
-        """Stop this agent (SIGTERM to itself) when another node's part of the run ends early."""
+    def watch(self, on_stop_asked: Callable[[str], None] | None = None) -> None:
+        """Stop this agent (SIGTERM to itself) when another node's part of the run ends early;
+        call `on_stop_asked(why)` when another node asks for a graceful stop."""
+        self._on_stop_asked = on_stop_asked
         threading.Thread(target=self._watch, name="runner-node-watch", daemon=True).start()
 
     def _watch(self) -> None:
-        client, lost_since = None, None
+        client, lost_since, asked = None, None, False
         while not self._stop.wait(POLL_S):
             try:
                 client = client or self._connect(timeout=LOST_S)
                 count = client.add(_FAILED, 0)
+                if not asked and self._on_stop_asked is not None and client.add(_STOP, 0):
+                    asked = True
+                    self._on_stop_asked(self._stop_asker(client))
                 lost_since = None
             except Exception:  # node 0's agent (the store's host) is gone or unreachable
                 client = None
@@ -227,6 +235,29 @@ class NodeLink:
 
     def stop_watching(self) -> None:
         self._stop.set()
+
+    # --- a graceful stop (runner.launch.stopping) -------------------------------------
+
+    def agree_stop(self, reachable: int, asked_by: str) -> int:
+        """Publish this node's reachable step (and so the request: the other nodes' watchers
+        see it), wait for every node's, and return the largest: the step all ranks stop after.
+        Its own connection: the watcher's and the main thread's may be busy."""
+        store = self._connect(timeout=STOP_AGREE_S)
+        mine = {"step": reachable, "asked_by": asked_by, "host": self.host}
+        store.set(f"{_STOP}/node{self.node_rank}", json.dumps(mine))
+        store.add(_STOP, 1)
+        keys = [f"{_STOP}/node{i}" for i in range(self.nodes)]
+        store.wait(keys, timedelta(seconds=STOP_AGREE_S))
+        return max(int(decode(key, store.get(key))["step"]) for key in keys)
+
+    def _stop_asker(self, store: Any) -> str:
+        """Who asked for the graceful stop: `SIGUSR1 on node 0 (host)`."""
+        for i in range(self.nodes):
+            key = f"{_STOP}/node{i}"
+            if i != self.node_rank and store.check([key]):
+                data = decode(key, store.get(key))
+                return f"{data.get('asked_by')} on node {i} ({data.get('host')})"
+        return "another node"
 
     def _others_notices(self, store: Any = None) -> list[StopNotice]:
         """What the other nodes have published so far."""

@@ -5,8 +5,8 @@ A thread of the agent reads the ranks' heartbeats (runner.heartbeat) once a seco
 rank's beat has not changed for longer than its phase allows (`watchdog.timeout` between
 steps; longer before the first step, while evaluating and while writing checkpoints), it:
 
-1. appends a marker to every local rank's log and sends it SIGUSR1, on which faulthandler
-   writes the Python stack of each of its threads there;
+1. appends a marker to every local rank's log and sends it heartbeat.STACK_SIGNAL, on which
+   faulthandler writes the Python stack of each of its threads there;
 2. kills every local rank (SIGKILL: a rank stuck in a collective never returns to Python);
 3. keeps the cause, so the agent reports `hung: ...` instead of a killed process. The elastic
    agent then restarts the ranks (max_restarts) or the run ends, on every node.
@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from runner import heartbeat
 from runner.artifacts import RunDir
@@ -44,11 +45,20 @@ class Seen:
 
 
 class Watchdog:
-    def __init__(self, spec: WatchdogSpec, run_dir: RunDir, nproc: int, nodes: int = 1):
+    def __init__(
+        self,
+        spec: WatchdogSpec,
+        run_dir: RunDir,
+        nproc: int,
+        nodes: int = 1,
+        path: Path | None = None,
+    ):
+        """`path`: the agent's heartbeat file (else the watchdog makes and removes its own)."""
         self.spec = spec
         self.run_dir = run_dir
         self.nproc = nproc
-        self.path = heartbeat.create(nproc)
+        self._owns_file = path is None
+        self.path = path or heartbeat.create(nproc)
         self.poll_s = min(1.0, (spec.timeout or 10.0) / 10)
         # Every rank of a hung run stalls within about a step of the others, so the other
         # nodes' watchdogs fire within a poll of this one: let them write their stacks before
@@ -69,7 +79,8 @@ class Watchdog:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        self.path.unlink(missing_ok=True)
+        if self._owns_file:
+            self.path.unlink(missing_ok=True)
 
     def allowance(self, phase: int) -> tuple[str, float | None]:
         """The key that limits a rank in this phase, and its value."""
@@ -78,6 +89,7 @@ class Watchdog:
             Phase.EVAL: "eval_timeout",
             Phase.SAVE: "checkpoint_timeout",
             Phase.FINISH: "checkpoint_timeout",
+            Phase.STOPPED: "checkpoint_timeout",
         }.get(phase, "timeout")  # type: ignore[call-overload]
         return key, getattr(self.spec, key)
 
@@ -125,7 +137,7 @@ class Watchdog:
             log = self.run_dir.rank_log(seen.beat.rank)
             with contextlib.suppress(OSError), open(log, "a") as f:
                 f.write(marker)
-            _signal(seen.beat.pid, signal.SIGUSR1)
+            _signal(seen.beat.pid, heartbeat.STACK_SIGNAL)
         time.sleep(self.kill_delay_s)
         for seen in live:
             self.killed.add(seen.beat.pid)

@@ -82,3 +82,16 @@ def placement(environ: Mapping[str, str], master_port: int | None) -> SlurmPlace
         raise ValueError("SLURM_JOB_NODELIST is empty")
     port = master_port if master_port is not None else job_port(environ["SLURM_JOB_ID"])
     return SlurmPlacement(nodes, node_rank, hosts[0], port)
+
+
+def job_key(environ: Mapping[str, str]) -> str | None:
+    """This SLURM job as `cluster:job id`, the same across its requeues; None outside SLURM."""
+    job = environ.get("SLURM_JOB_ID")
+    return f"{environ.get('SLURM_CLUSTER_NAME', '')}:{job}" if job else None
+
+
+def requeued(environ: Mapping[str, str]) -> bool:
+    """Whether SLURM started this job again: a requeue (preemption, `scontrol requeue`, or
+    runner's own after a graceful stop). SLURM_RESTART_COUNT counts them."""
+    count = environ.get("SLURM_RESTART_COUNT", "0") or "0"
+    return count.isdigit() and int(count) > 0

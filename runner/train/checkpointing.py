@@ -25,7 +25,7 @@ from runner.artifacts import write_atomic
 from runner.checkpoint_store import CheckpointStore, resolve_checkpoint_path, step_of
 from runner.engines.base import Engine
 from runner.models.shapes import state_shapes
-from runner.spec import RunSpec, to_dict
+from runner.spec import RunSpec, slurm, to_dict
 from runner.spec.resume_check import META_FILE, checkpoint_meta, read_meta
 from runner.train import chaos
 
@@ -112,19 +112,19 @@ def _failing_write(store: CheckpointStore, step: int) -> Iterator[None]:
 def find_resume_point(store: CheckpointStore, resume: str | None) -> Path | None:
     """The checkpoint this attempt starts from, or None for a fresh start.
 
-    A restarted attempt (the elastic agent's restart after a failure) always
-    continues from the run's latest checkpoint; otherwise `resume` decides:
-    auto = this run directory's latest, PATH = a checkpoint or a run directory.
-    Rank 0 decides and tells the others (no rank writes yet, so it also sweeps away
-    what an earlier attempt left half written).
+    A restarted attempt (the elastic agent's restart after a failure, a SLURM job started
+    again) continues from the run's latest checkpoint; otherwise, and before the run
+    has one, `resume` decides: auto = this run directory's latest, PATH = a checkpoint or
+    a run directory. Rank 0 decides and tells the others (no rank writes yet, so it also
+    sweeps away what an earlier attempt left half written).
     """
     choice = None
     if rdist.get_global_rank() == 0:
         store.discard_unfinished()  # what an earlier attempt left half written
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-        if restarted or resume == "auto":
+        if restarted or resume == "auto" or slurm.requeued(os.environ):
             choice = store.latest()
-        elif resume:
+        if choice is None and resume not in (None, "auto"):
             choice = resolve_checkpoint_path(Path(resume))
     choice = rdist.broadcast_object(str(choice) if choice else None)
     return Path(choice) if choice else None

@@ -158,6 +158,7 @@ class Trainer:
             # ranks go on to the next block's gather, and meet the agreement there).
             where = (find_blocks(self.engine.module) or [self.engine.module])[0]
             where.register_forward_pre_hook(torch.compiler.disable(self._chaos_oom))
+        self.heart.beat(Phase.START, self.step)  # where this attempt starts (a stop needs it)
         if self.is_main:
             record_attempt(run_dir, self.attempt, self.resumed_from)
         self.metrics = MetricsLog(
@@ -226,6 +227,7 @@ class Trainer:
 
     def _fit(self, start_time: float) -> dict[str, Any]:
         spec, step, samples = self.spec, self.step, self.samples
+        interval = spec.checkpoint.interval
         throughput = Throughput(samples)
         self.engine.model.train()  # once, not every step: evaluate() switches it back
         while step < self.total_steps:
@@ -257,15 +259,38 @@ class Trainer:
                         self.heart.beat(Phase.STEP)
                         throughput.pause(time.perf_counter() - started)
                     self._log(record)
-                if last or (spec.checkpoint.interval and step % spec.checkpoint.interval == 0):
-                    self.heart.beat(Phase.SAVE)
-                    self.guard.check_before_saving(self.engine.module, step)
-                    extra = {"grad_accum": self.auto.accum} if self.auto else {}
-                    checkpointing.save(self.store, self.engine, spec, step, samples, extra)
-                    self.heart.beat(Phase.STEP)
+                saved = last or bool(interval and step % interval == 0)
+                if saved:
+                    self._save(step, samples)
                 if last:
                     break
+                if self.heart.stop_after(step):  # a graceful stop: every rank stops here
+                    return self._stop(step, samples, saved, start_time)
         return self._finish(start_time)
+
+    def _save(self, step: int, samples: int) -> None:
+        self.heart.beat(Phase.SAVE)
+        self.guard.check_before_saving(self.engine.module, step)
+        extra = {"grad_accum": self.auto.accum} if self.auto else {}
+        checkpointing.save(self.store, self.engine, self.spec, step, samples, extra)
+        self.heart.beat(Phase.STEP)
+
+    def _stop(self, step: int, samples: int, saved: bool, start_time: float) -> dict[str, Any]:
+        """Stop after `step` as asked (SIGUSR1/SIGUSR2 to runner; SLURM's --signal): with a
+        checkpoint, so that resume=auto (or SLURM's requeue) goes on from here. The agent
+        writes summary.json: it knows why the run stopped."""
+        if not saved:
+            self._save(step, samples)
+        self.heart.beat(Phase.STOPPED, step)  # tells the agent how this rank ended
+        self.progress.close()
+        print(f"stopped after step {step} as asked; checkpoint saved", flush=True)
+        outcome = {
+            "status": "interrupted",
+            "steps": step,
+            "wall_time_s": round(time.time() - start_time, 3),
+        }
+        self.metrics.close(outcome=outcome)
+        return outcome
 
     def train_step(
         self, microbatches: list[tuple[Any, bool]], n_global: int, step: int, poison: bool = False
@@ -284,6 +309,8 @@ class Trainer:
             self._uncut = batch, real = microbatches[0]
             size = batch_size(batch) if real else 0
             microbatches = cut_batch(batch, real, 0, size, self.auto.accum)
+        if self.engine.needs_warm_up and self.auto is None:
+            self.engine.warm_up(lambda: self._warm_up_pass(microbatches[0]))
         i = 0
         while i < len(microbatches):
             batch, real = microbatches[i][:2]
@@ -342,6 +369,12 @@ class Trainer:
         if not communicates and self._agree():
             return None, 0, targets
         return loss, count, targets
+
+    def _warm_up_pass(self, microbatch: tuple[Any, bool]) -> None:
+        """A forward and backward pass whose gradients are discarded (Engine.warm_up)."""
+        args, kwargs, targets = split(to_device(microbatch[0], self.device, self.channels_last))
+        loss, _ = self._loss(args, kwargs, targets, microbatch[1], poison=False)
+        (loss * 0.0).backward()
 
     def _note_out_of_memory(self, exc: Exception) -> None:
         """grad_accum=auto: re-raise anything but running out of memory (here or, raised by

@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (SIGUSR1/SIGUSR2 are ignored before anything else is imported)
 """Stage 5: one rank. `python -m runner.train.worker RUN_DIR`, started by the elastic agent.
 
 Reads the resolved spec from the run directory (never Hydra), sends its own
@@ -7,11 +8,18 @@ exception records the root cause where the agent will look for it.
 
 from __future__ import annotations
 
+import signal
+
+# SLURM's --signal reaches every process of the job; a stop asked of the run comes through
+# the agent (runner.launch.stopping), so that all ranks stop after the same step. First thing,
+# as the default action of SIGUSR1/SIGUSR2 would end this process.
+for _asked in (signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(_asked, signal.SIG_IGN)
+
 import faulthandler
 import gc
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -20,7 +28,7 @@ from pathlib import Path
 from typing import TextIO
 
 from runner.artifacts import RunDir, write_atomic
-from runner.heartbeat import Heartbeat
+from runner.heartbeat import STACK_SIGNAL, Heartbeat
 from runner.procs import die_with_parent
 
 
@@ -100,7 +108,7 @@ def main() -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     terminal = _redirect_output(run_dir.rank_log(rank), rank, attempt)
     faulthandler.enable()  # a native crash still leaves a Python stack in the log
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the watchdog asks where we are
+    faulthandler.register(STACK_SIGNAL, all_threads=True)  # the watchdog asks where we are
     heart = Heartbeat.from_env()  # from here on, the agent's watchdog sees this rank
     agent = os.environ.get("RUNNER_AGENT_PID")
     die_with_parent(signal.SIGKILL, int(agent) if agent else None)

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import torch
 
-from tests.conftest import FAST, child_env, runner_command
+from tests.slurm import jobs
+from tests.slurm.jobs import TRAIN, runner
 from tests.test_equivalence import relative_error
 
-TRAIN = [*FAST, "max_epochs=null", "max_steps=20", "checkpoint.interval=null"]
 RTOL = 1e-5
 # The README's example: a sweep through submitit onto 2 nodes, one task (one runner) each
 SUBMITIT_2_NODES = [
@@ -24,17 +22,6 @@ SUBMITIT_2_NODES = [
     "hydra.launcher.partition=debug",
     "nodes=auto",
 ]
-
-
-def runner(cwd: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        runner_command(*overrides),
-        cwd=cwd,
-        env={**child_env(), "SLURM_CONF": env["SLURM_CONF"]},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def test_submitit_slurm_on_two_nodes_trains_what_four_local_ranks_do(slurm, tmp_path):
@@ -81,31 +68,20 @@ def test_a_sweep_is_one_slurm_job_per_point_with_its_table(slurm, tmp_path):
 def test_a_failing_rank_on_node_2_fails_the_job_naming_rank_and_host(slurm, tmp_path):
     """sbatch + srun, one runner per node: rank 3 (node2's second) raises at step 5."""
     run = tmp_path / "run"
-    command = " ".join(
-        runner_command(
-            *TRAIN,
-            "nodes=auto",
-            "nproc=2",
-            "master_port=29613",
-            "chaos.kill_rank=3",
-            "chaos.at_step=5",
-            "chaos.action=raise",
-            f"hydra.run.dir={run}",
-        )  # fmt: skip
-    )
-    script = tmp_path / "job.sh"
-    script.write_text(
-        "#!/bin/bash\n#SBATCH -N 2\n#SBATCH --ntasks-per-node=1\n"
-        f"#SBATCH -o {tmp_path}/job-%j.out\ncd {tmp_path}\nsrun {command}\n"
-    )
-    env = {**child_env(), "SLURM_CONF": slurm["SLURM_CONF"]}
-    job = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert job.returncode != 0, job.stdout + job.stderr
-    job_id = job.stdout.strip().split(";")[0]
+    overrides = [
+        *TRAIN,
+        "nodes=auto",
+        "nproc=2",
+        "master_port=29613",
+        "chaos.kill_rank=3",
+        "chaos.at_step=5",
+        "chaos.action=raise",
+        f"hydra.run.dir={run}",
+    ]
+    script = jobs.batch_script(tmp_path, overrides, ["-N 2", "--ntasks-per-node=1"])
+    job = jobs.submit(slurm, script)
+    jobs.wait_until_gone(slurm, job, timeout=300)
     error = json.loads((run / "summary.json").read_text())["error"]
     assert (error["rank"], error["host"]) == (3, "node2"), error
     assert "ChaosError" in error["message"]
-    states = subprocess.run(["sacct", "-c", "-n", "-X", "-o", "JobID,State", "-j", job_id],
-                            env=env, capture_output=True, text=True, timeout=30)  # fmt: skip
-    assert "FAILED" in states.stdout, states.stdout + states.stderr
+    assert jobs.accounted_states(slurm, job)[-1] == "FAILED"
