@@ -128,8 +128,9 @@ def run_agent(run_dir: Path, start_time: float) -> AgentEnd:
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, relay) for s in handled}
     previous.update({s: signal.signal(s, asks) for s in ASKING_SIGNALS})
-    for signum in _asked_early:  # before the agent existed
+    for signum in _asked_early:  # before the agent existed (once: not for a sweep's next job)
         asks(signum, None)
+    _asked_early.clear()
     try:
         while True:
             try:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real two-node SLURM cluster on this machine (work in progress for `make test-slurm`):
+# A real two-node SLURM cluster on this machine, for `make test-slurm` (tests/slurm/conftest.py):
 # munged and slurmctld in the root network namespace on a bridge address, and two slurmd,
 # each in its own network namespace joined to the bridge by a veth pair.
 #
