@@ -8,12 +8,15 @@ started again is fast. Its weights are compared bit for bit with an uninterrupte
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.conftest import runner_command
 from tests.slurm import jobs
+from tests.slurm.test_sbatch import SUBMITIT_2_NODES
 
 STEPS = 240
 TRAIN = [
@@ -120,3 +123,39 @@ def test_scancel_ends_every_rank_on_both_nodes_and_the_run_is_interrupted(slurm,
                  for p in jobs.processes_with(m)]  # fmt: skip
     assert leftovers == []
     assert jobs.accounted_states(slurm, job)[-1] == "CANCELLED"
+
+
+def test_a_signalled_submitit_job_stops_submitit_requeues_it_and_it_resumes_bit_identical(
+    slurm, tmp_path, uninterrupted
+):
+    """The submitit launcher's job gets SIGUSR2 (what SLURM sends it before its time limit,
+    or at preemption): runner stops every rank with a checkpoint, then hands over to
+    submitit's handler, which requeues the job; `runner -m` returns when it completed."""
+    sweep = tmp_path / "sweep"
+    launcher = subprocess.Popen(
+        runner_command(
+            *(o for o in SUBMITIT_2_NODES if o != "nodes=auto"),  # TRAIN has it
+            "hydra.launcher.max_num_timeout=2",  # submitit counts a signal this early as one
+            *TRAIN,
+            f"hydra.sweep.dir={sweep}",
+        ),
+        cwd=tmp_path,
+        env={**jobs.env_for(slurm), "RUNNER_TEST_STEP_DELAY_S": "0.25"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    run = sweep / "0"
+    jobs.wait_for("the first checkpoint", (run / "checkpoints" / "step_00000040").is_dir, 120)
+    job = jobs.run(slurm, "squeue", "-h", "-o", "%i").stdout.split()[0]
+    signal = jobs.run(slurm, "scancel", "--signal=USR2", job)
+    assert signal.returncode == 0, signal.stderr
+    output, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, output
+    done = summary(run)
+    assert done["status"] == "completed", output
+    assert done["history"][0]["status"] == "interrupted"
+    assert done["resumed_from"] == done["history"][0]["steps"] >= 40
+    assert ",completed," in (sweep / "sweep.csv").read_text()
+    final = weights(run)
+    assert all(torch.equal(final[k], uninterrupted[k]) for k in uninterrupted)
