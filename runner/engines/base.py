@@ -45,11 +45,13 @@ class Engine(ABC):
         """Backpropagate `loss` (already weighted by the microbatch's share of the step)."""
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
-    def prepare_step(self) -> torch.Tensor | None:
+    def prepare_step(self, norm_wanted: bool = True) -> torch.Tensor | None:
         """Finish this step's gradients (sync, unscale, clip) and return their norm on this
         rank, on device, without a host sync: of the whole gradient where every rank holds
         it, of this rank's shards under FSDP. None where the engine checks the gradients
-        itself (DeepSpeed) or a loss scaler does (fp16)."""
+        itself (DeepSpeed) or a loss scaler does (fp16), and when the norm is not wanted
+        and clipping did not compute it anyway (reading every gradient costs about 3% of a
+        resnet18 step on the CPU)."""
         return None
 
     def step(self) -> None:

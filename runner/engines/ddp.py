@@ -76,14 +76,14 @@ class DDPEngine(Engine):
         if self.strategy is SyncStrategy.FORCED_SYNC:
             average_gradients(self.params)
 
-    def prepare_step(self) -> torch.Tensor | None:
+    def prepare_step(self, norm_wanted: bool = True) -> torch.Tensor | None:
         self.sync_gradients()
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.grad_clip_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
             return None if self.scaler else norm
-        return None if self.scaler else local_grad_norm(self.params)
+        return local_grad_norm(self.params) if norm_wanted and not self.scaler else None
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         if rdist.get_global_rank() != 0:

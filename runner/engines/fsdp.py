@@ -86,13 +86,14 @@ class FSDPEngine(Engine):
         self.module.reset_iter_state()
         super().drop_pass()
 
-    def prepare_step(self) -> torch.Tensor | None:
+    def prepare_step(self, norm_wanted: bool = True) -> torch.Tensor | None:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
+        norm = None
         if self.grad_clip_norm is not None:  # the global norm (a collective): clipping needs it
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
             norm = norm.to_local() if hasattr(norm, "to_local") else norm
-        elif self.scaler is None:  # this rank's shards: the guard combines the ranks
+        elif self.scaler is None and norm_wanted:  # this rank's shards: the guard combines them
             norm = local_grad_norm(self.params)
         return None if self.scaler else norm  # under fp16 the scaler owns overflow
 

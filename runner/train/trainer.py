@@ -327,7 +327,7 @@ class Trainer:
             loss_sum += loss.detach()
             i += 1
         self.check_items = False
-        grad_norm = self.engine.prepare_step()
+        grad_norm = self.engine.prepare_step(norm_wanted=self.guard.mode == "skip")
         if self.guard.should_skip(loss_sum, grad_norm, step):
             self.engine.skip_step()
         else:
