@@ -124,7 +124,12 @@ def time_command(command: list[str], cwd: str, nproc: int) -> tuple[float, float
 
 
 def outside_runner(
-    model: str, steps: int, nproc: int = 2, prestart: bool = True, extra: tuple[str, ...] = ()
+    model: str,
+    steps: int,
+    nproc: int = 2,
+    prestart: bool = True,
+    extra: tuple[str, ...] = (),
+    batch: int = 64,
 ) -> tuple[float, float]:
     """(wall seconds, seconds from the command's start to the first optimizer step done).
 
@@ -135,15 +140,17 @@ def outside_runner(
         run_dir = Path(tmp) / "run"
         command = [_venv_tool("runner")] if prestart else [sys.executable, "-m", "runner.cli.main"]
         command += [f"model={model}", "data=synthetic", f"nproc={nproc}"]
-        command += ["global_batch_size=64", f"max_steps={steps}", "max_epochs=null"]
+        command += [f"global_batch_size={batch}", f"max_steps={steps}", "max_epochs=null"]
         command += ["eval_interval=1000000", f"hydra.run.dir={run_dir}"]  # eval: last step only
         wall, start, _ = time_command([*command, *extra], tmp, nproc)
         first = json.loads((run_dir / "summary.json").read_text())["first_step_at"]
     return wall, first - start
 
 
-def outside_plain(model: str, steps: int, nproc: int = 2) -> tuple[float, float]:
-    args = (f"--model={model}", "--global-batch-size=64")
+def outside_plain(
+    model: str, steps: int, nproc: int = 2, batch: int = 64, extra: tuple[str, ...] = ()
+) -> tuple[float, float]:
+    args = (f"--model={model}", f"--global-batch-size={batch}", *extra)
     with tempfile.TemporaryDirectory() as tmp:
         command = plain_command(*args, nproc=nproc, steps=steps, warmup=0)
         wall, start, stdout = time_command(command, tmp, nproc)
@@ -153,10 +160,14 @@ def outside_plain(model: str, steps: int, nproc: int = 2) -> tuple[float, float]
 
 # steps (short, long) per model: the difference must dwarf the run-to-run noise of
 # startup (about +-0.3 s here), so the mlp's ~5 ms steps need many more than resnet18's.
-OVERHEAD_STEPS = {"resnet18": (10, 40), "mlp": (100, 1000)}
+OVERHEAD_STEPS = {"resnet18": (20, 80), "mlp": (200, 2000)}
+OVERHEAD_BATCHES = (8, 16, 32)  # per rank (2 ranks): where runner's fixed cost per step shows
+# Both sides: SGD at lr 0.01 without momentum or schedule, fp32, 1 thread per rank.
+SGD_RUNNER = ("optimizer=sgd", "optimizer.lr=0.01", "optimizer.momentum=0.0", "scheduler=constant")
+SGD_PLAIN = ("--optimizer=sgd", "--lr=0.01")
 
 
-def overhead_config(name: str, measure, model: str) -> Config:
+def overhead_config(name: str, measure, model: str, baseline: str | None = None) -> Config:
     short, long = OVERHEAD_STEPS[model]
 
     def both() -> dict[str, float]:
@@ -164,25 +175,30 @@ def overhead_config(name: str, measure, model: str) -> Config:
         wall_long, _ = measure(model, long)
         return {STEP: (wall_long - wall_short) / (long - short), FIRST: first}
 
-    return Config(name, both)
-
-
-# The defaults (the runner row) keep the hang watchdog and the non-finite guard (stop) on;
-# these rows show what each costs, and what skip's per-step verdict costs.
-NO_WATCHDOG = ("watchdog.timeout=null",)
-SKIP = ("nonfinite=skip",)
+    return Config(name, both, baseline)
 
 
 def overhead_suite(model: str) -> Callable[[int], list[Config]]:
+    """For each per-rank batch: torchrun + the plain script, and runner with its defaults
+    (the hang watchdog and the non-finite guard on), compared pairwise."""
+
     def build(_steps: int) -> list[Config]:
-        return [
-            overhead_config("torchrun + plain PyTorch DDP", outside_plain, model),
-            overhead_config("runner", outside_runner, model),
-            overhead_config(
-                "runner, no watchdog", partial(outside_runner, extra=NO_WATCHDOG), model
-            ),
-            overhead_config("runner, nonfinite=skip", partial(outside_runner, extra=SKIP), model),
-        ]
+        configs = []
+        for per_rank in OVERHEAD_BATCHES:
+            plain = f"torchrun + plain PyTorch DDP, batch {per_rank}/rank"
+            batch = 2 * per_rank
+            configs += [
+                overhead_config(
+                    plain, partial(outside_plain, batch=batch, extra=SGD_PLAIN), model, plain
+                ),
+                overhead_config(
+                    f"runner, batch {per_rank}/rank",
+                    partial(outside_runner, batch=batch, extra=SGD_RUNNER),
+                    model,
+                    baseline=plain,
+                ),
+            ]
+        return configs
 
     return build
 
@@ -545,12 +561,14 @@ def auto_microbatch_suite(steps: int) -> list[Config]:
 SUITES = {
     "overhead_resnet18": (
         "B1/B2 per-step overhead and time to first step: resnet18, synthetic 3x32x32, "
-        "nproc=2, global batch 64, timed from outside",
+        "nproc=2, per-rank batches 8, 16 and 32, SGD lr 0.01 (no momentum, no schedule), "
+        "fp32, timed from outside",
         overhead_suite("resnet18"),
     ),
     "overhead_mlp": (
         "B1/B2 per-step overhead and time to first step: mlp, synthetic 3x32x32, "
-        "nproc=2, global batch 64, timed from outside",
+        "nproc=2, per-rank batches 8, 16 and 32, SGD lr 0.01 (no momentum, no schedule), "
+        "fp32, timed from outside",
         overhead_suite("mlp"),
     ),
     "trackers": (

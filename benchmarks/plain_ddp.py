@@ -67,6 +67,8 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
+    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--block-size", type=int, default=1024)  # gpt
     parser.add_argument("--n-layer", type=int, default=12)
     parser.add_argument("--n-head", type=int, default=12)
@@ -100,7 +102,10 @@ def main() -> None:
     module = module.to(memory_format=memory_format)
     model = DistributedDataParallel(module, device_ids=[device.index] if cuda else None)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    if args.optimizer == "sgd":  # no momentum, no weight decay: the plainest step
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     params, grad_bytes = list(model.parameters()), 0
 
     step, epoch, started, first_step_at = 0, 0, time.perf_counter(), None
