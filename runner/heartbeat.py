@@ -27,12 +27,15 @@ from pathlib import Path
 
 ENV = "RUNNER_HEARTBEAT"
 _SLOT = struct.Struct("<6qd")  # pid, global rank, attempt, phase, step, beats, time of the beat
-_CONTROL = struct.Struct(
-    "<2q"
-)  # a stop was asked (0/1); the step every rank stops after (0: not yet)
+# The control block, before the slots: a stop was asked (0/1); the step every rank stops
+# after (0: not agreed yet).
+_CONTROL = struct.Struct("<2q")
 PAUSE_POLL_S = 0.005
-# The watchdog's request for a rank's Python stacks (faulthandler). Not SIGUSR1/SIGUSR2: SLURM
-# sends those (--signal) to every process of a job, ranks included, to ask for a stop.
+# What asks for a graceful stop (runner.launch.stopping): SLURM's --signal, submitit's
+# SIGUSR2. SLURM sends it to every process of a job; the parent relays it to the agent, the
+# agent tells the ranks through the control block, and the ranks ignore the signal itself.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+# The watchdog's request for a rank's Python stacks (faulthandler): not one of STOP_SIGNALS.
 STACK_SIGNAL = signal.SIGRTMIN + 1
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.heartbeat import STOP_SIGNALS
 from runner.procs import exit_code_for_signal
 
 GRACE_S = 20.0
@@ -127,7 +128,7 @@ def run_agent(run_dir: Path, start_time: float) -> AgentEnd:
     relay, asks = _Relay(agent), _Asks(agent)
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, relay) for s in handled}
-    previous.update({s: signal.signal(s, asks) for s in ASKING_SIGNALS})
+    previous.update({s: signal.signal(s, asks) for s in STOP_SIGNALS})
     for signum in _asked_early:  # before the agent existed (once: not for a sweep's next job)
         asks(signum, None)
     _asked_early.clear()
@@ -149,7 +150,6 @@ def run_agent(run_dir: Path, start_time: float) -> AgentEnd:
     return AgentEnd(code, relay.first, asks.first, others)
 
 
-ASKING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 _asked_early: list[int] = []
 
 
@@ -160,7 +160,7 @@ def _note_early_ask(signum: int, _frame: object) -> None:
 def catch_early_asks() -> None:
     """From the `runner` command's start: a SIGUSR1/SIGUSR2 (SLURM's --signal) that comes
     while the config is composed is kept for the agent, not the end of this process."""
-    for sig in ASKING_SIGNALS:
+    for sig in STOP_SIGNALS:
         signal.signal(sig, _note_early_ask)
 
 

@@ -33,14 +33,13 @@ from types import FrameType
 from runner import heartbeat
 from runner.launch.nodes import NodeLink
 
-ASKING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 _early: list[str] = []  # requests that came before the agent knew its run
 
 
 def catch_early() -> None:
     """From the agent's first line: note a request that comes while it still imports torch
     (the default action of SIGUSR1/SIGUSR2 would end it)."""
-    for sig in ASKING_SIGNALS:
+    for sig in heartbeat.STOP_SIGNALS:
         signal.signal(sig, lambda signum, _frame: _early.append(signal.Signals(signum).name))
 
 
@@ -56,7 +55,7 @@ class GracefulStop:
 
     def install(self) -> None:
         """Take SIGUSR1/SIGUSR2 from here on, and act on one that came earlier."""
-        for sig in ASKING_SIGNALS:
+        for sig in heartbeat.STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
         if _early:
             self.ask(_early[0])

@@ -71,8 +71,7 @@ class Watchdog:
         self._thread = threading.Thread(target=self._watch, name="runner-watchdog", daemon=True)
 
     def start(self) -> None:
-        """Tell the ranks where to beat (they inherit the agent's environment) and watch."""
-        os.environ[heartbeat.ENV] = str(self.path)
+        """Watch (the agent has told the ranks where to beat: RUNNER_HEARTBEAT)."""
         self._thread.start()
 
     def stop(self) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import signal
 
+from runner.heartbeat import STACK_SIGNAL, STOP_SIGNALS, Heartbeat
+
 # SLURM's --signal reaches every process of the job; a stop asked of the run comes through
 # the agent (runner.launch.stopping), so that all ranks stop after the same step. First thing,
 # as the default action of SIGUSR1/SIGUSR2 would end this process.
-for _asked in (signal.SIGUSR1, signal.SIGUSR2):
+for _asked in STOP_SIGNALS:
     signal.signal(_asked, signal.SIG_IGN)
 
 import faulthandler
@@ -28,7 +30,6 @@ from pathlib import Path
 from typing import TextIO
 
 from runner.artifacts import RunDir, write_atomic
-from runner.heartbeat import STACK_SIGNAL, Heartbeat
 from runner.procs import die_with_parent
 
 
