@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import partial
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -243,15 +244,66 @@ def trackers_suite(_steps: int) -> list[Config]:
 
 
 def startup_suite(_steps: int) -> list[Config]:
-    """B2 alone, with and without the prestarted launcher: what starting it first buys."""
+    """B2 alone, for both models: forked ranks (the default), spawned ranks (every rank
+    imports torch itself, as before the fork server), and the launcher not prestarted."""
 
-    def first_step(measure: Callable[..., tuple[float, float]], **kwargs: bool):
-        return lambda: {FIRST: measure("mlp", 10, **kwargs)[1]}
+    def first_step(model: str, measure: Callable[..., tuple[float, float]], **kwargs: Any):
+        return lambda: {FIRST: measure(model, 10, **kwargs)[1]}
 
+    configs = []
+    for model in ("mlp", "resnet18"):
+        plain = f"torchrun + plain PyTorch DDP, {model}"
+        spawn = ("start_method=spawn",)
+        configs += [
+            Config(plain, first_step(model, outside_plain)),
+            Config(f"runner, {model}", first_step(model, outside_runner), plain),
+            Config(
+                f"runner start_method=spawn, {model}",
+                first_step(model, outside_runner, extra=spawn),
+                plain,
+            ),
+            Config(
+                f"runner, launcher not prestarted, {model}",
+                first_step(model, outside_runner, prestart=False),
+                plain,
+            ),
+        ]
+    return configs
+
+
+SWEEP_JOBS, SWEEP_STEPS = 10, 20
+SWEEP_WALL = "sweep wall s"
+
+
+def sweep_suite(_steps: int) -> list[Config]:
+    """A sweep of many short jobs, where start-up is most of the time: SWEEP_JOBS mlp runs of
+    SWEEP_STEPS steps, one after another, as `runner -m` and as a shell loop of torchrun."""
+    job = ["model=mlp", "data=synthetic", "nproc=2", "global_batch_size=64", "max_epochs=null"]
+    job += [f"max_steps={SWEEP_STEPS}", "eval_interval=1000000", "progress_bar=false"]
+    seeds = "seed=" + ",".join(str(i) for i in range(SWEEP_JOBS))
+
+    def runner_sweep(*extra: str) -> Callable[[], dict[str, float]]:
+        def measure() -> dict[str, float]:
+            with tempfile.TemporaryDirectory() as tmp:
+                command = [_venv_tool("runner"), "-m", *job, seeds, *extra]
+                wall, _, _ = time_command([*command, f"hydra.sweep.dir={tmp}/sweep"], tmp, 2)
+            return {SWEEP_WALL: wall}
+
+        return measure
+
+    def plain_loop() -> dict[str, float]:
+        args = ("--model=mlp", "--global-batch-size=64")
+        start = time.time()
+        with tempfile.TemporaryDirectory() as tmp:
+            for _ in range(SWEEP_JOBS):
+                time_command(plain_command(*args, nproc=2, steps=SWEEP_STEPS, warmup=0), tmp, 2)
+        return {SWEEP_WALL: time.time() - start}
+
+    plain = f"{SWEEP_JOBS} x torchrun + plain PyTorch DDP"
     return [
-        Config("torchrun + plain PyTorch DDP", first_step(outside_plain)),
-        Config("runner", first_step(outside_runner)),
-        Config("runner, launcher not prestarted", first_step(outside_runner, prestart=False)),
+        Config(plain, plain_loop),
+        Config("runner -m, start_method=spawn", runner_sweep("start_method=spawn"), plain),
+        Config("runner -m", runner_sweep(), plain),
     ]
 
 
@@ -578,9 +630,15 @@ SUITES = {
         trackers_suite,
     ),
     "startup": (
-        "B2 time to first step with and without the prestarted launcher: mlp, synthetic "
-        "3x32x32, nproc=2, global batch 64",
+        "B2 time to first step: forked ranks (default), spawned ranks, and the launcher not "
+        "prestarted: mlp and resnet18, synthetic 3x32x32, nproc=2, global batch 64",
         startup_suite,
+    ),
+    "sweep": (
+        f"B2 in a sweep: {SWEEP_JOBS} mlp jobs of {SWEEP_STEPS} steps one after another "
+        "(runner -m with seed=0..9; a shell loop of torchrun + the plain script), synthetic "
+        "3x32x32, nproc=2, global batch 64; the wall time of the whole sweep",
+        sweep_suite,
     ),
     "memory": (
         "B3 memory by parallelism: resnet18, synthetic 3x32x32, nproc=2, global batch 64, "
@@ -635,7 +693,8 @@ def machine() -> str:
     )
 
 
-RATIO_METRICS = (STEP, FIRST, SPS, STATE, ITEMS)  # compared with the baseline; the rest shown as is
+# compared with the baseline; the rest shown as is
+RATIO_METRICS = (STEP, FIRST, SPS, STATE, ITEMS, SWEEP_WALL)
 
 
 def _cell(values: list[float], digits: int) -> str:
@@ -669,6 +728,8 @@ def run_suite(name: str, reps: int, steps: int) -> str:
         if name.startswith("overhead")
         else "10 steps per run, timed from outside"
         if name == "startup"
+        else "the sweep's wall time from outside"
+        if name == "sweep"
         else f"{TRACKER_STEPS} steps per run; s/step from the run's own throughput records "
         "of its second half, the walls from outside (command) and from summary.json (training)"
         if name == "trackers"

@@ -33,6 +33,12 @@ def die_with_parent(sig: signal.Signals, expected_parent: int | None = None) -> 
         os.kill(os.getpid(), sig)
 
 
+def can_fork_ranks() -> bool:
+    """Whether ranks may be forked from a process that imported torch: on Linux. macOS'
+    system frameworks do not survive a fork (Python spawns there too); Windows cannot."""
+    return sys.platform.startswith("linux")
+
+
 def exit_code_for_signal(sig: int) -> int:
     """The shell convention for 'ended by signal sig'."""
     return 128 + int(sig)

@@ -63,6 +63,10 @@ def prestart_agent(argv: list[str]) -> None:
     if any(arg.split("=")[0] in _NO_RUN_FLAGS for arg in argv):
         return
     env = {**os.environ, "RUNNER_PARENT_PID": str(os.getpid())}
+    for arg in argv:  # the agent forks its fork server first thing, unless told otherwise
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key == "start_method":
+            env["RUNNER_START_METHOD"] = value
     _prestarted = subprocess.Popen(
         [sys.executable, "-m", "runner.launch.agent", "-"],
         env=env,

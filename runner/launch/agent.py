@@ -10,6 +10,8 @@ stops them all and writes summary.json with the root cause.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import signal
@@ -22,12 +24,12 @@ from typing import Any
 from runner import hardware, heartbeat
 from runner.artifacts import RunDir, read_json, tail, write_json
 from runner.checkpoint_store import CheckpointStore
-from runner.launch import network, nodes, rendezvous
+from runner.launch import network, nodes, rendezvous, zygote
 from runner.launch.failures import RankFailure, root_cause
-from runner.launch.preflight import INVALID, component_problems
+from runner.launch.forkserver import ForkServer, forked_ranks, modules_for
 from runner.launch.stopping import GracefulStop, catch_early
 from runner.launch.watchdog import Watchdog
-from runner.procs import add_code_dirs, die_with_parent, exit_code_for_signal
+from runner.procs import add_code_dirs, can_fork_ranks, die_with_parent, exit_code_for_signal
 from runner.spec import RunSpec, load_spec
 from runner.summary import (
     COMPLETED,
@@ -39,6 +41,7 @@ from runner.summary import (
 )
 
 SHUTDOWN_TIMEOUT_S = 10
+START_METHOD_ENV = "RUNNER_START_METHOD"  # start_method as the command line set it
 log = logging.getLogger("runner")
 
 
@@ -187,16 +190,32 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def launch(node_dir: Path, spec: RunSpec) -> int:
+def launch(node_dir: Path, spec: RunSpec, server: ForkServer | None = None) -> int:
     """Run the elastic agent for this node; return the process exit code.
 
     `node_dir` holds this node's config.yaml: the run directory on node 0, its
-    `node{i}/` subdirectory on the others.
+    `node{i}/` subdirectory on the others. `server` forks the ranks when the spec's
+    start_method is forkserver (runner.launch.forkserver); this call ends it.
     """
+    if server is not None and spec.start_method != "forkserver":
+        server.close()
+        server = None
+    if server is not None:
+        server.preload(modules_for(spec))
+    try:
+        return _launch(node_dir, spec, server)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _launch(node_dir: Path, spec: RunSpec, server: ForkServer | None) -> int:
     start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
     write_outcome = _outcome_writer(spec, node_dir, start_time)
     run_root = node_dir if spec.node_rank == 0 else node_dir.parent
     add_code_dirs(spec.code_dir)  # here, and for the ranks through PYTHONPATH
+    from runner.launch.preflight import INVALID, component_problems  # imports torch
+
     problems = component_problems(spec)
     if problems:  # the parent reports them like its own checks, and no rank starts
         message = "invalid configuration: " + "; ".join(problems)
@@ -215,7 +234,7 @@ def launch(node_dir: Path, spec: RunSpec) -> int:
     beats = heartbeat.create(spec.nproc)  # the ranks' heartbeats and the stop's control block
     os.environ[heartbeat.ENV] = str(beats)
     try:
-        return _run_ranks(spec, node_dir, run_dir, link, beats, write_outcome)
+        return _run_ranks(spec, node_dir, run_dir, link, beats, write_outcome, server)
     finally:
         beats.unlink(missing_ok=True)
 
@@ -227,6 +246,7 @@ def _run_ranks(
     link: nodes.NodeLink | None,
     beats: Path,
     write_outcome,
+    server: ForkServer | None,
 ) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -234,7 +254,7 @@ def _run_ranks(
 
     rendezvous.register()
     threads = _set_thread_env(spec)
-    os.environ["RUNNER_AGENT_PID"] = str(os.getpid())
+    os.environ[zygote.RANK_PARENT_ENV] = str(os.getpid())  # a forked rank's is the server
     os.environ["RUNNER_NODE_DIR"] = str(node_dir)  # ranks read this node's config.yaml
     port = spec.master_port or 0
     config = LaunchConfig(
@@ -271,7 +291,9 @@ def _run_ranks(
     if watchdog is not None:
         watchdog.start()
     try:
-        elastic_launch(config, sys.executable)("-u", "-m", "runner.train.worker", str(run_dir.root))
+        with forked_ranks(server):
+            worker = ("-u", "-m", "runner.train.worker", str(run_dir.root))
+            elastic_launch(config, sys.executable)(*worker)
     except ChildFailedError as exc:
         _settle(link, watchdog)
         failures = _rank_failures(run_dir, exc.failures)
@@ -361,6 +383,48 @@ def _stopped_by_other_node(
     return 1
 
 
+def _import_torch() -> None:
+    """Import torch without starting numpy's OpenBLAS thread pool (it sizes its pool when it
+    loads, from the environment): the fork server is forked from this process next. Without
+    the cyclic garbage collector while it imports."""
+    blas = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    gc.disable()  # it would walk the growing heap over and over: a quarter of the import
+    try:
+        import torch  # noqa: F401
+    finally:
+        gc.enable()
+        if blas is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = blas
+
+
+def _quiet_cpp_warnings() -> None:
+    """torch's C++ warnings (a TCPStore peer going away at the end of a multi-node run) are
+    noise on the agent's console: unless TORCH_CPP_LOG_LEVEL says otherwise, show errors only
+    (the level torch read from that variable when it loaded; c10's flag, set in place)."""
+    if "TORCH_CPP_LOG_LEVEL" in os.environ:
+        return
+    import ctypes
+
+    import torch
+
+    library = Path(torch.__file__).parent / "lib" / "libc10.so"
+    with contextlib.suppress(OSError, ValueError):
+        ctypes.c_int.in_dll(ctypes.CDLL(str(library)), "FLAGS_caffe2_log_level").value = 2
+
+
+def _fork_server_wanted(where: str) -> bool:
+    """Whether this run forks its ranks (start_method, runner.launch.forkserver). A prestarted
+    agent knows only what the parent saw on the command line."""
+    if not can_fork_ranks():
+        return False
+    if where == "-":
+        return os.environ.get(START_METHOD_ENV, "auto") != "spawn"
+    return load_spec(Path(where)).start_method == "forkserver"
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit(
@@ -370,14 +434,11 @@ def main() -> None:
     catch_early()  # a graceful stop asked while torch imports (SLURM signals every process)
     parent = os.environ.get("RUNNER_PARENT_PID")
     die_with_parent(signal.SIGTERM, int(parent) if parent else None)
-    # torch's C++ warnings (a TCPStore peer going away at the end of a multi-node run) are
-    # noise on the agent's console; the ranks keep the user's setting.
-    user_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
-    os.environ["TORCH_CPP_LOG_LEVEL"] = user_level or "ERROR"
-    import torch  # noqa: F401  (reads the level once)
-
-    if user_level is None:
-        del os.environ["TORCH_CPP_LOG_LEVEL"]
+    _import_torch()
+    # Now, with torch imported once for both and before this process has any thread: the
+    # fork server imports the ranks' other modules while we wait for the run and start it.
+    server = ForkServer.start() if _fork_server_wanted(sys.argv[1]) else None
+    _quiet_cpp_warnings()  # after the fork: the ranks keep the user's setting
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     _quiet_torch_elastic()
     node_dir = Path(sys.argv[1])
@@ -388,7 +449,7 @@ def main() -> None:
         where, start_time = line.rstrip("\n").split("\t")
         node_dir = Path(where)
         os.environ["RUNNER_START_TIME"] = start_time
-    code = launch(node_dir, load_spec(node_dir))
+    code = launch(node_dir, load_spec(node_dir), server)
     # Every artifact is on disk and every rank is gone: skip the interpreter's teardown,
     # which spends about a second in torch's and multiprocessing's exit handlers.
     logging.shutdown()

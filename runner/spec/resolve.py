@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import os
 import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from runner import hardware
+from runner.procs import can_fork_ranks
 from runner.spec.convert import SpecError, from_dict, to_dict
 from runner.spec.schema import (
     DEEPSPEED_SPECS,
@@ -108,7 +110,17 @@ def _resolve_hardware(spec: RunSpec, problems: list[str], cuda_devices: int | No
             f"precision=fp16 needs CUDA (GradScaler), but device={device}; "
             "use precision=bf16 or fp32 on CPU"
         )
-    return dataclasses.replace(spec, device=device, nproc=nproc, precision=precision)
+    start_method = spec.start_method
+    if start_method == "auto":
+        start_method = "forkserver" if can_fork_ranks() else "spawn"
+    elif start_method == "forkserver" and not can_fork_ranks():
+        problems.append(
+            f"start_method=forkserver: forking ranks is safe only on Linux, not {sys.platform}; "
+            "valid here: auto, spawn"
+        )
+    return dataclasses.replace(
+        spec, device=device, nproc=nproc, precision=precision, start_method=start_method
+    )
 
 
 def _resolve_nodes(spec: RunSpec, problems: list[str], environ: Mapping[str, str]) -> RunSpec:

@@ -353,6 +353,8 @@ class RunSpec:
     master_addr: str = "127.0.0.1"
     master_port: int | None = _bound(None, min=1, max=65535)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # forkserver: ranks are forks of a process that imported torch already (Linux; auto)
+    start_method: Literal["auto", "forkserver", "spawn"] = "auto"
     seed: int = _bound(0, min=0)
 
     global_batch_size: int = _bound(64, min=1)

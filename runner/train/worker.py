@@ -44,7 +44,10 @@ def _redirect_output(log_path: Path, rank: int, attempt: int) -> TextIO | None:
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     local, node = os.environ.get("LOCAL_RANK", "0"), os.environ.get("GROUP_RANK", "0")
     where = f"local rank {local} on node {node} ({socket.gethostname()})"
-    header = f"===== rank {rank} attempt {attempt} pid {os.getpid()} {started}, {where} =====\n"
+    how = "forked by the fork server" if os.environ.get("RUNNER_FORKED") else "spawned"
+    header = (
+        f"===== rank {rank} attempt {attempt} pid {os.getpid()} {started}, {where}, {how} =====\n"
+    )
     os.write(fd, header.encode())
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -111,8 +114,8 @@ def main() -> None:
     faulthandler.enable()  # a native crash still leaves a Python stack in the log
     faulthandler.register(STACK_SIGNAL, all_threads=True)  # the watchdog asks where we are
     heart = Heartbeat.from_env()  # from here on, the agent's watchdog sees this rank
-    agent = os.environ.get("RUNNER_AGENT_PID")
-    die_with_parent(signal.SIGKILL, int(agent) if agent else None)
+    parent = os.environ.get("RUNNER_RANK_PARENT_PID")  # the agent, or its fork server
+    die_with_parent(signal.SIGKILL, int(parent) if parent else None)
     try:
         run(run_dir, terminal, heart)
     except BaseException as exc:

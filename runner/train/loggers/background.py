@@ -17,7 +17,7 @@ class Tracker(Protocol):
     name: str
 
     def start(self) -> None:
-        """Open the tracker (imports its library): on the thread, off the start-up path."""
+        """Open the tracker (imports its library): on the thread, at the first record."""
 
     def log(self, records: list[dict[str, Any]]) -> None:
         """metrics.jsonl records (`step` and the metric values), oldest first."""
@@ -71,10 +71,15 @@ class Trackers:
             self._thread = None
 
     def _work(self) -> None:
+        # Open the trackers when the first record comes (the first logging step): importing
+        # their libraries and opening their stores then shares the CPU with training steps,
+        # not with the ranks' start-up.
+        pending = [self._queue.get()]
         live = [t for t in self.trackers if self._call(t, "start")]
         stopping = False
         while not stopping:
-            batch = [self._queue.get()]  # wait for the first, then take what else is there
+            batch = pending or [self._queue.get()]  # wait for one, then take what else is there
+            pending = []
             while not self._queue.empty():
                 batch.append(self._queue.get())
             stopping = batch[-1] is _STOP
