@@ -4,6 +4,7 @@ agent expects, die with their fork server, and train the same weights bit for bi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -171,20 +172,25 @@ def test_forked_and_spawned_ranks_train_the_same_weights(cli) -> None:
 def test_killing_the_agent_takes_the_server_and_the_ranks_with_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = start_runner(tmp_path, run_dir, *FAST, "max_steps=100000", "log_interval=5")
-    metrics = run_dir / "metrics.jsonl"
-    wait_until(proc, lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 60)
-    agent = next(
-        p for p in psutil.Process(proc.pid).children() if "runner.launch.agent" in p.cmdline()
-    )
-    below = agent.children(recursive=True)
-    titles = [" ".join(p.cmdline()) for p in below]
-    assert any("runner fork server" in t for t in titles), titles
-    assert sum("-m runner.train.worker" in t for t in titles) == 2, titles
-    agent.kill()
-    _, alive = psutil.wait_procs(below, timeout=5)
-    assert not alive, f"left behind: {alive}"
-    proc.communicate(timeout=30)
-    assert proc.returncode != 0
+    everything = [psutil.Process(proc.pid)]
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        wait_until(proc, lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 60)
+        everything += everything[0].children(recursive=True)
+        agent = next(p for p in everything if "runner.launch.agent" in p.cmdline())
+        below = agent.children(recursive=True)
+        titles = [" ".join(p.cmdline()) for p in below]
+        assert any("runner fork server" in t for t in titles), titles
+        assert sum("-m runner.train.worker" in t for t in titles) == 2, titles
+        agent.kill()
+        _, alive = psutil.wait_procs(below, timeout=5)
+        assert not alive, f"left behind: {alive}"
+        proc.communicate(timeout=30)
+        assert proc.returncode != 0
+    finally:  # a failed assertion leaves no run training in the background
+        for process in everything:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
 
 
 @pytest.mark.parametrize(

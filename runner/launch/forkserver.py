@@ -1,10 +1,10 @@
 """Ranks forked from a process that has already imported torch (start_method=forkserver).
 
 A new interpreter per rank spends seconds importing torch and, through DDP's constructor,
-torch._dynamo, before it does anything of its own. The agent forks a fork server
-(runner.launch.zygote) as its very first act, before it has a thread or imports torch; the
-server imports those once, while the parent composes the config and the agent starts, and
-every rank (and every elastic restart) is a fork of it. Torch elastic still runs the ranks:
+torch._dynamo, before it does anything of its own. The agent imports torch (while the parent
+composes the config) and then, before it has a thread, forks a fork server
+(runner.launch.zygote); the server imports the rest once, while the agent waits for the run
+and starts it, and every rank (and every elastic restart) is a fork of it. Torch elastic still runs the ranks:
 the handler it uses to start a rank asks the fork server instead of `subprocess.Popen`
 (`forked_ranks`), and gets back a process handle that behaves like Popen's.
 

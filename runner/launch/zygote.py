@@ -1,11 +1,11 @@
 """The fork server's own process: it imports what every rank needs, once, then forks ranks.
 
-The agent forks it first thing (runner.launch.forkserver), while the agent is still a bare
-interpreter: no thread, no OpenMP pool, no CUDA, nothing imported but the standard library.
-Here it imports torch, torch._dynamo (which DDP's constructor pulls in) and runner's training
-modules while the agent and the parent get on with their own start-up; each rank is then a
+The agent forks it right after importing torch, before the agent has a thread (numpy's
+OpenBLAS pool was kept from starting) and long before anything touches CUDA. Here it imports
+torch._dynamo (which DDP's constructor pulls in), torch.distributed, Hydra's instantiate and
+runner's training modules while the agent waits for the run and starts it; each rank is then a
 fork of this process with its own environment, arguments, working directory, standard
-streams and process group, and runs `python -m MODULE ARGS` the way a fresh interpreter would.
+streams and session, and runs `python -m MODULE ARGS` the way a new interpreter would.
 
 It talks to the agent over one SOCK_SEQPACKET socket, one JSON message per packet:
   agent -> here: {"op": "preload", "modules": [...]}
