@@ -255,7 +255,7 @@ def startup_suite(_steps: int) -> list[Config]:
         plain = f"torchrun + plain PyTorch DDP, {model}"
         spawn = ("start_method=spawn",)
         configs += [
-            Config(plain, first_step(model, outside_plain)),
+            Config(plain, first_step(model, outside_plain), plain),
             Config(f"runner, {model}", first_step(model, outside_runner), plain),
             Config(
                 f"runner start_method=spawn, {model}",
