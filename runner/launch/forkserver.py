@@ -4,9 +4,9 @@ A new interpreter per rank spends seconds importing torch and, through DDP's con
 torch._dynamo, before it does anything of its own. The agent imports torch (while the parent
 composes the config) and then, before it has a thread, forks a fork server
 (runner.launch.zygote); the server imports the rest once, while the agent waits for the run
-and starts it, and every rank (and every elastic restart) is a fork of it. Torch elastic still runs the ranks:
-the handler it uses to start a rank asks the fork server instead of `subprocess.Popen`
-(`forked_ranks`), and gets back a process handle that behaves like Popen's.
+and starts it, and every rank (and every elastic restart) is a fork of it. Torch elastic
+still runs the ranks: the handler it uses to start a rank asks the fork server instead of
+`subprocess.Popen` (`forked_ranks`), and gets back a handle that behaves like Popen's.
 
 Where a fork would be unsafe the ranks are spawned as before: on any system but Linux
 (macOS' system libraries and Windows do not survive a fork), when the fork server holds a
@@ -91,7 +91,10 @@ class ForkServer:
     def spawn(self, args: Sequence[str], env: dict[str, str]) -> ForkedRank:
         """Start `python [-u] -m MODULE ARGS...` (torch elastic's command line) as a fork."""
         module, rest = _module_command(args)
+        # exec keeps an ignored signal ignored (a job started in the background ignores SIGINT)
+        ignored = [s.name for s in zygote.RESET_SIGNALS if signal.getsignal(s) == signal.SIG_IGN]
         message = {"op": "fork", "module": module, "args": rest, "env": env, "cwd": os.getcwd()}
+        message["ignored"] = ignored
         with self._lock:
             self._request(message, fds=[0, 1, 2])
             while not self._replies:

@@ -44,6 +44,7 @@ JOIN_TIMEOUT_S = 900  # how long a node waits for the others to show up
 POLL_S = 0.2
 COLLECT_S = 3.0  # how long a failed agent waits for a better root cause from another node
 LINGER_S = 5.0  # how long node 0 keeps the store up so that the others learn of a failure
+REFUSAL_READ_S = 5.0  # how long node 0 keeps the store up for the others to read a refusal
 LOST_S = 3.0  # a node that cannot reach node 0's store this long stops its ranks
 
 STOP_AGREE_S = 60.0  # how long a graceful stop waits for every node's reachable step
@@ -168,7 +169,10 @@ class NodeLink:
             f"node {r['node_rank']} on {r['host']}: {r['error']}" for r in reports if r["error"]
         ]
         self._set("runner/start", {"ok": not refused})
-        if refused:
+        if refused:  # keep the store up until every node has read that (or a short while)
+            seen = [f"runner/seen{i}" for i in range(1, self.nodes)]
+            with contextlib.suppress(Exception):
+                self.store.wait(seen, timedelta(seconds=REFUSAL_READ_S))
             raise NodeMismatch("; ".join(refused))
         me = {"node_rank": 0, "host": self.host, "dir": str(run_root.resolve()), "shared": True}
         return Placement(run_root, True, [me, *reports])
@@ -191,9 +195,11 @@ class NodeLink:
             "error": error,
         }
         self._set(f"runner/node{self.node_rank}", report)
-        start = self._get("runner/start")
-        if error:
+        if error:  # this node refuses: node 0's verdict can only agree
+            self._set(f"runner/seen{self.node_rank}", True)
             raise NodeMismatch(f"node {self.node_rank} on {self.host}: {error}")
+        start = self._get("runner/start")
+        self._set(f"runner/seen{self.node_rank}", True)
         if not start["ok"]:
             raise NodeMismatch("another node refused to start; see node 0's output")
         return Placement(root, shared)

@@ -46,6 +46,9 @@ PRELOAD = (
     "runner.engines.ddp",
 )
 MAX_MESSAGE = 1 << 20
+# Signals a forked rank gets back as exec would leave them (SIGPIPE: Python ignores it anyway;
+# SIGUSR1/SIGUSR2 stay ignored: a stop is the agent's business, runner.launch.stopping).
+RESET_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD)
 RANK_PARENT_ENV = "RUNNER_RANK_PARENT_PID"  # the process a rank dies with (PR_SET_PDEATHSIG)
 FORKED_ENV = "RUNNER_FORKED"  # set in a forked rank (its log's first line says so)
 
@@ -175,9 +178,12 @@ def _become_rank(request: dict[str, Any], fds: list[int], closing: tuple[int, ..
         signal.set_wakeup_fd(-1)
         for fd in closing:
             os.close(fd)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # as after exec: what the agent ignores stays ignored, the rest is the default (and
+        # SIGINT raises KeyboardInterrupt, as a new interpreter sets it up)
+        ignored = {getattr(signal, name) for name in request.get("ignored", ())}
+        for sig in RESET_SIGNALS:
+            default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else default)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in fds:
