@@ -95,8 +95,8 @@ def _loop(conn: socket.socket) -> None:
         if request["op"] == "preload":
             _preload(request["modules"])
             continue
-        if not ranks:  # ps names the run this server forks for
-            set_title(f"runner fork server: {request['module']} {' '.join(request['args'])}")
+        if not ranks:  # ps names the run this server forks for (not the module: `pkill -f
+            set_title(f"runner fork server: {' '.join(request['args'])}")  # MODULE` = ranks)
         problem = _unsafe_to_fork()
         if problem:
             _send(conn, {"error": problem})
