@@ -14,6 +14,10 @@ import sys
 from collections.abc import Sequence
 
 _PR_SET_PDEATHSIG = 1
+# Environment the processes hand down (each name defined once, for parent, agent and ranks):
+START_METHOD_ENV = "RUNNER_START_METHOD"  # start_method as the command line set it (agent)
+RANK_PARENT_ENV = "RUNNER_RANK_PARENT_PID"  # the process a rank dies with (PR_SET_PDEATHSIG)
+FORKED_ENV = "RUNNER_FORKED"  # set in a forked rank (its log's first line says so)
 
 
 def die_with_parent(sig: signal.Signals, expected_parent: int | None = None) -> None:

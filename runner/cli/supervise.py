@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.heartbeat import STOP_SIGNALS
-from runner.procs import exit_code_for_signal
+from runner.procs import START_METHOD_ENV, exit_code_for_signal
 
 GRACE_S = 20.0
 
@@ -66,7 +66,7 @@ def prestart_agent(argv: list[str]) -> None:
     for arg in argv:  # the agent forks its fork server first thing, unless told otherwise
         key, _, value = arg.lstrip("+~").partition("=")
         if key == "start_method":
-            env["RUNNER_START_METHOD"] = value
+            env[START_METHOD_ENV] = value
     _prestarted = subprocess.Popen(
         [sys.executable, "-m", "runner.launch.agent", "-"],
         env=env,

@@ -24,12 +24,19 @@ from typing import Any
 from runner import hardware, heartbeat
 from runner.artifacts import RunDir, read_json, tail, write_json
 from runner.checkpoint_store import CheckpointStore
-from runner.launch import network, nodes, rendezvous, zygote
+from runner.launch import network, nodes, rendezvous
 from runner.launch.failures import RankFailure, root_cause
 from runner.launch.forkserver import ForkServer, forked_ranks, modules_for
 from runner.launch.stopping import GracefulStop, catch_early
 from runner.launch.watchdog import Watchdog
-from runner.procs import add_code_dirs, can_fork_ranks, die_with_parent, exit_code_for_signal
+from runner.procs import (
+    RANK_PARENT_ENV,
+    START_METHOD_ENV,
+    add_code_dirs,
+    can_fork_ranks,
+    die_with_parent,
+    exit_code_for_signal,
+)
 from runner.spec import RunSpec, load_spec
 from runner.summary import (
     COMPLETED,
@@ -41,7 +48,6 @@ from runner.summary import (
 )
 
 SHUTDOWN_TIMEOUT_S = 10
-START_METHOD_ENV = "RUNNER_START_METHOD"  # start_method as the command line set it
 log = logging.getLogger("runner")
 
 
@@ -254,7 +260,7 @@ def _run_ranks(
 
     rendezvous.register()
     threads = _set_thread_env(spec)
-    os.environ[zygote.RANK_PARENT_ENV] = str(os.getpid())  # a forked rank's is the server
+    os.environ[RANK_PARENT_ENV] = str(os.getpid())  # a forked rank's is the server
     os.environ["RUNNER_NODE_DIR"] = str(node_dir)  # ranks read this node's config.yaml
     port = spec.master_port or 0
     config = LaunchConfig(
@@ -415,14 +421,14 @@ def _quiet_cpp_warnings() -> None:
         ctypes.c_int.in_dll(ctypes.CDLL(str(library)), "FLAGS_caffe2_log_level").value = 2
 
 
-def _fork_server_wanted(where: str) -> bool:
+def _fork_server_wanted(spec: RunSpec | None) -> bool:
     """Whether this run forks its ranks (start_method, runner.launch.forkserver). A prestarted
-    agent knows only what the parent saw on the command line."""
+    agent (no spec yet) knows only what the parent saw on the command line."""
     if not can_fork_ranks():
         return False
-    if where == "-":
+    if spec is None:
         return os.environ.get(START_METHOD_ENV, "auto") != "spawn"
-    return load_spec(Path(where)).start_method == "forkserver"
+    return spec.start_method == "forkserver"
 
 
 def main() -> None:
@@ -434,22 +440,24 @@ def main() -> None:
     catch_early()  # a graceful stop asked while torch imports (SLURM signals every process)
     parent = os.environ.get("RUNNER_PARENT_PID")
     die_with_parent(signal.SIGTERM, int(parent) if parent else None)
+    node_dir = Path(sys.argv[1])
+    spec = None if sys.argv[1] == "-" else load_spec(node_dir)  # prestarted: not known yet
     _import_torch()
     # Now, with torch imported once for both and before this process has any thread: the
     # fork server imports the ranks' other modules while we wait for the run and start it.
-    server = ForkServer.start() if _fork_server_wanted(sys.argv[1]) else None
+    server = ForkServer.start() if _fork_server_wanted(spec) else None
     _quiet_cpp_warnings()  # after the fork: the ranks keep the user's setting
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     _quiet_torch_elastic()
-    node_dir = Path(sys.argv[1])
-    if sys.argv[1] == "-":  # prestarted by the parent: torch is imported, now the run
+    if spec is None:  # prestarted by the parent: torch is imported, now the run
         line = sys.stdin.readline()
         if not line.strip():  # the parent needed no run after all
             os._exit(0)
         where, start_time = line.rstrip("\n").split("\t")
         node_dir = Path(where)
         os.environ["RUNNER_START_TIME"] = start_time
-    code = launch(node_dir, load_spec(node_dir), server)
+        spec = load_spec(node_dir)
+    code = launch(node_dir, spec, server)
     # Every artifact is on disk and every rank is gone: skip the interpreter's teardown,
     # which spends about a second in torch's and multiprocessing's exit handlers.
     logging.shutdown()

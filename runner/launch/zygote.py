@@ -33,7 +33,7 @@ import traceback
 from typing import Any, NoReturn
 
 from runner.heartbeat import STOP_SIGNALS
-from runner.procs import die_with_parent
+from runner.procs import FORKED_ENV, RANK_PARENT_ENV, die_with_parent
 
 # Imported by every rank on any run; importing them here is what the fork server is for.
 PRELOAD = (
@@ -49,8 +49,6 @@ MAX_MESSAGE = 1 << 20
 # Signals a forked rank gets back as exec would leave them (SIGPIPE: Python ignores it anyway;
 # SIGUSR1/SIGUSR2 stay ignored: a stop is the agent's business, runner.launch.stopping).
 RESET_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD)
-RANK_PARENT_ENV = "RUNNER_RANK_PARENT_PID"  # the process a rank dies with (PR_SET_PDEATHSIG)
-FORKED_ENV = "RUNNER_FORKED"  # set in a forked rank (its log's first line says so)
 
 
 def serve(conn: socket.socket, agent_pid: int) -> NoReturn:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TextIO
 
 from runner.artifacts import RunDir, write_atomic
-from runner.procs import die_with_parent
+from runner.procs import FORKED_ENV, RANK_PARENT_ENV, die_with_parent
 
 
 def _redirect_output(log_path: Path, rank: int, attempt: int) -> TextIO | None:
@@ -44,7 +44,7 @@ def _redirect_output(log_path: Path, rank: int, attempt: int) -> TextIO | None:
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     local, node = os.environ.get("LOCAL_RANK", "0"), os.environ.get("GROUP_RANK", "0")
     where = f"local rank {local} on node {node} ({socket.gethostname()})"
-    how = "forked by the fork server" if os.environ.get("RUNNER_FORKED") else "spawned"
+    how = "forked by the fork server" if os.environ.get(FORKED_ENV) else "spawned"
     header = (
         f"===== rank {rank} attempt {attempt} pid {os.getpid()} {started}, {where}, {how} =====\n"
     )
@@ -114,7 +114,7 @@ def main() -> None:
     faulthandler.enable()  # a native crash still leaves a Python stack in the log
     faulthandler.register(STACK_SIGNAL, all_threads=True)  # the watchdog asks where we are
     heart = Heartbeat.from_env()  # from here on, the agent's watchdog sees this rank
-    parent = os.environ.get("RUNNER_RANK_PARENT_PID")  # the agent, or its fork server
+    parent = os.environ.get(RANK_PARENT_ENV)  # the agent, or its fork server
     die_with_parent(signal.SIGKILL, int(parent) if parent else None)
     try:
         run(run_dir, terminal, heart)
