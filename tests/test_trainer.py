@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,11 +99,14 @@ def test_stop_catches_a_gradient_that_overflowed_by_the_loss_of_the_next_step(
     hook = first.register_hook(lambda grad: grad * float("inf"))  # overflows in backward only
     loss_sum, _ = trainer.train_step(batch, len(batch[0][0]), step=1)
     assert torch.isfinite(loss_sum)
-    trainer.guard.reduce_with(loss_sum)  # nothing noted yet: the loss was finite
+    _, error = trainer.guard.reduce_with(loss_sum.double())
+    assert error is None  # nothing noted yet: the loss was finite
     hook.remove()
     loss_sum, _ = trainer.train_step(batch, len(batch[0][0]), step=2)
-    with pytest.raises(NonFiniteError, match=r"non-finite loss .* at step 2 on rank\(s\) 0"):
-        trainer.guard.reduce_with(loss_sum)
+    sums, error = trainer.guard.reduce_with(loss_sum.double())
+    assert isinstance(error, NonFiniteError) and error.step == 2
+    assert re.search(r"non-finite loss .* at step 2 on rank\(s\) 0", str(error))
+    assert not torch.isfinite(sums[0])
 
 
 def test_skip_and_clipping_still_read_the_gradient_norm(
@@ -116,3 +121,51 @@ def test_skip_and_clipping_still_read_the_gradient_norm(
         norm = trainer.engine.prepare_step(norm_wanted=trainer.guard.mode == "skip")
         assert (norm is not None) == wanted, overrides
         trainer.engine.skip_step()
+
+
+def test_pending_records_are_reduced_together_when_steps_are_fast(
+    tmp_path: Path, one_rank_group: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first record is reduced at once; records that come fast wait for each other
+    (one all-reduce for many); slow ones are reduced one at a time. Their values are the
+    same either way."""
+    from runner.train import pending_records
+    from runner.train.nonfinite import NonFiniteGuard
+
+    pending = pending_records.PendingRecords(NonFiniteGuard(1, 0, "cpu"), world_size=1)
+    pending.add({"step": 10}, torch.tensor(3.0), 2)
+    assert pending.due
+    done, error = pending.reduce()
+    assert error is None and done == [{"step": 10, "train/loss": 1.5}]
+    assert pending.wanted > 1  # that record took microseconds: the next ones wait
+    for step in (20, 30, 40):
+        pending.add({"step": step}, torch.tensor(float(step)), torch.tensor(4.0))
+        assert not pending.due
+    done, _ = pending.reduce()  # an evaluation, a checkpoint, the last step: at once
+    assert [r["train/loss"] for r in done] == [5.0, 7.5, 10.0]
+
+    monkeypatch.setattr(pending_records, "FLUSH_S", 0.01)
+    pending.add({"step": 50}, torch.tensor(1.0), 1)
+    time.sleep(0.05)  # a record slower than FLUSH_S
+    pending.reduce()
+    assert pending.wanted == 1
+    pending.add({"step": 60}, torch.tensor(1.0), 1)
+    assert pending.due
+
+
+def test_a_non_finite_loss_logs_the_records_before_it_and_stops(
+    tmp_path: Path, one_rank_group: None
+) -> None:
+    from runner.train.nonfinite import NonFiniteGuard
+    from runner.train.pending_records import PendingRecords
+
+    guard = NonFiniteGuard(1, 0, "cpu")
+    pending = PendingRecords(guard, world_size=1)
+    pending.wanted = 10
+    for step in (2, 4):
+        loss = torch.tensor(float("nan") if step == 4 else 2.0)
+        guard.should_skip(loss, None, step)
+        pending.add({"step": step}, loss, 1)
+    done, error = pending.reduce()
+    assert done == [{"step": 2, "train/loss": 2.0}]
+    assert isinstance(error, NonFiniteError) and error.step == 4

@@ -119,8 +119,14 @@ class Engine(ABC):
         gradients this rank holds are measured during the first step, at their largest: just
         before the optimizer steps, and wherever an engine calls `note_grad_bytes`."""
         self.torch_optimizer = optimizer
-        optimizer.register_step_pre_hook(lambda *_: self.note_grad_bytes())
-        optimizer.register_step_post_hook(lambda *_: setattr(self, "_grads_noted", True))
+        measuring = optimizer.register_step_pre_hook(lambda *_: self.note_grad_bytes())
+
+        def first_step_done(*_: Any) -> None:
+            if not self._grads_noted:
+                self._grads_noted = True
+                measuring.remove()  # the step path keeps no hook that has nothing to do
+
+        optimizer.register_step_post_hook(first_step_done)
 
     def note_grad_bytes(self) -> None:
         """Measure the gradients held now (during the first step only); keep the largest."""

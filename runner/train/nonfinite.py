@@ -3,9 +3,10 @@ stop`) or costs only that optimizer step (`skip`), and a non-finite state is nev
 
 stop (the default) adds no host sync per step: each rank notes on its device the first step
 its loss, then its gradient norm, was not finite. The ranks compare notes only where they
-sync anyway: on log steps, in the same all-reduce as the loss, and before a checkpoint or
-model.pt is written (where the weights are checked too). Every rank then raises the same
-error, naming the step, the ranks, and whether the loss or the gradient norm went first.
+sync anyway: in the all-reduce of the logged steps' losses (runner.train.pending_records),
+and before a checkpoint or model.pt is written (where the weights are checked too). Every
+rank then raises the same error, naming the step, the ranks, and whether the loss or the
+gradient norm went first.
 
 skip must decide before the optimizer steps, on every rank alike: one small all-reduce of
 the ranks' verdicts and one read of it on the host per step. A skipped step leaves the
@@ -30,10 +31,15 @@ from runner import dist as rdist
 LOSS, GRAD, WEIGHTS = 0, 1, 2
 _LATER = 2.0**52  # a step is noted as _LATER - step (exact in float64): see _note
 _WHAT = {LOSS: "loss", GRAD: "gradient norm", WEIGHTS: "weights"}
+HISTORY = 128  # steps kept on the device between folds into the notes (stop)
 
 
 class NonFiniteError(FloatingPointError):
-    """The loss, the gradients or the weights are NaN or inf."""
+    """The loss, the gradients or the weights are NaN or inf, first at `step`."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
 
 
 class NonFiniteGuard:
@@ -50,7 +56,11 @@ class NonFiniteGuard:
         # as _LATER - step (0: never). A rank writes only its own slots, so a sum over ranks
         # gathers them.
         self.first = torch.zeros(3, world_size, dtype=torch.float64, device=device)
-        self._zero = torch.zeros((), dtype=torch.float64, device=device)
+        # stop: the last steps' loss and gradient norm, copied here on the device (one small
+        # kernel each per step) and folded into `first` where the notes are read.
+        self._history = torch.zeros(HISTORY, 2, dtype=torch.float64, device=device)
+        self._slots = [list(row.unbind()) for row in self._history.unbind()]  # views, made once
+        self._steps: list[int] = []  # the step of each slot in use
         self.skipped = 0  # steps skipped in all
         self.consecutive = 0
         self.engine_skips = 0  # the engine's own count (DeepSpeed), as last seen
@@ -86,6 +96,7 @@ class NonFiniteGuard:
             return
         self.engine_skips = engine_skips  # DeepSpeed's norm is global: every rank is here
         if self.mode == "stop":  # the loss may have gone first: compare notes (we stop anyway)
+            self._fold()
             if self.first[GRAD, self.rank] == 0:
                 self.first[GRAD, self.rank] = _LATER - step
             notes = self.first.clone()
@@ -107,26 +118,49 @@ class NonFiniteGuard:
             )
 
     def _note(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None, step: int) -> None:
-        """On device, in a few kernels: remember the first step where the loss or the gradient
-        norm was not finite. A slot holds _LATER - step, so the first step is the largest mark
-        (0: never), kept by a running maximum."""
-        values = loss_sum.reshape(1) if grad_norm is None else torch.stack([loss_sum, grad_norm])
-        mark = torch.where(torch.isfinite(values), self._zero, _LATER - step)  # float64
-        slots = self.first[: len(values), self.rank]  # a view: updated in place
-        torch.maximum(slots, mark, out=slots)
+        """On device, one copy per value: keep this step's loss and gradient norm until the
+        next fold (_fold), where the first non-finite one becomes a note."""
+        if len(self._steps) == HISTORY:
+            self._fold()
+        loss_slot, grad_slot = self._slots[len(self._steps)]
+        loss_slot.copy_(loss_sum)
+        if grad_norm is not None:
+            grad_slot.copy_(grad_norm)
+        self._steps.append(step)
+
+    def _fold(self) -> None:
+        """Note the first step of the history whose loss or gradient norm was not finite: a
+        note holds _LATER - step, so the first step is the largest mark (0: never), kept by
+        a running maximum. A few kernels, no host sync."""
+        if not self._steps:
+            return
+        used = self._history[: len(self._steps)]
+        steps = torch.tensor(self._steps, dtype=torch.float64).to(used.device, non_blocking=True)
+        marks = torch.where(torch.isfinite(used), 0.0, (_LATER - steps).unsqueeze(1))
+        notes = self.first[:2, self.rank]  # a view: updated in place
+        torch.maximum(notes, marks.amax(dim=0), out=notes)
+        used.zero_()
+        self._steps.clear()
 
     # ------------------------------------------------------------------ where ranks sync
 
-    def reduce_with(self, loss_sum: torch.Tensor) -> torch.Tensor:
-        """All-reduce the loss sum and every rank's notes in one collective; check the notes
-        and return the global loss sum."""
-        packed = torch.cat([loss_sum.double().reshape(1), self.first.reshape(-1)])
+    def reduce_with(self, values: torch.Tensor) -> tuple[torch.Tensor, NonFiniteError | None]:
+        """All-reduce `values` (float64, on the device) and every rank's notes in one
+        collective: the sums on the host, and the error to raise if any rank noted a
+        non-finite value (the caller may first use the sums of the steps before it)."""
+        self._fold()
+        packed = torch.cat([values.reshape(-1), self.first.reshape(-1)])
         rdist.all_reduce(packed)
-        self._raise_if_noted(packed[1:].reshape(self.first.shape).cpu())
-        return packed[0]
+        host = packed.cpu()
+        try:
+            self._raise_if_noted(host[values.numel() :].reshape(self.first.shape))
+        except NonFiniteError as error:
+            return host[: values.numel()], error
+        return host[: values.numel()], None
 
     def check_before_saving(self, module: nn.Module, step: int) -> None:
         """Before a checkpoint or model.pt: the notes, and this rank's weights, all finite."""
+        self._fold()
         if self.first[WEIGHTS, self.rank] == 0 and not _weights_finite(module):
             self.first[WEIGHTS, self.rank] = _LATER - step
         notes = self.first.clone()
@@ -156,7 +190,8 @@ class NonFiniteGuard:
     def _raise(self, row: int, step: int, ranks: list[int], why: str = "") -> None:
         raise NonFiniteError(
             f"{self._describe(row, step, ranks)}; {why}the run stops and nothing from that state "
-            "is saved (every checkpoint written before it is finite)"
+            "is saved (every checkpoint written before it is finite)",
+            step,
         )
 
 

@@ -55,6 +55,7 @@ from runner.train.microbatching import (
     is_out_of_memory,
 )
 from runner.train.nonfinite import NonFiniteGuard
+from runner.train.pending_records import PendingRecords
 from runner.train.progress import Progress
 
 
@@ -139,6 +140,7 @@ class Trainer:
         self.guard = NonFiniteGuard(
             self.world, self.rank, device, spec.nonfinite, spec.nonfinite_max_skips
         )
+        self.pending = PendingRecords(self.guard, self.world)  # log records awaiting their loss
         self.check_items = True  # the first step checks the loss's item counts
         self.first_step_at: float | None = None  # wall clock, for time-to-first-step
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -252,13 +254,19 @@ class Trainer:
                 last = step == self.total_steps
                 evaluate = last or self._is_eval_step(step)
                 if evaluate or step % spec.log_interval == 0:
-                    record = self._train_record(step, samples, loss_sum, items, lr, throughput)
-                    if evaluate:
+                    record = self._train_record(step, samples, lr, throughput)
+                    self.pending.add(record, loss_sum, items)
+                    if evaluate:  # its record waits for the evaluation's metrics
+                        *earlier, record = self._reduce_pending()
+                        for done in earlier:
+                            self._log(done)
                         started = time.perf_counter()
                         record.update(self.evaluate())
                         self.heart.beat(Phase.STEP)
-                        throughput.pause(time.perf_counter() - started)
-                    self._log(record)
+                        self._pause(throughput, time.perf_counter() - started)
+                        self._log(record)
+                    elif self.pending.due:
+                        self._log_pending()
                 saved = last or bool(interval and step % interval == 0)
                 if saved:
                     self._save(step, samples)
@@ -269,11 +277,14 @@ class Trainer:
         return self._finish(start_time)
 
     def _save(self, step: int, samples: int) -> None:
+        self._log_pending()  # a restart from this checkpoint keeps the records up to it
+        started = time.perf_counter()
         self.heart.beat(Phase.SAVE)
         self.guard.check_before_saving(self.engine.module, step)
         extra = {"grad_accum": self.auto.accum} if self.auto else {}
         checkpointing.save(self.store, self.engine, self.spec, step, samples, extra)
         self.heart.beat(Phase.STEP)
+        self.pending.pause(time.perf_counter() - started)
 
     def _stop(self, step: int, samples: int, saved: bool, start_time: float) -> dict[str, Any]:
         """Stop after `step` as asked (SIGUSR1/SIGUSR2 to runner; SLURM's --signal): with a
@@ -303,7 +314,7 @@ class Trainer:
         Returns this rank's loss sum and the items of the whole global batch."""
         items = self._global_items(microbatches, n_global)
         weight = self.world / items  # DDP averages over ranks; this makes it a mean over items
-        loss_sum = torch.zeros((), device=self.device)
+        loss_sum: Any = None  # this rank's summed loss, a tensor from the first microbatch on
         self.step_now = step
         if self.auto is not None:
             self._uncut = batch, real = microbatches[0]
@@ -319,12 +330,13 @@ class Trainer:
             if loss is None:  # out of memory on some rank (grad_accum=auto): cut finer, again
                 self.engine.drop_pass()
                 if not self.engine.keeps_microbatches:
-                    i, loss_sum = 0, torch.zeros((), device=self.device)  # from the start
+                    i, loss_sum = 0, None  # from the start
                 microbatches = microbatches[:i] + self._recut(microbatches, i, step)
                 continue
             if self.check_items and real:
                 self._check_items(count, targets)
-            loss_sum += loss.detach()
+            loss = loss.detach().float()
+            loss_sum = loss if loss_sum is None else loss_sum + loss
             i += 1
         self.check_items = False
         grad_norm = self.engine.prepare_step(norm_wanted=self.guard.mode == "skip")
@@ -488,26 +500,39 @@ class Trainer:
         return step % self.spec.eval_interval == 0
 
     def _train_record(
-        self,
-        step: int,
-        samples: int,
-        loss_sum: torch.Tensor,
-        items: torch.Tensor | int,
-        lr: float,
-        throughput: Throughput,
+        self, step: int, samples: int, lr: float, throughput: Throughput
     ) -> dict[str, Any]:
-        total = self.guard.reduce_with(loss_sum)  # the only host sync: on log steps
+        """A log step's record; its train/loss comes when the ranks reduce it (_log_pending)."""
         record = {
             "step": step,
             "epoch": round(step / self.steps_per_epoch, 4),
             "samples": samples,
-            "train/loss": total.item() / float(items),
+            "train/loss": None,
             "lr": lr,
             "throughput/samples_per_sec": throughput.rate(samples),
         }
         if self.spec.nonfinite == "skip":
             record["train/skipped_steps"] = self.guard.skipped
         return record
+
+    def _reduce_pending(self) -> list[dict[str, Any]]:
+        """Every rank: the pending records with their loss (the only host sync of a step
+        under nonfinite=stop). If a rank noted a non-finite value, the records before it
+        are logged and the run stops."""
+        done, error = self.pending.reduce()
+        if error is not None:
+            for record in done:
+                self._log(record)
+            raise error
+        return done
+
+    def _log_pending(self) -> None:
+        for record in self._reduce_pending():
+            self._log(record)
+
+    def _pause(self, throughput: Throughput, seconds: float) -> None:
+        throughput.pause(seconds)
+        self.pending.pause(seconds)
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.is_main:
