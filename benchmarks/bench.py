@@ -161,7 +161,7 @@ def outside_plain(
 
 # steps (short, long) per model: the difference must dwarf the run-to-run noise of
 # startup (about +-0.3 s here), so the mlp's ~5 ms steps need many more than resnet18's.
-OVERHEAD_STEPS = {"resnet18": (20, 80), "mlp": (200, 2000)}
+OVERHEAD_STEPS = {"resnet18": (20, 120), "mlp": (200, 2000)}
 OVERHEAD_BATCHES = (8, 16, 32)  # per rank (2 ranks): where runner's fixed cost per step shows
 # Both sides: SGD at lr 0.01 without momentum or schedule, fp32, 1 thread per rank.
 SGD_RUNNER = ("optimizer=sgd", "optimizer.lr=0.01", "optimizer.momentum=0.0", "scheduler=constant")

@@ -175,3 +175,27 @@ def check_state_bytes(per_rank: list[dict[str, int]], parallelism: str, weights)
         else:  # zero2 reduces them into a partition (and a bucket) as backward goes
             assert total["grads"] >= 0.99 * p
             assert all(r["grads"] < p for r in per_rank) or world == 1
+
+
+@pytest.mark.parametrize(("nproc", "strategy"), [(3, "single_auto_sync"), (3, "multi_auto_sync")])
+def test_gradient_as_bucket_view_by_default_changes_no_number(
+    cli, nproc: int, strategy: str
+) -> None:
+    """ddp's gradient_as_bucket_view=null (the default) trains bit for bit the model that
+    gradient_as_bucket_view=false trains, with 3 ranks (1/3 is inexact) and grad_accum=2:
+    on under single_auto_sync (gradients alias DDP's buckets: one copy less per step), off
+    under multi_auto_sync, where DDP would divide the accumulated bucket in place and round
+    differently (measured: the weights differ)."""
+    weights = []
+    for view in ("null", "false"):
+        result = cli(
+            *ARGS,
+            f"nproc={nproc}",
+            "grad_accum=2",
+            f"sync_strategy={strategy}",
+            f"parallelism.gradient_as_bucket_view={view}",
+            name=f"view_{view}",
+        )
+        assert result.returncode == 0, result.output
+        weights.append(torch.load(result.run_dir / "model.pt", weights_only=True))
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[1])

@@ -21,19 +21,31 @@ from runner.spec import RunSpec, SyncStrategy
 STATE_FILE = "state.pt"
 
 
+def bucket_view(option: bool | None, strategy: SyncStrategy) -> bool:
+    """gradient_as_bucket_view: null turns it on (the gradients alias DDP's buckets, which
+    saves copying every gradient into its bucket and back each step, and that memory) where
+    it changes no number. Every step starts with no gradient (zero_grad(set_to_none=True)),
+    so DDP copies the accumulated gradient into its bucket and scales it there alike either
+    way; under multi_auto_sync later microbatches add into the bucket itself and DDP divides
+    it in place, which rounds differently when 1/world is inexact (3 ranks)."""
+    if option is not None:
+        return option
+    return strategy is not SyncStrategy.MULTI_AUTO_SYNC
+
+
 class DDPEngine(Engine):
     def __init__(self, spec: RunSpec, module: nn.Module, device: str, total_steps: int):
         options = spec.parallelism
         self.module = module
+        self.strategy = spec.sync_strategy.name
         self.model = DistributedDataParallel(
             module,
             device_ids=[torch.device(device).index] if device.startswith("cuda") else None,
             find_unused_parameters=options.find_unused_parameters,
             bucket_cap_mb=options.bucket_cap_mb,
-            gradient_as_bucket_view=options.gradient_as_bucket_view,
+            gradient_as_bucket_view=bucket_view(options.gradient_as_bucket_view, self.strategy),
             static_graph=options.static_graph,
         )
-        self.strategy = spec.sync_strategy.name
         self.backward_communicates = self.strategy is not SyncStrategy.FORCED_SYNC
         # DDP reduces its first iteration in one bucket in parameter order, then rebuilds its
         # buckets in the order gradients became ready. With 3 or more ranks an element's sum

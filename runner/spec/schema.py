@@ -163,7 +163,7 @@ class DDPSpec:
     syncs_gradients_itself: ClassVar[bool] = False  # True for engines that ignore sync_strategy
     find_unused_parameters: bool = False
     bucket_cap_mb: float = _bound(25.0, gt=0.0)
-    gradient_as_bucket_view: bool = False
+    gradient_as_bucket_view: bool | None = None  # null: true unless multi_auto_sync
     static_graph: bool = False
 
 
