@@ -109,7 +109,7 @@ class NonFiniteGuard:
         self.consecutive += 1
         print(f"nonfinite: step {step} skipped ({self._describe(what, step, ranks)})", flush=True)
         if self.consecutive > self.max_skips:
-            self._raise(
+            raise self._error(
                 what,
                 step,
                 ranks,
@@ -152,11 +152,8 @@ class NonFiniteGuard:
         packed = torch.cat([values.reshape(-1), self.first.reshape(-1)])
         rdist.all_reduce(packed)
         host = packed.cpu()
-        try:
-            self._raise_if_noted(host[values.numel() :].reshape(self.first.shape))
-        except NonFiniteError as error:
-            return host[: values.numel()], error
-        return host[: values.numel()], None
+        notes = host[values.numel() :].reshape(self.first.shape)
+        return host[: values.numel()], self._error_if_noted(notes)
 
     def check_before_saving(self, module: nn.Module, step: int) -> None:
         """Before a checkpoint or model.pt: the notes, and this rank's weights, all finite."""
@@ -168,15 +165,21 @@ class NonFiniteGuard:
         self._raise_if_noted(notes.cpu())
 
     def _raise_if_noted(self, notes: torch.Tensor) -> None:
+        error = self._error_if_noted(notes)
+        if error is not None:
+            raise error
+
+    def _error_if_noted(self, notes: torch.Tensor) -> NonFiniteError | None:
         noted = [
             (int(_LATER - s), row, rank)
             for row in (LOSS, GRAD, WEIGHTS)
             for rank, s in enumerate(notes[row].tolist())
             if s > 0
         ]
-        if noted:
-            step, row, _ = min(noted)  # the earliest step; at a tie, the loss before the rest
-            self._raise(row, step, sorted(r for s, w, r in noted if (s, w) == (step, row)))
+        if not noted:
+            return None
+        step, row, _ = min(noted)  # the earliest step; at a tie, the loss before the rest
+        return self._error(row, step, sorted(r for s, w, r in noted if (s, w) == (step, row)))
 
     def _describe(self, row: int, step: int, ranks: list[int]) -> str:
         if not ranks:  # the engine's own check (DeepSpeed), of the global norm
@@ -187,8 +190,8 @@ class NonFiniteGuard:
             f"non-finite {_WHAT[row]} (NaN or inf) at step {step} on rank(s) {where}{finite_loss}"
         )
 
-    def _raise(self, row: int, step: int, ranks: list[int], why: str = "") -> None:
-        raise NonFiniteError(
+    def _error(self, row: int, step: int, ranks: list[int], why: str = "") -> NonFiniteError:
+        return NonFiniteError(
             f"{self._describe(row, step, ranks)}; {why}the run stops and nothing from that state "
             "is saved (every checkpoint written before it is finite)",
             step,
