@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 import shutil
 import subprocess
 
@@ -72,3 +73,22 @@ def auto_precision(device: str, capabilities: list[float], cpu_bf16: bool = Fals
     if device != "cuda":
         return "bf16" if cpu_bf16 else "fp32"
     return "bf16" if capabilities and min(capabilities) >= 8.0 else "fp16"
+
+
+SHARED_MEMORY_DIR = "/dev/shm"
+
+
+def shared_memory_obstacle(device: str, nodes: int, machine: str | None = None) -> str | None:
+    """Why ranks cannot all-reduce through shared memory here (None when they can): they
+    must share one machine's memory and CPU, an x86-64 one (runner.engines.shared_memory
+    relies on its store order), with a /dev/shm to map."""
+    machine = platform.machine() if machine is None else machine
+    if not device.startswith("cpu"):
+        return f"device={device} (its backend reduces device memory itself)"
+    if nodes > 1:
+        return f"nodes={nodes} (the ranks must share one machine)"
+    if machine.lower() not in ("x86_64", "amd64"):
+        return f"a {machine} CPU (only x86-64 keeps the order of stores it relies on)"
+    if not os.path.isdir(SHARED_MEMORY_DIR):
+        return f"no {SHARED_MEMORY_DIR} on this machine"
+    return None

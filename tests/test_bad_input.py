@@ -27,6 +27,15 @@ CASES = [
     (["nproc=many"], "nproc='many': expected an integer or one of auto"),
     (["nodes=2", "node_rank=2", "master_port=29500"], "node_rank=2: must be in 0..1 for nodes=2"),
     (["node_rank=-1"], "node_rank=-1: must be >= 0"),
+    (
+        ["nodes=2", "master_port=29500", "parallelism.shm_allreduce=true"],
+        "parallelism.shm_allreduce=true: not possible with nodes=2 (the ranks must share one "
+        "machine); valid here: null (use it where it applies) or false",
+    ),
+    (
+        ["parallelism.shm_allreduce=sometimes"],
+        "parallelism.shm_allreduce='sometimes': expected true or false or null",
+    ),
     (["data=image_folder"], "data.root=null: data=image_folder reads local files"),
     (
         ["data=image_folder", "data.root=/does/not/exist"],

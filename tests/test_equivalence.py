@@ -199,3 +199,19 @@ def test_gradient_as_bucket_view_by_default_changes_no_number(
         assert result.returncode == 0, result.output
         weights.append(torch.load(result.run_dir / "model.pt", weights_only=True))
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[1])
+
+
+def test_shared_memory_all_reduce_changes_no_number_at_two_ranks(cli) -> None:
+    """With 2 ranks the shared-memory all-reduce (on by default here) trains bit for bit the
+    model gloo's all-reduce trains: a + b = b + a, and both scale by 1/2 first. (With 3 or
+    more, it sums in rank order where gloo's ring does not: the splits above hold it to
+    RTOL, and restarts stay bit for bit: test_graceful_stop.)"""
+    runs = []
+    for shm in ("null", "false"):
+        overrides = ["nproc=2", "grad_accum=2", f"parallelism.shm_allreduce={shm}"]
+        result = cli(*ARGS, *overrides, name=f"shm_{shm}")
+        assert result.returncode == 0, result.output
+        logs = (result.run_dir / "logs" / "rank0.log").read_text()
+        assert ("all-reduced through shared memory" in logs) == (shm == "null"), logs
+        runs.append(torch.load(result.run_dir / "model.pt", weights_only=True))
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[1])

@@ -1,4 +1,5 @@
-"""The exact gradients each DDP sync strategy leaves after every microbatch (2 real gloo ranks).
+"""The exact gradients each DDP sync strategy leaves after every microbatch (2 real gloo ranks,
+reducing through gloo and through shared memory).
 
 The model has two heads; which head a microbatch uses differs between ranks and
 microbatches, so some parameters are unused by some ranks in some microbatches
@@ -77,21 +78,22 @@ def assert_grads(actual: dict, expected: dict, what: str) -> None:
 STRATEGIES = ["single_auto_sync", "multi_auto_sync", "forced_sync"]
 
 
-def check_strategy(rank: int, strategy: str) -> None:
+def check_strategy(rank: int, strategy: str, shm: bool) -> None:
     torch.manual_seed(0)
     model = TwoHeads()
     local, average = expected_gradients(model)
     spec = RunSpec(
-        parallelism=DDPSpec(find_unused_parameters=True),
+        parallelism=DDPSpec(find_unused_parameters=True, shm_allreduce=shm),
         sync_strategy=SyncStrategySpec(name=SyncStrategy(strategy)),
         optimizer=SGDSpec(),
     )
     engine = DDPEngine(spec, model, "cpu", total_steps=1)
+    assert (engine.reducer is not None) == shm
     for micro in range(MICRO):
         with engine.microbatch(micro, MICRO):
             engine.backward(loss_of(engine.model(batch(rank, micro), HEADS[rank][micro])))
         last = micro == MICRO - 1
-        where = f"{strategy} rank {rank} after microbatch {micro}"
+        where = f"{strategy} (shm {shm}) rank {rank} after microbatch {micro}"
         if strategy == "multi_auto_sync" or (strategy == "single_auto_sync" and last):
             assert_grads(grads(model), average[micro], where + " (averaged)")
         else:
@@ -104,10 +106,12 @@ def check_strategy(rank: int, strategy: str) -> None:
 
 
 def worker(rank: int, init_file: str) -> None:
+    os.environ["LOCAL_WORLD_SIZE"] = str(WORLD)  # one machine: shared memory can reduce
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
-        for strategy in STRATEGIES:  # one process group for all three: startup is the cost
-            check_strategy(rank, strategy)
+        for strategy in STRATEGIES:  # one process group for all: startup is the cost
+            for shm in (False, True):  # gloo's all-reduce, then the shared-memory one
+                check_strategy(rank, strategy, shm)
     finally:
         dist.destroy_process_group()
     # Passed: leave without interpreter teardown, where torch 2.14's gloo sometimes aborts

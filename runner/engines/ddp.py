@@ -16,6 +16,8 @@ from runner import dist as rdist
 from runner.engines.base import Engine, local_grad_norm
 from runner.engines.optim import build_optimizer, build_scheduler
 from runner.engines.precision import grad_scaler
+from runner.engines.shared_memory import SharedMemoryAllReduce, scaled_sum_hook
+from runner.hardware import shared_memory_obstacle
 from runner.spec import RunSpec, SyncStrategy
 
 STATE_FILE = "state.pt"
@@ -46,6 +48,9 @@ class DDPEngine(Engine):
             gradient_as_bucket_view=bucket_view(options.gradient_as_bucket_view, self.strategy),
             static_graph=options.static_graph,
         )
+        self.reducer = open_reducer(options.shm_allreduce, device)
+        if self.reducer is not None:
+            self.model.register_comm_hook(self.reducer, scaled_sum_hook)
         self.backward_communicates = self.strategy is not SyncStrategy.FORCED_SYNC
         # DDP reduces its first iteration in one bucket in parameter order, then rebuilds its
         # buckets in the order gradients became ready. With 3 or more ranks an element's sum
@@ -53,9 +58,16 @@ class DDPEngine(Engine):
         # in an order that depends on the chunk), so a resumed run's first step would round
         # differently from the uninterrupted run's. A discarded warm-up pass at every start
         # has DDP rebuild before the first real step: every step of every start, fresh or
-        # resumed, then reduces in the same layout, and restarts stay bit for bit.
+        # resumed, then reduces in the same layout, and restarts stay bit for bit. The
+        # shared-memory all-reduce sums every element in rank order wherever it sits: no
+        # warm-up there.
         rebuilds = options.static_graph or not options.find_unused_parameters
-        self.needs_warm_up = self.backward_communicates and rebuilds and rdist.get_world_size() >= 3
+        self.needs_warm_up = (
+            self.backward_communicates
+            and rebuilds
+            and rdist.get_world_size() >= 3
+            and self.reducer is None
+        )
         self._resync = False  # the next microbatch syncs (after a dropped pass)
         self.grad_clip_norm = spec.grad_clip_norm
         self.params = list(module.parameters())  # listed once, not every step
@@ -86,7 +98,7 @@ class DDPEngine(Engine):
     def sync_gradients(self) -> None:
         """Finish this step's gradient sync: the manual all-reduce of forced_sync."""
         if self.strategy is SyncStrategy.FORCED_SYNC:
-            average_gradients(self.params)
+            average_gradients(self.params, self.reducer)
 
     def prepare_step(self, norm_wanted: bool = True) -> torch.Tensor | None:
         self.sync_gradients()
@@ -125,7 +137,27 @@ class DDPEngine(Engine):
         return state["client"]
 
 
-def average_gradients(params: list[nn.Parameter]) -> None:
+def open_reducer(option: bool | None, device: str) -> SharedMemoryAllReduce | None:
+    """The shared-memory all-reduce where parallelism.shm_allreduce asks for it (null:
+    where it applies), else None: the process group's backend reduces."""
+    if option is False:
+        return None
+    world = rdist.get_world_size()
+    if world < 2:
+        return None
+    reason = shared_memory_obstacle(device, world // rdist.get_local_world_size())
+    reducer = SharedMemoryAllReduce.open() if reason is None else None
+    if reducer is not None:
+        print(f"gradients: all-reduced through shared memory ({world} ranks)", flush=True)
+    elif option:  # the spec's check saw the same machine: only /dev/shm's room is left
+        reason = reason or "too little room in /dev/shm"
+        print(f"parallelism.shm_allreduce=true: {reason}; gloo reduces instead", flush=True)
+    return reducer
+
+
+def average_gradients(
+    params: list[nn.Parameter], reducer: SharedMemoryAllReduce | None = None
+) -> None:
     """Average gradients across ranks by hand, in one flat all-reduce.
 
     A parameter that has no gradient on some rank counts as zero there; one
@@ -148,7 +180,10 @@ def average_gradients(params: list[nn.Parameter]) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     flat = torch.cat([p.grad.reshape(-1) for p in chosen])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    if reducer is not None:
+        reducer.all_reduce_(flat)
+    else:
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     flat.div_(world)
     offset = 0
     for p in chosen:

@@ -60,6 +60,7 @@ def resolve_spec(
     _check_cluster(spec, problems)
     _check_run_control(spec, problems)
     _check_sync_strategy(spec, problems)
+    _check_shm_allreduce(spec, problems)
     _check_auto_microbatching(spec, problems)
     _check_compile(spec, problems)
     _check_deepspeed(spec, problems)
@@ -215,6 +216,18 @@ def _check_sync_strategy(spec: RunSpec, problems: list[str]) -> None:
         problems.append(
             f"sync_strategy={strategy.value}: parallelism={spec.parallelism.name} reduces "
             "gradients itself; sync strategies apply to ddp only, use sync_strategy=auto"
+        )
+
+
+def _check_shm_allreduce(spec: RunSpec, problems: list[str]) -> None:
+    """ddp's shm_allreduce=true where shared memory cannot carry the all-reduce."""
+    if getattr(spec.parallelism, "shm_allreduce", None) is not True:
+        return
+    obstacle = hardware.shared_memory_obstacle(spec.device, spec.nodes)
+    if obstacle is not None:
+        problems.append(
+            f"parallelism.shm_allreduce=true: not possible with {obstacle}; "
+            "valid here: null (use it where it applies) or false"
         )
 
 

@@ -165,6 +165,7 @@ class DDPSpec:
     bucket_cap_mb: float = _bound(25.0, gt=0.0)
     gradient_as_bucket_view: bool | None = None  # null: true unless multi_auto_sync
     static_graph: bool = False
+    shm_allreduce: bool | None = None  # null: on where it applies (cpu, one machine, x86-64)
 
 
 @dataclass(frozen=True)
