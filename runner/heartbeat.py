@@ -77,35 +77,13 @@ class Beat:
     at: float  # the rank's time.time(): comparable across nodes (as far as their clocks are)
 
 
-_KEPT: dict[str, int] = {}  # /proc path -> the descriptor this process keeps its file by
-
-
 def create(slots: int) -> Path:
-    """The agent's side: a zeroed file of `slots` slots, in memory where the OS offers it.
-
-    Where /proc names open files (Linux), its name is removed at once and the file is
-    reached through this process's descriptor (/proc/PID/fd/N, which ranks open as a
-    path): it lives as long as the agent holds it, so an agent killed outright (SIGKILL,
-    the OOM killer) leaves nothing behind in /dev/shm. remove() lets it go."""
+    """The agent's side: a zeroed file of `slots` slots, in memory where the OS offers it."""
     where = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     fd, name = tempfile.mkstemp(prefix="runner-heartbeat-", dir=where)
     os.write(fd, bytes(_CONTROL.size + _SLOT.size * slots))
-    held = f"/proc/{os.getpid()}/fd/{fd}"
-    if os.path.exists(held):
-        os.unlink(name)
-        _KEPT[held] = fd
-        return Path(held)
     os.close(fd)
     return Path(name)
-
-
-def remove(path: Path) -> None:
-    """The agent's side, at the end: let go of a file create() made."""
-    fd = _KEPT.pop(str(path), None)
-    if fd is not None:
-        os.close(fd)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def read(path: Path, slots: int) -> list[Beat]:

@@ -242,7 +242,7 @@ def _launch(node_dir: Path, spec: RunSpec, server: ForkServer | None) -> int:
     try:
         return _run_ranks(spec, node_dir, run_dir, link, beats, write_outcome, server)
     finally:
-        heartbeat.remove(beats)
+        beats.unlink(missing_ok=True)
 
 
 def _run_ranks(

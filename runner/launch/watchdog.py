@@ -79,7 +79,7 @@ class Watchdog:
         if self._thread.is_alive():
             self._thread.join()
         if self._owns_file:
-            heartbeat.remove(self.path)
+            self.path.unlink(missing_ok=True)
 
     def allowance(self, phase: int) -> tuple[str, float | None]:
         """The key that limits a rank in this phase, and its value."""
