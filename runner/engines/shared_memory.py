@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from runner.hardware import SHARED_MEMORY_DIR
+from runner.hardware import SHARED_MEMORY_DIR, cpu_cores
 
 HEADER_BYTES = 4096  # the flags, on a page of their own
 SLOT_BYTES = 4 << 20  # per rank; a smaller /dev/shm (a container's 64 MB) gets smaller slots
@@ -62,9 +62,8 @@ class SharedMemoryAllReduce:
         self.slots = data[: world * slot_bytes].view(world, slot_bytes)
         self.sums = data[world * slot_bytes :]
         self.rounds = 0
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        self.spin_s = SPIN_S if local <= cores else 0.0  # oversubscribed: nap at once
+        # Every rank is on this machine: more ranks than cores, and a waiting rank naps at once.
+        self.spin_s = SPIN_S if world <= cpu_cores() else 0.0
 
     @classmethod
     def open(cls, slot_bytes: int = SLOT_BYTES) -> SharedMemoryAllReduce | None:
