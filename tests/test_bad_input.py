@@ -250,6 +250,11 @@ CLI_CASES = [
     (["parallelism=zero4"], "parallelism=zero4: no such parallelism option; valid: ddp, fsdp,"),
     (["nprocs=2"], "nprocs=2: unknown key; did you mean nproc?"),
     (
+        ["parallelism=zero2", "parallelism.bucket_cap_mb=1"],
+        "parallelism.bucket_cap_mb=1: not a key of the chosen parallelism option; only of "
+        "parallelism=ddp",
+    ),
+    (
         ["logger=[tensorboard,mlflw]"],
         "logger=mlflw: no such logger option; valid: csv, mlflow, none, tensorboard, wandb",
     ),

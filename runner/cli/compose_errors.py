@@ -58,6 +58,13 @@ def composition_problem(
                 f"{override[1]}: {parent} is false here; give its options as a mapping: "
                 f"{parent}={{{leaf}:{value}}}"
             )
+        owners = _options_with(key)
+        if owners:  # a key of another option of the group (parallelism=zero2 + a ddp key)
+            group = key.partition(".")[0]
+            return (
+                f"{override[1]}: not a key of the chosen {group} option; "
+                f"only of {group}={', '.join(owners)}"
+            )
         return f"{override[1]}: unknown key; {_suggestion(key)}"
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
@@ -77,6 +84,22 @@ def _suggestion(key: str) -> str:
     if close:
         return "did you mean " + " or ".join(prefix + c for c in close) + "?"
     return "`runner --cfg job` shows every key"
+
+
+def _options_with(key: str) -> list[str]:
+    """The options of a config group (`parallelism`) whose schema has `key`, when some of
+    them lack it (`parallelism.bucket_cap_mb` -> [ddp]); [] for any other key."""
+    group, _, leaf = key.partition(".")
+    if group not in {f.name for f in dataclasses.fields(RunSpec)} or not leaf or "." in leaf:
+        return []
+    options = list(_variants(typing.get_type_hints(RunSpec)[group]))
+    owners: list[str] = []
+    for option in options:
+        if dataclasses.is_dataclass(option) and leaf in {
+            f.name for f in dataclasses.fields(option)
+        }:
+            owners += [str(n) for n in typing.get_args(typing.get_type_hints(option).get("name"))]
+    return owners if 0 < len(owners) < len(options) else []
 
 
 def schema_keys(cls: type, prefix: str = "") -> set[str]:
