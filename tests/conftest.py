@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +19,11 @@ CONF_DIR = REPO / "conf"
 
 # Small, fast runs: the mlp on digits, few steps, no progress bar noise.
 FAST = ["model=mlp", "data=digits", "precision=fp32", "progress_bar=false"]
+# Token caches (data=text) go to one temporary cache for the session, shared by its runs,
+# never to the user's ~/.cache/runner.
+os.environ["RUNNER_CACHE_DIR"] = tempfile.mkdtemp(prefix="runner-test-cache-")
+atexit.register(shutil.rmtree, os.environ["RUNNER_CACHE_DIR"], True)
+
 # 12 steps on 2 ranks with a checkpoint every 2: what the restart and resume tests train.
 RESTARTABLE = [*FAST, "max_epochs=null", "max_steps=12", "log_interval=2", "checkpoint.interval=2"]
 ZERO2_OFFLOAD = ["parallelism=zero2", "parallelism.offload_optimizer=cpu"]

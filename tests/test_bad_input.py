@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 
 from runner.spec import SpecError, resolve_spec
+from tests.conftest import CONF_DIR
 from tests.test_compose import compose_config
+
+CONF = str(CONF_DIR)  # a folder that exists, with no .md file and no tokenizer.json
 
 
 def problems(*overrides: str, cuda_devices: int = 0) -> list[str]:
@@ -42,6 +45,18 @@ CASES = [
         "data.root='/does/not/exist': directory does not exist",
     ),
     (["data=cifar10", "data.root=/tmp"], "data=cifar10 needs the python-pickle files"),
+    (
+        ["data=text", f"data.root={CONF}", "data.pattern=*.md"],
+        f"data.root='{CONF}': no file matches data.pattern='*.md'",
+    ),
+    (
+        ["data=text", f"data.root={CONF}", "data.tokenizer=/no/tokenizer.json"],
+        "data.tokenizer='/no/tokenizer.json': no such file or directory",
+    ),
+    (
+        ["data=text", f"data.root={CONF}", f"data.tokenizer={CONF}"],
+        f"data.tokenizer='{CONF}': the directory has no tokenizer.json",
+    ),
     (
         ["device=cuda"],
         "device='cuda': no CUDA device is visible on this machine; valid here: auto, cpu",

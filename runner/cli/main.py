@@ -24,18 +24,19 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from runner.artifacts import RunDir, environment_info, read_json, write_json
 from runner.cli.compose_errors import composition_problem
 from runner.cli.outcome import report_outcome, shown
+from runner.cli.prepare import prepare_argv, prepare_task
 from runner.cli.requeue import continue_after_stop, first_run_dir
 from runner.cli.rerun import rerun_argv
+from runner.cli.resolving import problems_text, resolve_cfg
 from runner.cli.supervise import run_agent
 from runner.cli.sweep import SweepTable, write_sweep_table
 from runner.cli.trackers import finish_trackers
 from runner.procs import add_code_dirs
-from runner.spec import RunSpec, SpecError, resolve_spec, save_spec, slurm
+from runner.spec import RunSpec, SpecError, save_spec, slurm
 from runner.summary import (
     FAILED,
     INTERRUPTED,
@@ -55,23 +56,6 @@ def _conf_dir() -> str:
         if (candidate / "config.yaml").is_file():
             return str(candidate)
     raise SystemExit(f"runner: cannot find conf/config.yaml next to {package}; reinstall runner")
-
-
-def _resolve(cfg: DictConfig, run_dir: Path, requeued: bool = False) -> RunSpec:
-    try:
-        data = OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "config"
-        raise SpecError([f"{key}: {str(exc).splitlines()[0]}"]) from None
-    if requeued and isinstance(data, dict) and data.get("resume") is None:
-        data["resume"] = "auto"  # SLURM started the job again: go on from its checkpoint
-    return resolve_spec(data, run_dir=run_dir)  # type: ignore[arg-type]
-
-
-def _problems_text(problems: list[str]) -> str:
-    count = len(problems)
-    lines = "\n".join(f"  - {p}" for p in problems)
-    return f"runner: invalid configuration ({count} problem{'s' * (count > 1)}):\n{lines}"
 
 
 def _discard(run_dir: Path, hydra_files: frozenset[str] = frozenset({".hydra"})) -> None:
@@ -114,9 +98,9 @@ def _run(cfg: DictConfig) -> float | None:
             run_dir = RunDir(first)
             log.info("runner: SLURM job restarted; continuing the run in %s", shown(first))
     try:
-        spec = _resolve(cfg, run_dir.root, requeued)
+        spec = resolve_cfg(cfg, run_dir.root, requeued)
     except SpecError as err:
-        log.error("%s", _problems_text(err.problems))
+        log.error("%s", problems_text(err.problems))
         if not in_sweep:
             _discard(run_dir.root)
             sys.exit(2)
@@ -156,7 +140,7 @@ def _run(cfg: DictConfig) -> float | None:
         summary = write_unfinished_summary(run_dir, status, spec.world_size, start_time, error)
     rejected = (summary.get("error") or {}).get("problems") if code == INVALID_CONFIG else None
     if rejected:  # the agent's check of the components: reported like the checks above
-        log.error("%s", _problems_text(rejected))
+        log.error("%s", problems_text(rejected))
         if not in_sweep:
             _discard_rejected(run_dir)
             sys.exit(INVALID_CONFIG)
@@ -268,14 +252,20 @@ def _user_config_argv(directory: str) -> list[str]:
 
 
 def main() -> None:
-    """Console entry point: `runner [overrides]`, or `runner rerun RUN_DIR [overrides]`."""
+    """Console entry point: `runner [overrides]`, `runner rerun RUN_DIR [overrides]`, or
+    `runner prepare [overrides]` (runner.cli.prepare)."""
+    task = _run
     if sys.argv[1:2] == ["rerun"]:
         sys.argv = [sys.argv[0], *rerun_argv(sys.argv[2:], Path(_conf_dir()))]
-    elif os.environ.get(USER_CONFIG_ENV) and not any(
-        a.startswith(("--config-dir", "-cd")) for a in sys.argv[1:]
-    ):
-        sys.argv = [sys.argv[0], *_user_config_argv(os.environ[USER_CONFIG_ENV]), *sys.argv[1:]]
-    app = hydra.main(version_base="1.3", config_path=_conf_dir(), config_name="config")(_run)
+    else:
+        if sys.argv[1:2] == ["prepare"]:
+            sys.argv, task = [sys.argv[0], *prepare_argv(sys.argv[2:])], prepare_task
+        if os.environ.get(USER_CONFIG_ENV) and not any(
+            a.startswith(("--config-dir", "-cd")) for a in sys.argv[1:]
+        ):
+            user = _user_config_argv(os.environ[USER_CONFIG_ENV])
+            sys.argv = [sys.argv[0], *user, *sys.argv[1:]]
+    app = hydra.main(version_base="1.3", config_path=_conf_dir(), config_name="config")(task)
     user_wants_hydra_errors = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Hydra prints composition errors itself and exits 1, unless HYDRA_FULL_ERROR asks it to
     # raise them; then they are ours to report like any other bad value.
@@ -290,9 +280,7 @@ def main() -> None:
     except HydraException as exc:
         if user_wants_hydra_errors:
             raise
-        print(
-            _problems_text([composition_problem(exc, sys.argv[1:], _conf_dir())]), file=sys.stderr
-        )
+        print(problems_text([composition_problem(exc, sys.argv[1:], _conf_dir())]), file=sys.stderr)
         if SweepTable.sweep_dir is not None:  # a sweep whose jobs could not be composed
             _discard(SweepTable.sweep_dir, frozenset({"multirun.yaml"}))
         sys.exit(2)

@@ -1,58 +1,121 @@
 """Text files as language-model data: `data=text`, the files under `data.root`.
 
-The files matching `pattern` are read in name order and joined into one token stream, cut
-into blocks of `block_size` tokens; the last `val_fraction` of the blocks is the
-validation set. Each sample is `{"input_ids", "labels"}` (the loss shifts the labels).
-Tokens are the text's UTF-8 bytes unless `tokenizer` names one (a component with
-`encode(text) -> list[int]` and `vocab_size`, as Hugging Face tokenizers have).
+The files matching `pattern` (plain text, JSON Lines, Parquet: runner.data.corpus) are
+tokenized once into a token cache (runner.data.token_cache) that every process reads; no
+process holds the corpus. Samples are blocks of `block_size` tokens, `{"input_ids",
+"labels"}` (the loss shifts the labels); the last `val_fraction` of them validates.
 
-`min_length` makes the samples ragged: each block is cut to a fixed pseudo-random length
-between min_length and block_size, and batches are padded (labels -100, attention_mask
-0): the batches of different lengths a real corpus of documents gives.
+`pack=true` (nanoGPT's way) cuts the whole token stream into blocks, across document
+boundaries: no token is padding. `pack=false` cuts each document on its own, so a block
+never spans two documents; a document's last block is shorter and batches are padded
+(labels -100, attention_mask 0).
+
+`min_length` makes packed samples ragged: each block is cut to a fixed pseudo-random
+length between min_length and block_size (a function of its index, so it costs no memory):
+the batches of different lengths a real corpus of documents gives.
+
+Samples are read with positioned reads (pread) from the cache's files: the page cache
+serves them, nothing is mapped or copied per rank, and a rank's resident memory does not
+grow with the corpus, even after an epoch over all of it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
+from runner.data.token_cache import TokenCache, open_cache
+from runner.data.tokenizing import ByteTokenizer, load_tokenizer
 from runner.data.types import Datasets
 
 IGNORE_INDEX = -100
+_MASK = (1 << 64) - 1
+
+__all__ = ["ByteTokenizer", "PadCollate", "TokenBlocks", "TokenPieces", "prepare", "text_files"]
 
 
-class ByteTokenizer:
-    """UTF-8 bytes as tokens: no vocabulary file, 256 ids."""
+class _TokenReader:
+    """Reads token ranges from a cache's tokens.bin; the file opens once per process (so a
+    dataset pickles into DataLoader workers, and a fork gets its own descriptor)."""
 
-    vocab_size = 256
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-
-class TokenBlocks(torch.utils.data.Dataset):
-    """Consecutive blocks of a token stream, each cut to its length when `lengths` is set."""
-
-    def __init__(self, blocks: torch.Tensor, lengths: torch.Tensor | None = None):
-        self.blocks = blocks
-        self.lengths = lengths
+    def __init__(self, cache: TokenCache, block_size: int, first: int, count: int):
+        self.path, self.dtype = str(cache.tokens_file), cache.dtype
+        self.block_size, self.first, self.count = block_size, first, count
+        self._fd: tuple[int, int] | None = None  # (pid, descriptor)
 
     def __len__(self) -> int:
-        return len(self.blocks)
+        return self.count
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        ids = self.blocks[index]
-        if self.lengths is not None:
-            ids = ids[: int(self.lengths[index])]
-        return {"input_ids": ids, "labels": ids}
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fd": None}
 
-    def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """Equal-length blocks in one indexing op (used when no padding is needed)."""
-        ids = self.blocks[torch.as_tensor(indices, dtype=torch.long)]
-        return {"input_ids": ids, "labels": ids}
+    def _read(self, start: int, length: int) -> bytes:
+        if self._fd is None or self._fd[0] != os.getpid():
+            self._fd = (os.getpid(), os.open(self.path, os.O_RDONLY))
+        size = self.dtype.itemsize
+        return os.pread(self._fd[1], length * size, start * size)
+
+    def _index(self, index: int) -> int:
+        if not -self.count <= index < self.count:
+            raise IndexError(f"sample {index} of {self.count}")
+        return self.first + index % self.count
+
+    def _sample(self, ids: np.ndarray) -> dict[str, Any]:
+        import torch
+
+        tensor = torch.from_numpy(ids.astype(np.int64))
+        return {"input_ids": tensor, "labels": tensor}
+
+
+class TokenBlocks(_TokenReader):
+    """Consecutive blocks of the token stream (pack=true); cut to a pseudo-random length
+    per block when `min_length` is set."""
+
+    def __init__(self, cache: TokenCache, block_size: int, first: int, count: int, min_length=None):
+        super().__init__(cache, block_size, first, count)
+        self.min_length = min_length
+
+    def length(self, block: int) -> int:
+        if self.min_length is None:
+            return self.block_size
+        x = (block + 0x9E3779B97F4A7C15) & _MASK  # splitmix64: a fixed length per block
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+        return self.min_length + (x ^ (x >> 31)) % (self.block_size - self.min_length + 1)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        block = self._index(index)
+        length = self.length(block)
+        return self._sample(np.frombuffer(self._read(block * self.block_size, length), self.dtype))
+
+    def batch(self, indices: Sequence[int]) -> dict[str, Any]:
+        """Equal-length blocks in one array (used when no padding is needed)."""
+        n = self.block_size
+        rows = b"".join(self._read(self._index(i) * n, n) for i in indices)
+        return self._sample(np.frombuffer(rows, self.dtype).reshape(len(indices), n))
+
+
+class TokenPieces(_TokenReader):
+    """Each document cut on its own into blocks (pack=false): (start, length) rows from
+    the cache's pieces index."""
+
+    def __init__(self, cache: TokenCache, block_size: int, first: int, count: int):
+        super().__init__(cache, block_size, first, count)
+        self.index_path = str(cache.path / f"pieces-{block_size}.bin")
+        self._pieces: np.ndarray | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_pieces": None}
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if self._pieces is None:
+            self._pieces = np.memmap(self.index_path, dtype=np.int64, mode="r").reshape(-1, 2)
+        start, length = (int(v) for v in self._pieces[self._index(index)])
+        return self._sample(np.frombuffer(self._read(start, length), self.dtype))
 
 
 class PadCollate:
@@ -62,7 +125,9 @@ class PadCollate:
     def __init__(self, pad_id: int = 0, ignore_index: int = IGNORE_INDEX):
         self.pad_id, self.ignore_index = pad_id, ignore_index
 
-    def __call__(self, samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
         longest = max(len(s["input_ids"]) for s in samples)
         ids = torch.full((len(samples), longest), self.pad_id, dtype=torch.long)
         labels = torch.full((len(samples), longest), self.ignore_index, dtype=torch.long)
@@ -73,6 +138,23 @@ class PadCollate:
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def prepare(
+    root: str,
+    pattern: str = "**/*.txt",
+    tokenizer: Any = None,
+    text_field: str = "text",
+    cache_dir: str | None = None,
+    token_dtype: str = "auto",
+    rebuild: bool = False,
+    **_samples: Any,
+) -> TokenCache:
+    """The corpus's token cache, built if missing (`runner prepare`; the launcher calls it on
+    every node before any rank starts). The arguments that shape samples are not needed."""
+    return open_cache(
+        root, pattern, load_tokenizer(tokenizer), text_field, cache_dir, token_dtype, rebuild
+    )
+
+
 def text_files(
     root: str,
     block_size: int = 128,
@@ -80,34 +162,49 @@ def text_files(
     val_fraction: float = 0.1,
     tokenizer: Any = None,
     min_length: int | None = None,
+    pack: bool = True,
+    text_field: str = "text",
+    cache_dir: str | None = None,
+    token_dtype: str = "auto",
 ) -> Datasets:
     if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction={val_fraction}: must be between 0 and 1")
+        raise ValueError(f"data.val_fraction={val_fraction}: must be between 0 and 1")
+    if block_size < 2:
+        raise ValueError(f"data.block_size={block_size}: must be at least 2")
     if min_length is not None and not 2 <= min_length <= block_size:
-        raise ValueError(f"min_length={min_length}: must be in 2..block_size={block_size}")
-    files = sorted(p for p in Path(root).glob(pattern) if p.is_file())
-    if not files:
-        raise ValueError(f"root={root!r}: no file matches pattern={pattern!r}")
-    tokenizer = tokenizer or ByteTokenizer()
-    text = "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
-    tokens = torch.tensor(tokenizer.encode(text), dtype=torch.long)
-    count = len(tokens) // block_size
+        raise ValueError(f"data.min_length={min_length}: must be in 2..block_size={block_size}")
+    if min_length is not None and not pack:
+        raise ValueError(
+            f"data.min_length={min_length} with data.pack=false: documents already give "
+            "ragged blocks; set one of them"
+        )
+    cache = prepare(root, pattern, tokenizer, text_field, cache_dir, token_dtype)
+    count = cache.tokens // block_size if pack else len(cache.pieces(block_size))
     n_val = max(1, round(count * val_fraction))
     if count - n_val < 1:
         raise ValueError(
-            f"root={root!r}: {len(tokens)} tokens make {count} block(s) of block_size="
-            f"{block_size}; need at least 2 (one to train on, one to validate)"
+            f"data.root={root!r}: {cache.tokens} tokens make {count} block(s) of "
+            f"data.block_size={block_size}; need at least 2 (one to train on, one to validate)"
         )
-    blocks = tokens[: count * block_size].view(count, block_size)
-    lengths = None
-    if min_length is not None:
-        generator = torch.Generator().manual_seed(count)  # fixed for the corpus
-        lengths = torch.randint(min_length, block_size + 1, (count,), generator=generator)
-    train = TokenBlocks(blocks[:-n_val], None if lengths is None else lengths[:-n_val])
-    val = TokenBlocks(blocks[-n_val:], None if lengths is None else lengths[-n_val:])
+    if pack:
+        train: Any = TokenBlocks(cache, block_size, 0, count - n_val, min_length)
+        val: Any = TokenBlocks(cache, block_size, count - n_val, n_val, min_length)
+    else:
+        train = TokenPieces(cache, block_size, 0, count - n_val)
+        val = TokenPieces(cache, block_size, count - n_val, n_val)
+    ragged = min_length is not None or not pack
     return Datasets(
         train=train,
         val=val,
-        collate_fn=PadCollate(ignore_index=IGNORE_INDEX) if lengths is not None else None,
-        info={"vocab_size": int(tokenizer.vocab_size), "block_size": block_size},
+        collate_fn=PadCollate(ignore_index=IGNORE_INDEX) if ragged else None,
+        info={"vocab_size": cache.vocab_size, "block_size": block_size},
     )
+
+
+text_files.prepare = prepare  # type: ignore[attr-defined]  (see runner.data.datasets)
+
+
+def cache_of(datasets: Datasets) -> Path | None:
+    """Where a text dataset's tokens are (for logs)."""
+    train = datasets.train
+    return Path(train.path).parent if isinstance(train, _TokenReader) else None

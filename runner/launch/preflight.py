@@ -8,23 +8,30 @@ nested `_target_` nodes included. The values runner passes itself (what the data
 such as num_classes) count as given; the data is built to learn them only when a required
 argument is otherwise missing. Problems are reported like every other invalid
 configuration: all at once, exit 2, no rank started.
+
+Before that, the data is prepared (runner.data.datasets.prepare_data: a corpus tokenized
+into its cache), here where no watchdog runs yet, once per node rather than once per rank.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from runner import components
-from runner.data.datasets import build_datasets
+from runner.data.datasets import build_datasets, prepare_data
 from runner.models.blocks import find_blocks
 from runner.models.builders import build_model
 from runner.spec import RunSpec
 
+log = logging.getLogger("runner")
 INVALID = 2  # the exit code of an invalid configuration, as in the parent
 
 
 def component_problems(spec: RunSpec) -> list[str]:
     found = components.problems("data", spec.data.node)
+    if not found:
+        found += _prepare_problems(spec)
     reported: dict[str, Any] = {}
 
     def provided() -> dict[str, Any] | None:
@@ -35,10 +42,9 @@ def component_problems(spec: RunSpec) -> list[str]:
                 try:
                     reported["info"] = build_datasets(spec.data).info
                 except Exception as exc:
-                    first = (str(exc).strip().splitlines() or [""])[0]
                     found.append(
                         f"data._target_={spec.data.target}: building the data raised "
-                        f"{type(exc).__name__}: {first}"
+                        f"{type(exc).__name__}: {_first_line(exc)}"
                     )
         return reported["info"]
 
@@ -52,6 +58,26 @@ def component_problems(spec: RunSpec) -> list[str]:
     return found
 
 
+def _prepare_problems(spec: RunSpec) -> list[str]:
+    """Prepare the data; what went wrong, as a problem (its messages name the keys)."""
+    try:
+        prepared = prepare_data(spec.data)
+    except (ValueError, OSError) as exc:
+        return [_first_line(exc)]
+    except Exception as exc:
+        return [
+            f"data._target_={spec.data.target}: preparing the data raised "
+            f"{type(exc).__name__}: {_first_line(exc)}"
+        ]
+    if prepared is not None:
+        log.info("runner: data: %s", prepared)
+    return []
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
     """Activation checkpointing needs blocks: build the model on the meta device (no memory,
     no init cost) and look for them."""
@@ -63,9 +89,9 @@ def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
         with torch.device("meta"):
             model = build_model(spec.model, info)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
         return [
-            f"model._target_={spec.model.target}: building it raised {type(exc).__name__}: {first}"
+            f"model._target_={spec.model.target}: building it raised {type(exc).__name__}: "
+            + _first_line(exc)
         ]
     found = []
     wrap = list(getattr(spec.parallelism, "wrap", ()))

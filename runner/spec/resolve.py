@@ -22,6 +22,7 @@ import yaml
 from runner import hardware
 from runner.procs import can_fork_ranks
 from runner.spec.convert import SpecError, from_dict, to_dict
+from runner.spec.data_paths import resolve_data_paths
 from runner.spec.schema import (
     DEEPSPEED_SPECS,
     Precision,
@@ -30,9 +31,6 @@ from runner.spec.schema import (
 )
 
 CONFIG_FILE = "config.yaml"
-CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
-IMAGE_FOLDER, CIFAR10 = "runner.data.vision.image_folder", "runner.data.vision.cifar10"
-FILE_DATA = {IMAGE_FOLDER, CIFAR10, "runner.data.text.text_files"}  # built-ins that need a root
 
 
 def resolve_spec(
@@ -51,7 +49,7 @@ def resolve_spec(
     problems: list[str] = []
     spec = _resolve_hardware(spec, problems, cuda_devices)
     spec = _resolve_nodes(spec, problems, os.environ if environ is None else environ)
-    spec = _resolve_data_root(spec, problems)
+    spec = resolve_data_paths(spec, problems)
     spec = _resolve_code_dirs(spec, problems)
     spec = _resolve_trackers(spec)
     if problems:  # the checks below need a resolved nproc and device
@@ -144,42 +142,6 @@ def _resolve_nodes(spec: RunSpec, problems: list[str], environ: Mapping[str, str
         master_addr=place.master_addr,
         master_port=place.master_port,
     )
-
-
-def _resolve_data_root(spec: RunSpec, problems: list[str]) -> RunSpec:
-    """`data.root`, where a data component takes one: made absolute and checked to exist (and,
-    for the built-in file formats, to hold what they read)."""
-    data = spec.data
-    value = data.args.get("root")
-    if value is None:
-        if "root" in data.args and data.target in FILE_DATA:
-            problems.append(
-                f"data.root=null: data={data.name} reads local files; set data.root=DIR"
-            )
-        return spec
-    if not isinstance(value, str):
-        return spec
-    root = Path(value).expanduser().resolve()
-    if not root.is_dir():
-        problems.append(f"data.root={value!r}: directory does not exist")
-    elif data.target == IMAGE_FOLDER:
-        for split in ("train", "val"):
-            split_dir = root / split
-            if not split_dir.is_dir() or not any(p.is_dir() for p in split_dir.iterdir()):
-                problems.append(
-                    f"data.root={value!r}: data=image_folder needs {split}/<class>/<images> "
-                    f"under the root; {split_dir} has no class folders"
-                )
-    elif data.target == CIFAR10:
-        batches = root / "cifar-10-batches-py"
-        missing = [f for f in CIFAR10_FILES if not (batches / f).is_file()]
-        if missing:
-            problems.append(
-                f"data.root={value!r}: data=cifar10 needs the python-pickle files under "
-                f"{batches} (missing: {', '.join(missing)}); runner never downloads data"
-            )
-    args = {**data.args, "root": str(root)}
-    return dataclasses.replace(spec, data=dataclasses.replace(data, args=args))
 
 
 def _resolve_code_dirs(spec: RunSpec, problems: list[str]) -> RunSpec:

@@ -1,0 +1,28 @@
+"""A composed Hydra config as a checked RunSpec, and its problems as the user reads them:
+shared by a run (runner.cli.main) and `runner prepare` (runner.cli.prepare)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from runner.spec import RunSpec, SpecError, resolve_spec
+
+
+def resolve_cfg(cfg: DictConfig, run_dir: Path, requeued: bool = False) -> RunSpec:
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "config"
+        raise SpecError([f"{key}: {str(exc).splitlines()[0]}"]) from None
+    if requeued and isinstance(data, dict) and data.get("resume") is None:
+        data["resume"] = "auto"  # SLURM started the job again: go on from its checkpoint
+    return resolve_spec(data, run_dir=run_dir)  # type: ignore[arg-type]
+
+
+def problems_text(problems: list[str]) -> str:
+    count = len(problems)
+    lines = "\n".join(f"  - {p}" for p in problems)
+    return f"runner: invalid configuration ({count} problem{'s' * (count > 1)}):\n{lines}"

@@ -1,0 +1,363 @@
+"""The token cache: a corpus tokenized once, stored flat, and read by every process.
+
+One cache is a directory under the cache root (`data.cache_dir`, else RUNNER_CACHE_DIR,
+else ~/.cache/runner), named after the corpus folder and a content key:
+
+    tokens.bin      every document's tokens, uint16 (uint32 past 65,536 ids), with the
+                    tokenizer's separator (runner.data.tokenizing) between documents
+    documents.bin   uint64: where each document starts in tokens.bin
+    meta.json       format, key, dtype, counts, the files, the tokenizer, a checksum
+    pieces-B.bin    (made when first asked) documents cut into blocks of B tokens
+
+The key hashes each file's path under the root, size and modification time, the
+tokenizer's identity, the text field and the format version: a changed, added or removed
+file, or another tokenizer, is another key, so stale tokens are never served.
+
+Concurrent runs agree through an exclusive lock (flock) on `<name>.lock` beside it: one
+process builds, into `<name>.building-<pid>`, and the others wait. The directory appears
+under its name by one rename, after every file in it is complete and synced: a cache that
+exists is finished. A build that is killed leaves only its `.building-` directory, which
+the next builder removes; a build that fails (a full disk) removes its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runner.artifacts import file_lock, write_atomic
+from runner.data.corpus import find_files, fingerprint, read_pieces
+from runner.data.token_progress import BuildProgress
+from runner.data.tokenizing import Tokenizer
+
+FORMAT = 1
+CACHE_ENV = "RUNNER_CACHE_DIR"
+BATCH_BYTES = 8 << 20  # text handed to the tokenizer at once (its threads share it)
+log = logging.getLogger("runner")
+
+
+class CacheDamaged(Exception):
+    """A finished cache whose files disagree with its meta.json (truncated, replaced)."""
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    if cache_dir:
+        return Path(cache_dir).expanduser().resolve()
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser().resolve()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "runner"
+
+
+def token_dtype(vocab_size: int, wanted: str = "auto") -> np.dtype:
+    """uint16 while every id fits (nanoGPT's choice: half the bytes), else uint32."""
+    if wanted not in ("auto", "uint16", "uint32"):
+        raise ValueError(f"data.token_dtype={wanted!r}: valid: auto, uint16, uint32")
+    if wanted == "uint16" and vocab_size > 1 << 16:
+        raise ValueError(
+            f"data.token_dtype=uint16: the tokenizer has {vocab_size:,} ids, more than uint16 "
+            "holds (65,536); valid here: auto, uint32"
+        )
+    if vocab_size > 1 << 32:
+        raise ValueError(f"data.tokenizer: {vocab_size:,} ids do not fit in uint32")
+    return np.dtype(np.uint32 if wanted == "uint32" or vocab_size > 1 << 16 else np.uint16)
+
+
+@dataclass(frozen=True)
+class TokenCache:
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def tokens_file(self) -> Path:
+        return self.path / "tokens.bin"
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.meta["dtype"])
+
+    @property
+    def tokens(self) -> int:
+        return int(self.meta["tokens"])
+
+    @property
+    def documents(self) -> int:
+        return int(self.meta["documents"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    def __str__(self) -> str:
+        return f"token cache {self.path} ({self.tokens:,} tokens, {self.dtype.name})"
+
+    def pieces(self, block_size: int) -> np.ndarray:
+        """Documents cut into blocks of at most `block_size` tokens, as (start, length) rows
+        (data.pack=false), built once per block size and memory-mapped."""
+        path = self.path / f"pieces-{block_size}.bin"
+        if not path.exists():
+            with file_lock(self.path.parent / f"{self.path.name}.lock"):
+                if not path.exists():
+                    write_atomic(path, _cut_documents(self, block_size).tobytes())
+        return np.memmap(path, dtype=np.int64, mode="r").reshape(-1, 2)
+
+    def check(self) -> None:
+        """The files are the sizes meta.json says (cheap: no token is read)."""
+        expected = {
+            "tokens.bin": self.tokens * self.dtype.itemsize,
+            "documents.bin": self.documents * 8,
+        }
+        for name, size in expected.items():
+            path = self.path / name
+            actual = path.stat().st_size if path.exists() else None
+            if actual != size:
+                found = "is missing" if actual is None else f"has {actual:,} bytes"
+                raise CacheDamaged(f"{path} {found}; its meta.json says {size:,}")
+
+    def verify(self) -> None:
+        """Every token against the checksum taken when it was written (reads them all)."""
+        self.check()
+        if _checksum(self.tokens_file) != self.meta["checksum"]:
+            raise CacheDamaged(f"{self.tokens_file}: its checksum differs from meta.json's")
+
+
+def _cut_documents(cache: TokenCache, block_size: int) -> np.ndarray:
+    starts = np.fromfile(cache.path / "documents.bin", dtype=np.uint64).astype(np.int64)
+    gap = int(cache.meta["separator_length"])
+    ends = np.append(starts[1:] - gap, cache.tokens)
+    lengths = ends - starts
+    counts = -(-lengths // block_size)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    doc = np.repeat(np.arange(len(starts)), counts)
+    offset = (np.arange(int(counts.sum())) - first) * block_size
+    return np.stack([starts[doc] + offset, np.minimum(block_size, lengths[doc] - offset)], 1)
+
+
+def cache_key(listing: list[list], tokenizer: Tokenizer, text_field: str, dtype: np.dtype) -> str:
+    content = {
+        "format": FORMAT,
+        "files": listing,
+        "tokenizer": tokenizer.identity,
+        "text_field": text_field,
+        "dtype": dtype.name,
+    }
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def open_cache(
+    root: str | Path,
+    pattern: str,
+    tokenizer: Tokenizer,
+    text_field: str = "text",
+    cache_dir: str | None = None,
+    dtype: str = "auto",
+    rebuild: bool = False,
+) -> TokenCache:
+    """The finished cache of this corpus and tokenizer, built first if there is none (or it
+    is damaged, or `rebuild`). Safe to call from many processes at once."""
+    root = Path(root).expanduser().resolve()
+    files = find_files(root, pattern)
+    if not files:
+        raise ValueError(f"data.root={str(root)!r}: no file matches data.pattern={pattern!r}")
+    chosen = token_dtype(tokenizer.vocab_size, dtype)
+    listing = fingerprint(files, root)
+    key = cache_key(listing, tokenizer, text_field, chosen)
+    name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', root.name) or 'corpus'}-{key[:16]}"
+    final = cache_root(cache_dir) / name
+    if not rebuild:
+        found = _open_finished(final, repair=False)
+        if found is not None:
+            return found
+    final.parent.mkdir(parents=True, exist_ok=True)
+    lock = final.parent / f"{name}.lock"
+    with _held(lock, final):
+        if rebuild:
+            _remove(final)
+            rebuild = False
+        found = _open_finished(final, repair=True)
+        if found is not None:  # another process built it while this one waited
+            return found
+        for stale in final.parent.glob(f"{name}.building-*"):  # a killed build's
+            log.info("runner: removing %s (a build that did not finish)", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        meta = {"format": FORMAT, "key": key, "root": str(root), "files": listing}
+        meta |= {"text_field": text_field, "tokenizer": tokenizer.description}
+        _build(final, files, tokenizer, text_field, chosen, meta)
+    return TokenCache(final, json.loads((final / "meta.json").read_text()))
+
+
+def _open_finished(final: Path, repair: bool) -> TokenCache | None:
+    """The cache if it is there and whole; a damaged one is removed when `repair` (only
+    under the lock: never a cache another process is building)."""
+    try:
+        cache = TokenCache(final, json.loads((final / "meta.json").read_text()))
+        cache.check()
+    except FileNotFoundError:
+        return None
+    except (CacheDamaged, ValueError, KeyError) as exc:
+        if repair:
+            log.warning("runner: the token cache is damaged (%s); building it again", exc)
+            _remove(final)
+        return None
+    return cache
+
+
+def _remove(final: Path) -> None:
+    """Out of the way by one rename (a reader of it keeps its open files), then deleted."""
+    doomed = final.with_name(f"{final.name}.building-removed-{os.getpid()}")
+    try:
+        os.replace(final, doomed)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+class _held:
+    """The build lock; says who holds it while this process waits."""
+
+    def __init__(self, lock: Path, final: Path):
+        self.lock, self.final, self.file = lock, final, None
+
+    def __enter__(self) -> None:
+        import fcntl
+
+        self.file = open(self.lock, "a+")  # noqa: SIM115 (held until __exit__)
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip() or "another process"
+            log.info("runner: waiting for %s to finish building %s", holder, self.final)
+            fcntl.flock(self.file, fcntl.LOCK_EX)
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        self.file.flush()
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.file is not None
+        self.file.truncate(0)
+        self.file.close()  # releases the lock
+
+
+def _build(
+    final: Path,
+    files: list[Path],
+    tokenizer: Tokenizer,
+    text_field: str,
+    dtype: np.dtype,
+    meta: dict[str, Any],
+) -> None:
+    work = final.with_name(f"{final.name}.building-{os.getpid()}")
+    work.mkdir()
+    progress = BuildProgress(sum(f.stat().st_size for f in files), final)
+    try:
+        with open(work / "tokens.bin", "wb") as tokens, open(work / "documents.bin", "wb") as docs:
+            writer = _Writer(tokens, docs, tokenizer, dtype, progress)
+            for path in files:
+                for piece in read_pieces(path, text_field):
+                    writer.add(piece)
+            writer.flush()
+            for f in (tokens, docs):
+                f.flush()
+                os.fsync(f.fileno())
+        meta |= {
+            "dtype": dtype.name,
+            "vocab_size": tokenizer.vocab_size,
+            "separator_length": len(tokenizer.separator),
+            "tokens": writer.count,
+            "documents": writer.documents,
+            "checksum": writer.checksum.hexdigest(),
+            "built": {"at": time.time(), "seconds": round(progress.elapsed, 3)},
+        }
+        write_atomic(work / "meta.json", json.dumps(meta, indent=1) + "\n")
+        _fsync_dir(work)
+        os.replace(work, final)
+        _fsync_dir(final.parent)
+    except BaseException as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        if isinstance(exc, OSError):
+            free = shutil.disk_usage(final.parent).free
+            raise OSError(
+                exc.errno,
+                f"writing the token cache {final} failed: {exc.strerror or exc} ({free / 1e6:,.0f}"
+                " MB free there); nothing was kept. Set data.cache_dir to a disk with room",
+            ) from None
+        raise
+    finally:
+        progress.close()
+    progress.report(writer.count, writer.documents)
+
+
+class _Writer:
+    """Tokenizes pieces a batch at a time and appends their tokens and document starts."""
+
+    def __init__(self, tokens: Any, docs: Any, tokenizer: Tokenizer, dtype: np.dtype, progress):
+        self.tokens, self.docs, self.tokenizer, self.dtype = tokens, docs, tokenizer, dtype
+        self.progress = progress
+        self.batch: list[Any] = []
+        self.batch_bytes = 0
+        self.count = self.documents = 0
+        self.checksum = hashlib.blake2b(digest_size=16)
+
+    def add(self, piece: Any) -> None:
+        self.batch.append(piece)
+        self.batch_bytes += piece.size
+        if self.batch_bytes >= BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.batch:
+            return
+        encoded = self.tokenizer.encode_many([p.text for p in self.batch])
+        parts, starts = [], []
+        separator = self.tokenizer.separator
+        for piece, ids in zip(self.batch, encoded, strict=True):
+            if piece.starts:
+                if self.documents:
+                    parts.append(separator)
+                    self.count += len(separator)
+                starts.append(self.count)
+                self.documents += 1
+            parts.append(ids)
+            self.count += len(ids)
+        flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        if len(flat) and (flat.min() < 0 or flat.max() >= self.tokenizer.vocab_size):
+            bad = int(flat.max() if flat.max() >= self.tokenizer.vocab_size else flat.min())
+            raise ValueError(
+                f"data.tokenizer: {self.tokenizer.description} returned id {bad}, outside its "
+                f"vocabulary of {self.tokenizer.vocab_size}"
+            )
+        data = flat.astype(self.dtype).tobytes()
+        self.tokens.write(data)
+        self.checksum.update(data)
+        self.docs.write(np.asarray(starts, np.uint64).tobytes())
+        self.progress.advance(self.batch_bytes)
+        self.batch, self.batch_bytes = [], 0
+
+
+def _checksum(path: Path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
