@@ -14,59 +14,32 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import yaml
-
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
-WARMUP = 5  # steps excluded from every timing
-STEP = "s/step"
-SPS = "samples/s"
-FIRST = "s to first step"
-STATE = "state MB/rank"  # parameters + gradients + optimizer state (summary.json state_bytes)
-MB = 1024 * 1024
-
-
-def thread_env(nproc: int, threads: int | None = None) -> dict[str, str]:
-    """Identical threading for runner and the baseline: cores split among local ranks.
-
-    torchrun sets only OMP_NUM_THREADS; MKL would otherwise start threads of its own
-    in every rank and oversubscribe the cores (measured here: 0.60 vs 0.49 s/step).
-    """
-    count = str(threads or max(1, (os.cpu_count() or 1) // nproc))
-    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-    return {**os.environ, **dict.fromkeys(names, count)}
-
-
-@dataclass
-class Config:
-    name: str
-    measure: Callable[[], dict[str, float]]  # metrics of one run
-    baseline: str | None = None  # the configuration ratios compare with (default: the first)
-
-
-def _venv_tool(name: str) -> str:
-    """A console script of this environment (`runner`, `torchrun`), as a user would call it."""
-    return str(Path(sys.executable).parent / name)
-
-
-def run(command: list[str], env: dict[str, str], cwd: str | None = None) -> str:
-    """Run one benchmarked command; its stdout. A failure stops the suite with its stderr."""
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-25:])
-        sys.exit(f"benchmark command failed (exit {proc.returncode}): {' '.join(command)}\n{tail}")
-    return proc.stdout
+from common import (
+    FIRST,
+    MB,
+    REPO,
+    RESULTS,
+    SPS,
+    STATE,
+    STEP,
+    WARMUP,
+    Config,
+    run,
+    thread_env,
+    time_command,
+    venv_tool,
+)
+from data_bench import DATA_RATIO_METRICS, DATA_SUITES
 
 
 def run_runner(
@@ -76,7 +49,7 @@ def run_runner(
     excluded), and the largest rank's optimizer state and peak RSS from its summary."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        command = [_venv_tool("runner"), *overrides, f"nproc={nproc}", "max_epochs=null"]
+        command = [venv_tool("runner"), *overrides, f"nproc={nproc}", "max_epochs=null"]
         command += [f"max_steps={steps}", f"log_interval={WARMUP}", "progress_bar=false"]
         command += [f"hydra.run.dir={run_dir}"]
         env = thread_env(nproc, threads)
@@ -96,7 +69,7 @@ def run_runner(
 
 
 def plain_command(*args: str, nproc: int, steps: int, warmup: int = WARMUP) -> list[str]:
-    command = [_venv_tool("torchrun"), "--standalone", f"--nproc-per-node={nproc}"]
+    command = [venv_tool("torchrun"), "--standalone", f"--nproc-per-node={nproc}"]
     command += [str(REPO / "benchmarks" / "plain_ddp.py"), f"--steps={steps}"]
     return [*command, f"--warmup={warmup}", *args]
 
@@ -117,13 +90,6 @@ def run_plain(*args: str, nproc: int, steps: int, threads: int | None = None) ->
 # --- B1 + B2: per-step overhead and time to first step, timed from outside -------------
 
 
-def time_command(command: list[str], cwd: str, nproc: int) -> tuple[float, float, str]:
-    """Wall seconds of the whole command, its start as unix time, and its stdout."""
-    start = time.time()
-    stdout = run(command, thread_env(nproc), cwd=cwd)
-    return time.time() - start, start, stdout
-
-
 def outside_runner(
     model: str,
     steps: int,
@@ -139,7 +105,7 @@ def outside_runner(
     """
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        command = [_venv_tool("runner")] if prestart else [sys.executable, "-m", "runner.cli.main"]
+        command = [venv_tool("runner")] if prestart else [sys.executable, "-m", "runner.cli.main"]
         command += [f"model={model}", "data=synthetic", f"nproc={nproc}"]
         command += [f"global_batch_size={batch}", f"max_steps={steps}", "max_epochs=null"]
         command += ["eval_interval=1000000", f"hydra.run.dir={run_dir}"]  # eval: last step only
@@ -221,7 +187,7 @@ def tracker_row(logger: str) -> Config:
     def measure() -> dict[str, float]:
         with tempfile.TemporaryDirectory() as tmp:
             run_dir = Path(tmp) / "run"
-            command = [_venv_tool("runner"), "model=mlp", "data=synthetic", "nproc=2"]
+            command = [venv_tool("runner"), "model=mlp", "data=synthetic", "nproc=2"]
             command += ["global_batch_size=64", f"max_steps={TRACKER_STEPS}", "max_epochs=null"]
             command += ["eval_interval=1000000", "progress_bar=false", f"logger={logger}"]
             wall, _, _ = time_command([*command, f"hydra.run.dir={run_dir}"], tmp, 2)
@@ -288,7 +254,7 @@ def sweep_suite(_steps: int) -> list[Config]:
     def runner_sweep(*extra: str) -> Callable[[], dict[str, float]]:
         def measure() -> dict[str, float]:
             with tempfile.TemporaryDirectory() as tmp:
-                command = [_venv_tool("runner"), "-m", *job, seeds, *extra]
+                command = [venv_tool("runner"), "-m", *job, seeds, *extra]
                 wall, _, _ = time_command([*command, f"hydra.sweep.dir={tmp}/sweep"], tmp, 2)
             return {SWEEP_WALL: wall}
 
@@ -409,7 +375,7 @@ def measure_state(*overrides: str) -> dict[str, float]:
     """A short 2-rank run (3 steps): the largest rank's state and peak RSS, in MB."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        command = [_venv_tool("runner"), *overrides, "nproc=2", "max_steps=3", "log_interval=1"]
+        command = [venv_tool("runner"), *overrides, "nproc=2", "max_steps=3", "log_interval=1"]
         command += ["progress_bar=false", f"hydra.run.dir={run_dir}"]
         run(command, thread_env(2), cwd=tmp)
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -560,7 +526,7 @@ def compile_row(name: str, extra: tuple[str, ...], steps: int, corpus: Path) -> 
     def measure() -> dict[str, float]:
         with tempfile.TemporaryDirectory() as tmp:
             run_dir = Path(tmp) / "run"
-            command = [_venv_tool("runner"), *COMPILE_GPT, f"data.root={corpus}", "nproc=2"]
+            command = [venv_tool("runner"), *COMPILE_GPT, f"data.root={corpus}", "nproc=2"]
             command += [f"max_steps={steps}", "max_epochs=null", f"log_interval={WARMUP}"]
             command += ["progress_bar=false", *extra, f"hydra.run.dir={run_dir}"]
             env = {**thread_env(2), "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor")}
@@ -684,6 +650,7 @@ SUITES = {
         "global batch 16, fp32, AdamW",
         activation_suite,
     ),
+    **DATA_SUITES,
 }
 
 
@@ -697,7 +664,7 @@ def machine() -> str:
 
 
 # compared with the baseline; the rest shown as is
-RATIO_METRICS = (STEP, FIRST, SPS, STATE, ITEMS, SWEEP_WALL)
+RATIO_METRICS = (STEP, FIRST, SPS, STATE, ITEMS, SWEEP_WALL, *DATA_RATIO_METRICS)
 
 
 def _cell(values: list[float], digits: int) -> str:

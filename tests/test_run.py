@@ -204,3 +204,19 @@ def test_zero_runs_hold_half_the_optimizer_state(cli, zero2_offload_run) -> None
         model.load_state_dict(weights[name])
     zero1, zero2 = weights["zero1"], weights["zero2"]
     assert all(torch.allclose(zero2[k], zero1[k], rtol=1e-5, atol=1e-7) for k in zero1)
+
+
+def test_eval_batches_evaluates_the_first_samples_of_the_validation_set(cli) -> None:
+    """eval_batches=1 with 3 ranks and a global batch of 48: every evaluation is the loss of
+    the validation set's first 48 samples, as the final weights give it here."""
+    from runner.data.digits import digits
+
+    result = cli(*FAST, "nproc=3", "global_batch_size=48", "max_epochs=null", "max_steps=4",
+                 "eval_batches=1")  # fmt: skip
+    assert result.returncode == 0, result.output
+    model = build_model(load_spec(result.run_dir).model, DIGITS_INFO)
+    model.load_state_dict(torch.load(result.run_dir / "model.pt", weights_only=True))
+    images, labels = digits().val.batch(list(range(48)))
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(model(images), labels).item()
+    assert result.summary()["final"]["val/loss"] == pytest.approx(expected, rel=1e-5)

@@ -69,6 +69,8 @@ def build_eval_loader(
     num_workers: int,
     pin_memory: bool = False,
     collate_fn: Callable[[list[Any]], Any] | None = None,
+    limit: int | None = None,
 ) -> DataLoader:
-    sampler = ShardSampler(len(dataset), batch_size, world_size, rank)
+    """Every rank's share of the validation set, or of its first `limit` samples."""
+    sampler = ShardSampler(len(dataset), batch_size, world_size, rank, limit)
     return _loader(dataset, collate_fn, sampler, num_workers, pin_memory)

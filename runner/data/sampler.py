@@ -1,7 +1,8 @@
 """Global batches, cut into per-rank microbatches so every split sees the same samples.
 
 Each epoch shuffles the whole training set with (seed, epoch) only, then cuts the
-permutation into global batches of `global_batch_size`. Rank r takes positions
+permutation into global batches of `global_batch_size` (runner.data.permutation computes
+the order a slice at a time: no rank holds a permutation of the whole set). Rank r takes positions
 r, r+W, r+2W, ... of each global batch and splits them into `grad_accum`
 microbatches. Whatever the world size W and grad_accum, optimizer step k trains
 on exactly the samples of global batch k. Nothing is padded or repeated: the
@@ -17,6 +18,8 @@ import math
 from collections.abc import Iterator
 
 import numpy as np
+
+from runner.data.permutation import EpochOrder
 
 PLACEHOLDER = -1
 
@@ -64,11 +67,6 @@ class GlobalBatchSampler:
         start = step_in_epoch * self.global_batch_size
         return max(0, min(self.global_batch_size, self.num_samples - start))
 
-    def _permutation(self) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(self.num_samples)
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
-
     def microbatches(self, global_batch: np.ndarray) -> list[list[int]]:
         """This rank's share of one global batch, as `grad_accum` index lists."""
         mine = global_batch[self.rank :: self.world_size]
@@ -76,7 +74,7 @@ class GlobalBatchSampler:
         return [chunk.tolist() if len(chunk) else [PLACEHOLDER] for chunk in chunks]
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = self._permutation()
+        order = EpochOrder(self.num_samples, self.seed, self.epoch, self.shuffle)
         g = self.global_batch_size
         for step in range(self.start_step, self.steps_per_epoch):
             yield from self.microbatches(order[step * g : (step + 1) * g])
@@ -93,14 +91,22 @@ class ShardSampler:
     meets the same collectives on every rank. The placeholder counts nothing.
     """
 
-    def __init__(self, num_samples: int, batch_size: int, world_size: int, rank: int):
-        self.indices = list(range(rank, num_samples, world_size))
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        world_size: int,
+        rank: int,
+        limit: int | None = None,
+    ):
+        count = num_samples if limit is None else min(num_samples, limit)  # the first `limit`
+        self.indices = range(rank, count, world_size)
         self.batch_size = batch_size
-        self.batches = math.ceil(math.ceil(num_samples / world_size) / batch_size)
+        self.batches = math.ceil(math.ceil(count / world_size) / batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
         for start in range(0, self.batches * self.batch_size, self.batch_size):
-            yield self.indices[start : start + self.batch_size] or [PLACEHOLDER]
+            yield list(self.indices[start : start + self.batch_size]) or [PLACEHOLDER]
 
     def __len__(self) -> int:
         return self.batches

@@ -367,6 +367,7 @@ class RunSpec:
 
     log_interval: int = _bound(10, min=1)
     eval_interval: int | None = _bound(None, min=1)
+    eval_batches: int | None = _bound(None, min=1)  # evaluate the first N global batches only
     progress_bar: bool = True
 
     resume: str | None = None
@@ -385,6 +386,11 @@ class RunSpec:
         """Activation checkpointing as 'every Nth block' (0: off, 1: every block)."""
         ac = self.activation_checkpointing
         return {"none": 0, "full": 1}[ac] if isinstance(ac, str) else ac
+
+    @property
+    def eval_samples(self) -> int | None:
+        """How much of the validation set an evaluation reads (eval_batches); None: all."""
+        return None if self.eval_batches is None else self.eval_batches * self.global_batch_size
 
     @property
     def per_rank_batch_size(self) -> int:

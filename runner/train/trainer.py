@@ -130,6 +130,7 @@ class Trainer:
                 workers,
                 pin,
                 data.collate_fn,
+                limit=spec.eval_samples,
             )
             if data.val is not None
             else None
