@@ -54,6 +54,10 @@ CASES = [
         "data.tokenizer='/no/tokenizer.json': no such file or directory",
     ),
     (
+        ["data=text", f"data.root={CONF}", f"data.cache_dir={CONF}"],
+        f"data.cache_dir='{CONF}': the corpus folder itself; use a folder of its own",
+    ),
+    (
         ["data=text", f"data.root={CONF}", f"data.tokenizer={CONF}"],
         f"data.tokenizer='{CONF}': the directory has no tokenizer.json",
     ),

@@ -349,3 +349,13 @@ def test_loader_workers_read_the_same_batches(tmp_path: Path) -> None:
         assert len(batches[0]) == len(batches[1]) > 3
         for a, b in zip(*batches, strict=True):
             assert all(torch.equal(a[k], b[k]) for k in a), ragged
+
+
+def test_a_cache_beside_the_data_is_not_part_of_it(tmp_path: Path) -> None:
+    """data.cache_dir=${data.root}/.cache with a pattern that would match the cache's own
+    files (meta.json): the corpus stays what it was, and the cache is found again."""
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.json").write_text('{"text": "hello"}\n')
+    first = open_bytes(tmp_path / "c", tmp_path / "c" / ".cache", "**/*.json")
+    again = open_bytes(tmp_path / "c", tmp_path / "c" / ".cache", "**/*.json")
+    assert first.path == again.path and len(again.meta["files"]) == 1

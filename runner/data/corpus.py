@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-PIECE_BYTES = 4 << 20
+PIECE_BYTES = 1 << 20
 JSON_LINES = (".jsonl", ".json")
 PARQUET = (".parquet",)
 _BLANK = b" \t\r\n"
@@ -34,9 +34,13 @@ class Piece:
     size: int  # bytes of the source it came from (for the progress bar)
 
 
-def find_files(root: str | Path, pattern: str) -> list[Path]:
-    """The corpus's files, in name order (the order their tokens are stored in)."""
-    return sorted(p for p in Path(root).glob(pattern) if p.is_file())
+def find_files(root: str | Path, pattern: str, skip: Path | None = None) -> list[Path]:
+    """The corpus's files, in name order (the order their tokens are stored in); none under
+    `skip` (a token cache kept beside the data, data.cache_dir=${data.root}/.cache)."""
+    found = sorted(p for p in Path(root).glob(pattern) if p.is_file())
+    if skip is None or Path(root) not in skip.parents:
+        return found
+    return [p for p in found if skip not in p.parents]
 
 
 def fingerprint(files: list[Path], root: Path) -> list[list]:
@@ -96,7 +100,9 @@ def _json_lines(path: Path, text_field: str) -> Iterator[Piece]:
             try:
                 record = json.loads(line)
             except ValueError as exc:
-                raise ValueError(f"{path}, line {number}: not JSON ({exc})") from None
+                raise ValueError(
+                    f"{path}, line {number}: not JSON ({exc}); JSON Lines hold one object a line"
+                ) from None
             text = record.get(text_field) if isinstance(record, dict) else None
             if not isinstance(text, str):
                 found = sorted(record) if isinstance(record, dict) else type(record).__name__

@@ -84,4 +84,9 @@ def _check_text(value: str, root: Path, args: dict, problems: list[str]) -> None
         path = Path(cache_dir).expanduser().resolve()
         if path.exists() and not path.is_dir():
             problems.append(f"data.cache_dir={cache_dir!r}: exists and is not a directory")
+        elif path == root:
+            problems.append(
+                f"data.cache_dir={cache_dir!r}: the corpus folder itself; use a folder of its "
+                "own, such as ${data.root}/.runner-cache"
+            )
         args["cache_dir"] = str(path)
