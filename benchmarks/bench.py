@@ -39,7 +39,7 @@ from common import (
     time_command,
     venv_tool,
 )
-from data_bench import DATA_RATIO_METRICS, DATA_SUITES
+from data_bench import DATA_HOW, DATA_RATIO_METRICS, DATA_SUITES
 
 
 def run_runner(
@@ -704,7 +704,9 @@ def run_suite(name: str, reps: int, steps: int) -> str:
         else f"{TRACKER_STEPS} steps per run; s/step from the run's own throughput records "
         "of its second half, the walls from outside (command) and from summary.json (training)"
         if name == "trackers"
-        else f"{steps} steps per run, the first {WARMUP} not timed (the processes' own clocks)"
+        else DATA_HOW.get(
+            name, f"{steps} steps per run, the first {WARMUP} not timed (the processes' own clocks)"
+        )
     )
     lines = [
         f"### {title}",

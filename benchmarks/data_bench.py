@@ -29,7 +29,7 @@ SIZES = {"10 MB": 10**7, "100 MB": 10**8, "1 GB": 10**9}
 FILE_BYTES = 16 * 10**6
 RSS = "peak RSS MB/rank"
 TEXT_RATE = "MB/s of text"
-TOKEN_RATE = "tokens/s"
+TOKEN_RATE = "M tokens/s"
 GPT = ["model=gpt", "model.n_layer=2", "model.n_head=2", "model.n_embd=64"]
 GPT += ["loss=causal_lm", "metrics=language_model", "data=text", "data.block_size=256"]
 GPT += ["global_batch_size=16", "max_epochs=null", "max_steps=3", "eval_batches=1"]
@@ -116,6 +116,7 @@ def scale_suite(_steps: int) -> list[Config]:
         root = corpus(size)
         prepare(root)  # the cache is warm before any timed run
         rows.append(scale_row(label, root))
+    os.sync()  # and every file written out: no write-back under the first timed run
     return rows
 
 
@@ -154,7 +155,7 @@ def loader_suite(_steps: int) -> list[Config]:
         def measure() -> dict[str, float]:
             script = str(REPO / "benchmarks" / "loader_throughput.py")
             out = run([sys.executable, script, implementation, cache], thread_env(1))
-            return {TOKEN_RATE: json.loads(out.strip().splitlines()[-1])["tokens_per_s"]}
+            return {TOKEN_RATE: json.loads(out.strip().splitlines()[-1])["tokens_per_s"] / 1e6}
 
         return Config(LOADERS[implementation], measure, LOADERS["nanogpt"])
 
@@ -186,3 +187,11 @@ DATA_SUITES = {
     ),
 }
 DATA_RATIO_METRICS = (RSS, TEXT_RATE, TOKEN_RATE)
+# How each suite measures, for its table's header.
+DATA_HOW = {
+    "data_scale": "each run timed from outside: its start to rank 0's first optimizer step done "
+    "(summary.json first_step_at); peak RSS from summary.json",
+    "tokenize": "MB of text / wall seconds of the whole command (runner prepare: parent, config "
+    "check, child; a fresh cache directory each time)",
+    "token_loader": "2,000 batches after 50 warmup batches, the process's own clock",
+}

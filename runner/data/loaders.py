@@ -12,16 +12,22 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from runner.data.sample_seeds import EVALUATION, SampleSeeds
 from runner.data.sampler import PLACEHOLDER, GlobalBatchSampler, ShardSampler
 
 
 class Batches(Dataset):
     """Serves a whole batch per call, collated; a dataset with `batch(indices)` (an
-    in-memory TensorData) gathers it in one indexing op."""
+    in-memory TensorData, token blocks) gathers it in one indexing op. Otherwise each sample
+    is served with its own random streams (runner.data.sample_seeds), so its augmentation
+    is the same on any rank, in any worker, after any restart."""
 
-    def __init__(self, base: Any, collate_fn: Callable[[list[Any]], Any] | None = None):
+    def __init__(
+        self, base: Any, collate_fn: Callable[[list[Any]], Any] | None = None, seed: int = 0
+    ):
         self.base = base
         self.collate_fn = collate_fn or default_collate
+        self.seeds = SampleSeeds(seed)
 
     def __len__(self) -> int:
         return len(self.base)
@@ -31,7 +37,15 @@ class Batches(Dataset):
         chosen = list(indices) if real else [0]
         if hasattr(self.base, "batch") and self.collate_fn is default_collate:
             return self.base.batch(chosen), real
-        return self.collate_fn([self.base[i] for i in chosen]), real
+        if getattr(self.base, "draws_nothing", False):  # declared free of randomness
+            return self.collate_fn([self.base[i] for i in chosen]), real
+        epoch = getattr(indices, "epoch", EVALUATION)
+        samples = []
+        with self.seeds.streams():
+            for i in chosen:
+                self.seeds.seed_sample(epoch, i)
+                samples.append(self.base[i])
+        return self.collate_fn(samples), real
 
 
 def _passthrough(batch: Any) -> Any:
@@ -39,10 +53,15 @@ def _passthrough(batch: Any) -> Any:
 
 
 def _loader(
-    dataset: Any, collate_fn: Any, batch_sampler: Any, num_workers: int, pin_memory: bool
+    dataset: Any,
+    collate_fn: Any,
+    batch_sampler: Any,
+    num_workers: int,
+    pin_memory: bool,
+    seed: int = 0,
 ) -> DataLoader:
     return DataLoader(
-        Batches(dataset, collate_fn),
+        Batches(dataset, collate_fn, seed),
         batch_sampler=batch_sampler,
         collate_fn=_passthrough,
         num_workers=num_workers,
@@ -58,7 +77,7 @@ def build_train_loader(
     pin_memory: bool = False,
     collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader:
-    return _loader(dataset, collate_fn, sampler, num_workers, pin_memory)
+    return _loader(dataset, collate_fn, sampler, num_workers, pin_memory, sampler.seed)
 
 
 def build_eval_loader(
@@ -70,7 +89,8 @@ def build_eval_loader(
     pin_memory: bool = False,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     limit: int | None = None,
+    seed: int = 0,
 ) -> DataLoader:
     """Every rank's share of the validation set, or of its first `limit` samples."""
     sampler = ShardSampler(len(dataset), batch_size, world_size, rank, limit)
-    return _loader(dataset, collate_fn, sampler, num_workers, pin_memory)
+    return _loader(dataset, collate_fn, sampler, num_workers, pin_memory, seed)

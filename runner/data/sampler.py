@@ -24,6 +24,16 @@ from runner.data.permutation import EpochOrder
 PLACEHOLDER = -1
 
 
+class Microbatch(list):
+    """A microbatch's sample indices and the epoch they are drawn in: DataLoader hands it
+    as it is to the dataset (in a worker too), whose samples' random augmentation depends on
+    the epoch (runner.data.sample_seeds)."""
+
+    def __init__(self, indices: list[int], epoch: int):
+        super().__init__(indices)
+        self.epoch = epoch
+
+
 class GlobalBatchSampler:
     """A batch sampler for DataLoader(batch_sampler=...): yields this rank's microbatches."""
 
@@ -67,13 +77,13 @@ class GlobalBatchSampler:
         start = step_in_epoch * self.global_batch_size
         return max(0, min(self.global_batch_size, self.num_samples - start))
 
-    def microbatches(self, global_batch: np.ndarray) -> list[list[int]]:
+    def microbatches(self, global_batch: np.ndarray) -> list[Microbatch]:
         """This rank's share of one global batch, as `grad_accum` index lists."""
         mine = global_batch[self.rank :: self.world_size]
         chunks = np.array_split(mine, self.grad_accum)
-        return [chunk.tolist() if len(chunk) else [PLACEHOLDER] for chunk in chunks]
+        return [Microbatch(c.tolist() if len(c) else [PLACEHOLDER], self.epoch) for c in chunks]
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[Microbatch]:
         order = EpochOrder(self.num_samples, self.seed, self.epoch, self.shuffle)
         g = self.global_batch_size
         for step in range(self.start_step, self.steps_per_epoch):

@@ -42,6 +42,8 @@ class _TokenReader:
     """Reads token ranges from a cache's tokens.bin; the file opens once per process (so a
     dataset pickles into DataLoader workers, and a fork gets its own descriptor)."""
 
+    draws_nothing = True  # no random draw per sample: the loader need not seed each one
+
     def __init__(self, cache: TokenCache, block_size: int, first: int, count: int):
         self.path, self.dtype = str(cache.tokens_file), cache.dtype
         self.block_size, self.first, self.count = block_size, first, count

@@ -131,6 +131,7 @@ class Trainer:
                 pin,
                 data.collate_fn,
                 limit=spec.eval_samples,
+                seed=spec.seed,
             )
             if data.val is not None
             else None
