@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from runner.data import token_cache
+from runner.data import token_build, token_cache
 from runner.data.tokenizing import load_tokenizer
 from tests.slow_tokenizer import SlowBytes
 
@@ -20,7 +20,7 @@ from tests.slow_tokenizer import SlowBytes
 def main(root: str, cache_dir: str, delay: str, batch: str = "", limit: str = "") -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     if batch:
-        token_cache.BATCH_BYTES = int(batch)  # write as it goes, a piece at a time
+        token_build.BATCH_BYTES = int(batch)  # write as it goes, a piece at a time
     if limit:  # the disk fills up: writes past `limit` bytes fail (EFBIG), as ENOSPC would
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), int(limit)))

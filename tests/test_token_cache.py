@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from runner.data import corpus, token_cache
+from runner.data import corpus, token_build, token_cache
 from runner.data.text import text_files
 from runner.data.tokenizing import ByteTokenizer, load_tokenizer
 from tests.conftest import REPO, child_env, runner_command
@@ -125,7 +125,7 @@ def test_large_files_are_tokenized_in_pieces_as_a_whole(tmp_path: Path, monkeypa
     texts = write_corpus(tmp_path / "c", files=1, words=2000)
     path = bpe_tokenizer(texts, tmp_path / "tok.json")
     monkeypatch.setattr(corpus, "PIECE_BYTES", 97)
-    monkeypatch.setattr(token_cache, "BATCH_BYTES", 300)
+    monkeypatch.setattr(token_build, "BATCH_BYTES", 300)
     pieces = list(corpus.read_pieces(tmp_path / "c" / "doc000.txt", "text"))
     assert len(pieces) > 50 and b"".join(p.text for p in pieces).decode() == texts[0]
     cache = token_cache.open_cache(

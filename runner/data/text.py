@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -204,9 +203,3 @@ def text_files(
 
 
 text_files.prepare = prepare  # type: ignore[attr-defined]  (see runner.data.datasets)
-
-
-def cache_of(datasets: Datasets) -> Path | None:
-    """Where a text dataset's tokens are (for logs)."""
-    train = datasets.train
-    return Path(train.path).parent if isinstance(train, _TokenReader) else None
