@@ -15,7 +15,7 @@ import platform
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -90,14 +90,26 @@ def write_atomic(path: Path, data: bytes | str) -> None:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `path` (created if missing) across processes."""
+def file_lock(path: Path, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if missing) across processes. While held,
+    the file names its holder (pid and host); a process that must wait first passes that
+    name to `on_wait`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait(lock.read().strip() or "another process")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        lock.flush()
         try:
             yield
         finally:
+            lock.truncate(0)
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 

@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,7 +184,11 @@ def open_cache(
             return found
     final.parent.mkdir(parents=True, exist_ok=True)
     lock = final.parent / f"{name}.lock"
-    with _held(lock, final):
+
+    def waiting(holder: str) -> None:
+        log.info("runner: waiting for %s to finish building %s", holder, final)
+
+    with file_lock(lock, on_wait=waiting):
         if rebuild:
             _remove(final)
             rebuild = False
@@ -225,31 +228,3 @@ def _remove(final: Path) -> None:
     except FileNotFoundError:
         return
     shutil.rmtree(doomed, ignore_errors=True)
-
-
-class _held:
-    """The build lock; says who holds it while this process waits."""
-
-    def __init__(self, lock: Path, final: Path):
-        self.lock, self.final, self.file = lock, final, None
-
-    def __enter__(self) -> None:
-        import fcntl
-
-        self.file = open(self.lock, "a+")  # noqa: SIM115 (held until __exit__)
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.file.seek(0)
-            holder = self.file.read().strip() or "another process"
-            log.info("runner: waiting for %s to finish building %s", holder, self.final)
-            fcntl.flock(self.file, fcntl.LOCK_EX)
-        self.file.seek(0)
-        self.file.truncate()
-        self.file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        self.file.flush()
-
-    def __exit__(self, *exc: object) -> None:
-        assert self.file is not None
-        self.file.truncate(0)
-        self.file.close()  # releases the lock
