@@ -9,6 +9,8 @@ runs build (RUNNER_CACHE_DIR is set there too).
 - tokenize: MB/s of text turned into a token file, both cores, `runner prepare` against a
   plain script that batch-encodes with the same Hugging Face tokenizer.
 - token_loader: tokens/s of training batches, runner's loader against nanoGPT's get_batch.
+- image_folder: images/s of data=image_folder's training pipeline (both decoders) against a
+  plain torchvision ImageFolder + DataLoader script with the same workers.
 """
 
 from __future__ import annotations
@@ -162,6 +164,54 @@ def loader_suite(_steps: int) -> list[Config]:
     return [row(name) for name in LOADERS]
 
 
+# --- image_folder --------------------------------------------------------------------
+
+IMAGES, IMAGE_RATE = 1000, "images/s"
+
+
+def image_folder() -> Path:
+    """IMAGES JPEGs of 500 x 375 (ImageNet's typical size, quality 90) in 10 classes, with a
+    small val split; smooth gradients and noise, so they decode like photographs."""
+    root = HOME / "images"
+    if (root / "complete").exists():
+        return root
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:375, 0:500]
+    for split, count in (("train", IMAGES), ("val", 20)):
+        for i in range(count):
+            folder = root / split / f"class{i % 10}"
+            folder.mkdir(parents=True, exist_ok=True)
+            a, b = rng.uniform(5, 40, 2)
+            planes = [np.sin(x / a) * 127 + 128, np.cos(y / b) * 127 + 128, (x + y + i) % 256]
+            pixels = np.stack(planes, -1) + rng.normal(0, 20, (375, 500, 3))
+            image = Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
+            image.save(folder / f"{i:05d}.jpg", quality=90)
+    (root / "complete").touch()
+    return root
+
+
+def image_suite(_steps: int) -> list[Config]:
+    root = image_folder()
+
+    def row(implementation: str) -> Config:
+        def measure() -> dict[str, float]:
+            script = str(REPO / "benchmarks" / "image_throughput.py")
+            out = run([sys.executable, script, implementation, str(root), "2"], thread_env(1))
+            return {IMAGE_RATE: json.loads(out.strip().splitlines()[-1])["images_per_s"]}
+
+        return Config(IMAGE_PIPELINES[implementation], measure, IMAGE_PIPELINES["plain"])
+
+    return [row(name) for name in IMAGE_PIPELINES]
+
+
+IMAGE_PIPELINES = {
+    "plain": "plain script: ImageFolder (Pillow) + DataLoader",
+    "runner-pil": "runner data=image_folder data.decoder=pil",
+    "runner": "runner data=image_folder (decoder=torchvision, the default)",
+}
+
 LOADERS = {
     "nanogpt": "nanoGPT get_batch (memmap per batch, x and y)",
     "nanogpt-x": "nanoGPT get_batch, x only",
@@ -185,8 +235,14 @@ DATA_SUITES = {
         "(page cache warm), one process, 1 thread; ratios against nanoGPT's get_batch",
         loader_suite,
     ),
+    "image_folder": (
+        f"Image input pipeline: {IMAGES} JPEGs of 500 x 375, RandomResizedCrop(224) + "
+        "horizontal flip + normalize, batches of 64, 2 DataLoader workers, one process; "
+        "ratios against a plain torchvision ImageFolder + DataLoader script",
+        image_suite,
+    ),
 }
-DATA_RATIO_METRICS = (RSS, TEXT_RATE, TOKEN_RATE)
+DATA_RATIO_METRICS = (RSS, TEXT_RATE, TOKEN_RATE, IMAGE_RATE)
 # How each suite measures, for its table's header.
 DATA_HOW = {
     "data_scale": "each run timed from outside: its start to rank 0's first optimizer step done "
@@ -194,4 +250,6 @@ DATA_HOW = {
     "tokenize": "MB of text / wall seconds of the whole command (runner prepare: parent, config "
     "check, child; a fresh cache directory each time)",
     "token_loader": "2,000 batches after 50 warmup batches, the process's own clock",
+    "image_folder": "two epochs after a warm-up epoch (workers up, files in the page cache), "
+    "the process's own clock",
 }

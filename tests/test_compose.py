@@ -47,7 +47,13 @@ def image_roots(tmp_path: Path) -> dict[str, str]:
     cifar.mkdir(parents=True)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]:
         (cifar / name).write_bytes(b"")
-    return {"image_folder": str(folder), "cifar10": str(cifar.parent), "text": str(texts)}
+    (texts / "b.jsonl").write_text('{"text": "hello"}\n')
+    return {
+        "image_folder": str(folder),
+        "cifar10": str(cifar.parent),
+        "text": str(texts),
+        "hf_text": str(texts / "b.jsonl"),
+    }
 
 
 def test_every_group_has_options() -> None:
@@ -67,7 +73,9 @@ def test_every_group_has_options() -> None:
 def test_every_option_composes_and_resolves(group: str, image_roots: dict[str, str]) -> None:
     for option in options(group):
         overrides = [f"{group}={option}", "device=cpu"]
-        if group == "data" and option in image_roots:
+        if group == "data" and option == "hf_text":  # files, and a stream's length
+            overrides += [f"data.data_files={image_roots[option]}", "max_steps=10"]
+        elif group == "data" and option in image_roots:
             overrides.append(f"data.root={image_roots[option]}")
         if option == "custom":  # the user names the target on the command line
             overrides.append(f"{group}._target_=mypackage.module.Thing")

@@ -76,6 +76,31 @@ def test_image_folder_reads_local_files(tmp_path: Path) -> None:
     assert x.shape == (3, 16, 16) and data.info["input_shape"] == (3, 16, 16)
 
 
+@pytest.mark.parametrize("decoder", ["torchvision", "pil"])
+def test_image_folder_decoders_read_any_file_as_rgb(tmp_path: Path, decoder: str) -> None:
+    """JPEG, grayscale PNG and a BMP (torchvision.io cannot read it: Pillow does)."""
+    root = make_image_folder(tmp_path / "imgs", classes=2, per_class=1)
+    rng = np.random.default_rng(1)
+    Image.fromarray(rng.integers(0, 255, (30, 40, 3), dtype=np.uint8)).save(
+        root / "train" / "class0" / "photo.jpg"
+    )
+    Image.fromarray(rng.integers(0, 255, (20, 20), dtype=np.uint8)).save(
+        root / "train" / "class0" / "gray.png"
+    )
+    Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(
+        root / "train" / "class1" / "old.bmp"
+    )
+    data = image_folder(str(root), image_size=16, decoder=decoder)
+    for i in range(len(data.train)):
+        x, _ = data.train[i]
+        assert x.shape == (3, 16, 16) and x.dtype == torch.float32
+        assert float(x.min()) > -3 and float(x.max()) < 3  # normalized
+    torch.manual_seed(0)
+    first = data.train[0][0]
+    torch.manual_seed(0)
+    assert torch.equal(first, data.train[0][0])  # the augmentation follows torch's stream
+
+
 def test_cifar10_reads_the_pickle_layout_without_download(tmp_path: Path) -> None:
     root = make_cifar10(tmp_path / "cifar")
     data = cifar10(str(root))

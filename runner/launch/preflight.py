@@ -16,10 +16,13 @@ into its cache), here where no watchdog runs yet, once per node rather than once
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from runner import components
 from runner.data.datasets import build_datasets, prepare_data
+from runner.data.streams import is_iterable
+from runner.data.types import Datasets
 from runner.models.blocks import find_blocks
 from runner.models.builders import build_model
 from runner.spec import RunSpec
@@ -32,21 +35,36 @@ def component_problems(spec: RunSpec) -> list[str]:
     found = components.problems("data", spec.data.node)
     if not found:
         found += _prepare_problems(spec)
-    reported: dict[str, Any] = {}
+    built: dict[str, Any] = {}
 
-    def provided() -> dict[str, Any] | None:
-        """What the data reports (built once, and only when asked); None if it cannot say."""
-        if "info" not in reported:
-            reported["info"] = None
+    def datasets() -> Datasets | None:
+        """The data (built once, and only when asked); None if it cannot be built."""
+        if "data" not in built:
+            built["data"] = None
             if not found:
                 try:
-                    reported["info"] = build_datasets(spec.data).info
+                    built["data"] = build_datasets(spec.data)
                 except Exception as exc:
-                    found.append(
-                        f"data._target_={spec.data.target}: building the data raised "
-                        f"{type(exc).__name__}: {_first_line(exc)}"
+                    cause = (
+                        exc.__cause__ if type(exc).__name__ == "InstantiationException" else None
                     )
-        return reported["info"]
+                    exc = cause or exc
+                    if isinstance(exc, ValueError):  # the component's message names the key
+                        found.append(_first_line(exc))
+                    else:
+                        found.append(
+                            f"data._target_={spec.data.target}: building the data raised "
+                            f"{type(exc).__name__}: {_first_line(exc)}"
+                        )
+        return built["data"]
+
+    def provided() -> dict[str, Any] | None:
+        """What the data reports; None if it cannot say."""
+        data = datasets()
+        return None if data is None else data.info
+
+    if spec.max_steps is None or spec.scheduler.warmup_epochs is not None:
+        found += _stream_problems(spec, datasets)
 
     found += components.problems("model", spec.model.node, provided)
     found += components.problems("loss", spec.loss.node, provided)
@@ -72,6 +90,25 @@ def _prepare_problems(spec: RunSpec) -> list[str]:
     if prepared is not None:
         log.info("runner: data: %s", prepared)
     return []
+
+
+def _stream_problems(spec: RunSpec, datasets: Callable[[], Datasets | None]) -> list[str]:
+    """An iterable training set has no length: no epochs to count."""
+    data = datasets()
+    if data is None or not is_iterable(data.train):
+        return []
+    what = (
+        f"data={spec.data.name} gives an iterable dataset ({type(data.train).__name__}, no length)"
+    )
+    if spec.max_steps is None:
+        return [
+            f"max_steps=null: {what}, so max_epochs={spec.max_epochs} cannot end the run; "
+            "set max_steps"
+        ]
+    return [
+        f"scheduler.warmup_epochs={spec.scheduler.warmup_epochs}: {what}, so an epoch has no "
+        "length; use scheduler.warmup_steps"
+    ]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -25,9 +25,15 @@ META_FILE = "checkpoint.json"
 
 
 def checkpoint_meta(
-    spec: RunSpec, step: int, samples: int, world_size: int, shapes: list[tuple[str, list[int]]]
+    spec: RunSpec,
+    step: int,
+    samples: int,
+    world_size: int,
+    shapes: list[tuple[str, list[int]]],
+    stream: bool = False,
 ) -> dict[str, Any]:
-    """What rank 0 writes into every checkpoint as META_FILE."""
+    """What rank 0 writes into every checkpoint as META_FILE; `stream`: the training data is
+    an iterable dataset whose position is kept per rank."""
     return {
         "step": step,
         "samples": samples,
@@ -38,6 +44,7 @@ def checkpoint_meta(
         "global_batch_size": spec.global_batch_size,
         "model_input": _model_input(spec),
         "state_shapes": shapes,
+        "data_position": "per_rank" if stream else "step",
     }
 
 
@@ -78,6 +85,12 @@ def check_resume(spec: RunSpec, checkpoint: Path) -> list[str]:
                 f"{key}={value}: {saved} was written with {key}={meta.get(key)}; "
                 f"resume with {key}={meta.get(key)} ({why})"
             )
+    if meta.get("data_position") == "per_rank" and meta.get("world_size") != spec.world_size:
+        problems.append(
+            f"nproc x nodes = {spec.world_size}: {saved} was written at world size "
+            f"{meta.get('world_size')} with an iterable dataset, whose position is each rank's "
+            f"own (its part of the stream); resume it at world size {meta.get('world_size')}"
+        )
     if meta.get("model_input") != _model_input(spec):
         try:
             mismatch = _first_mismatch(meta["state_shapes"], _configured_shapes(spec))

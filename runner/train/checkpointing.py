@@ -79,9 +79,8 @@ def save(
         engine.save_checkpoint(partial, client)
     rdist.barrier()
     if rdist.get_global_rank() == 0:
-        meta = checkpoint_meta(
-            spec, step, samples, client["world_size"], state_shapes(engine.module)
-        )
+        shapes = state_shapes(engine.module)
+        meta = checkpoint_meta(spec, step, samples, client["world_size"], shapes, "data" in client)
         with _failing_write(store, step):
             write_atomic(partial / META_FILE, json.dumps(meta, indent=1))
             store.commit(step)

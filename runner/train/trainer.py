@@ -28,6 +28,7 @@ from runner.components import instantiate
 from runner.data.datasets import build_datasets
 from runner.data.loaders import build_eval_loader, build_train_loader
 from runner.data.sampler import GlobalBatchSampler
+from runner.data.streams import TrainStream, eval_stream, is_iterable, rank_part
 from runner.engines import build_engine
 from runner.engines.precision import autocast
 from runner.heartbeat import Heartbeat, Phase
@@ -103,39 +104,28 @@ class Trainer:
             for name, m in spec.metrics.items()
         }
 
-        self.sampler = GlobalBatchSampler(
-            len(data.train),
-            spec.global_batch_size,
-            self.world,
-            self.rank,
-            spec.accum_steps,  # grad_accum=auto: the rank's whole share, cut in train_step
-            shuffle=True,
-            seed=spec.seed,
-            drop_last=spec.data.drop_last,
-        )
+        pin = self.device_type == "cuda"
+        self.streaming = is_iterable(data.train)
+        if self.streaming:  # no length: the run is max_steps long (the parent checked)
+            self.sampler = self.train_loader = self._train_stream(data, pin)
+        else:
+            self.sampler = GlobalBatchSampler(
+                len(data.train),
+                spec.global_batch_size,
+                self.world,
+                self.rank,
+                spec.accum_steps,  # grad_accum=auto: the rank's whole share, cut in train_step
+                shuffle=True,
+                seed=spec.seed,
+                drop_last=spec.data.drop_last,
+            )
+            self.train_loader = build_train_loader(
+                data.train, self.sampler, spec.data.num_workers, pin, data.collate_fn
+            )
         self.steps_per_epoch = self.sampler.steps_per_epoch
         self.total_steps = self._total_steps()
         self.engine = build_engine(self._with_warmup_steps(spec), module, device, self.total_steps)
-        pin = self.device_type == "cuda"
-        workers = spec.data.num_workers
-        self.train_loader = build_train_loader(
-            data.train, self.sampler, workers, pin, data.collate_fn
-        )
-        self.val_loader = (
-            build_eval_loader(
-                data.val,
-                spec.per_rank_batch_size,
-                self.world,
-                self.rank,
-                workers,
-                pin,
-                data.collate_fn,
-                limit=spec.eval_samples,
-                seed=spec.seed,
-            )
-            if data.val is not None
-            else None
-        )
+        self.val_loader = self._val_loader(data, pin)
         seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
 
         self.step, self.samples, self.resumed_from = 0, 0, None
@@ -153,8 +143,11 @@ class Trainer:
             client = checkpointing.load(start, self.engine, self.store)
             self.step, self.samples = client["step"], client["samples"]
             self.resumed_from = self.step
+            if self.streaming:
+                self.train_loader.load_state_dict(client["data"][self.rank])
             print(f"resumed from {start} (step {self.step})", flush=True)
         self.auto = self._auto_microbatching(client.get("grad_accum", 1))
+        self.stand_in: Any = None  # the latest training microbatch (runner.train: _val_pairs)
         self.forward_batch: Any = None  # the microbatch in the forward pass (chaos.action=oom)
         self.step_now = self.step
         if spec.chaos.action == "oom" and spec.chaos.kill_rank == self.rank:
@@ -177,6 +170,57 @@ class Trainer:
             terminal,
             enabled=self.is_main and spec.progress_bar,
             initial=self.step,
+        )
+
+    def _train_stream(self, data: Any, pin: bool) -> TrainStream:
+        spec = self.spec
+        if spec.max_steps is None:
+            raise ValueError(
+                f"max_steps=null: data={spec.data.name} is an iterable dataset (no length), "
+                "so max_epochs cannot say when to stop; set max_steps"
+            )
+        if spec.scheduler.warmup_epochs is not None:
+            raise ValueError(
+                f"scheduler.warmup_epochs={spec.scheduler.warmup_epochs}: data={spec.data.name} "
+                "is an iterable dataset, so an epoch has no length; use scheduler.warmup_steps"
+            )
+        return TrainStream(
+            rank_part(data.train, self.rank, self.world),
+            spec.micro_batch_size,
+            spec.accum_steps,
+            spec.global_batch_size,
+            spec.max_steps,
+            spec.data.num_workers,
+            pin,
+            data.collate_fn,
+            seed=spec.seed + self.rank,
+        )
+
+    def _val_loader(self, data: Any, pin: bool) -> Any:
+        """Every rank's share of the validation set: a loader over a map-style set, or a
+        function giving a fresh pass over this rank's part of an iterable one."""
+        spec = self.spec
+        if data.val is None:
+            return None
+        if is_iterable(data.val):
+            return eval_stream(
+                rank_part(data.val, self.rank, self.world),
+                spec.per_rank_batch_size,
+                spec.data.num_workers,
+                pin,
+                data.collate_fn,
+                limit_batches=spec.eval_batches,
+            )
+        return build_eval_loader(
+            data.val,
+            spec.per_rank_batch_size,
+            self.world,
+            self.rank,
+            spec.data.num_workers,
+            pin,
+            data.collate_fn,
+            limit=spec.eval_samples,
+            seed=spec.seed,
         )
 
     def _auto_microbatching(self, checkpointed: int) -> AutoMicrobatching | None:
@@ -244,6 +288,7 @@ class Trainer:
                 n_global = self.sampler.global_count(step_in_epoch)
                 lr = self.engine.lr
                 batch = [next(microbatches) for _ in range(self.sampler.grad_accum)]
+                self.stand_in = batch[0][0]  # a placeholder for an evaluation that has none
                 self.heart.beat(Phase.BATCH, step)
                 poison = chaos.poisons_loss(spec.chaos, self.rank, step)
                 loss_sum, items = self.train_step(batch, n_global, step, poison)
@@ -283,7 +328,9 @@ class Trainer:
         started = time.perf_counter()
         self.heart.beat(Phase.SAVE)
         self.guard.check_before_saving(self.engine.module, step)
-        extra = {"grad_accum": self.auto.accum} if self.auto else {}
+        extra: dict[str, Any] = {"grad_accum": self.auto.accum} if self.auto else {}
+        if self.streaming:  # every rank's position in its part of the stream
+            extra["data"] = rdist.all_gather_object(self.train_loader.state_dict())
         checkpointing.save(self.store, self.engine, self.spec, step, samples, extra)
         self.heart.beat(Phase.STEP)
         self.pending.pause(time.perf_counter() - started)
@@ -477,6 +524,9 @@ class Trainer:
             for metric in self.metrics_fns.values():
                 metric.update(logits, targets)
         rdist.all_reduce(totals)
+        if not totals[1]:  # an empty validation stream
+            self.engine.model.train()
+            return {}
         results = {"val/loss": (totals[0] / totals[1]).item()}
         for name, metric in self.metrics_fns.items():
             results[f"val/{name}"] = float(metric.compute())
@@ -488,13 +538,34 @@ class Trainer:
     def _eval_batches(self) -> Any:
         """The validation batches; under grad_accum=auto cut like the training batches, so
         evaluation needs no more memory than a training microbatch (every rank alike)."""
-        for batch, real in self.val_loader:
+        for batch, real in self._val_pairs():
             if self.auto is None or self.auto.accum == 1:
                 yield batch, real
                 continue
             size = batch_size(batch) if real else 0
             for piece, piece_real, _, _ in cut_batch(batch, real, 0, size, self.auto.accum):
                 yield piece, piece_real
+
+    def _val_pairs(self) -> Any:
+        """(batch, real) pairs of this rank's validation share. Ranks' parts of an iterable
+        set differ in length: they agree batch by batch to go on, and a rank whose part has
+        ended runs its last batch again as a placeholder, so every rank runs as many forward
+        passes (fsdp and zero3 gather weights inside them)."""
+        if not callable(self.val_loader):
+            yield from self.val_loader
+            return
+        batches, last = self.val_loader(), None
+        more = torch.zeros(1, device=self.device)
+        while True:
+            batch = next(batches, None)
+            more.fill_(batch is not None)
+            if not rdist.all_reduce(more, "max").item():
+                return
+            if batch is not None:
+                last = batch
+                yield batch, True
+            else:  # a part with no batch at all stands in with a training microbatch
+                yield (self.stand_in if last is None else last), False
 
     def _is_eval_step(self, step: int) -> bool:
         if self.spec.eval_interval is None:
@@ -507,7 +578,9 @@ class Trainer:
         """A log step's record; its train/loss comes when the ranks reduce it (_log_pending)."""
         record = {
             "step": step,
-            "epoch": round(step / self.steps_per_epoch, 4),
+            "epoch": self.train_loader.passes
+            if self.streaming
+            else round(step / self.steps_per_epoch, 4),
             "samples": samples,
             "train/loss": None,
             "lr": lr,
