@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -100,6 +101,8 @@ class TrainStream:
     ):
         from torchdata.stateful_dataloader import StatefulDataLoader
 
+        # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.14: nothing to act on
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
         self.dataset = dataset
         self.grad_accum = grad_accum
         self.global_batch_size = global_batch_size

@@ -143,8 +143,10 @@ class Trainer:
             client = checkpointing.load(start, self.engine, self.store)
             self.step, self.samples = client["step"], client["samples"]
             self.resumed_from = self.step
-            if self.streaming:
+            if self.streaming and "data" in client:
                 self.train_loader.load_state_dict(client["data"][self.rank])
+            elif self.streaming:  # written with other data: a position means nothing here
+                print("the checkpoint holds no stream position: the stream starts over", flush=True)
             print(f"resumed from {start} (step {self.step})", flush=True)
         self.auto = self._auto_microbatching(client.get("grad_accum", 1))
         self.stand_in: Any = None  # the latest training microbatch (runner.train: _val_pairs)
