@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -221,26 +222,15 @@ def _build(
 
 
 def prepare(
-    data_files: Any,
-    path: str = "json",
-    text_field: str = "text",
-    streaming: bool = True,
-    tokenizer: Any = None,
-    block_size: int = 128,
-    val_fraction: float = 0.05,
-    shuffle_buffer: int = 0,
-    seed: int = 0,
-    cache_dir: str | None = None,
-    rebuild: bool = False,
+    data_files: Any, path: str = "json", streaming: bool = True, rebuild: bool = False, **rest: Any
 ) -> str:
     """Before the ranks: build the Arrow cache once (streaming=false), so ranks only open it
-    (`runner prepare --rebuild`: again)."""
+    (`runner prepare --rebuild`: again). `rest`: hf_text's other arguments."""
     if streaming:
         return f"streaming {path} files {data_files} (tokenized as they are read)"
-    data = _build(
-        data_files, path, text_field, False, tokenizer, block_size, val_fraction,
-        shuffle_buffer, seed, cache_dir, rebuild,
-    )  # fmt: skip
+    bound = inspect.signature(hf_text).bind(data_files, path, streaming=False, **rest)
+    bound.apply_defaults()
+    data = _build(*bound.arguments.values(), rebuild=rebuild)
     cached = {f["filename"] for f in data.train.dataset.cache_files}
     where = str(Path(next(iter(cached))).parent) if cached else "memory"
     return f"{len(data.train)} training blocks in the datasets cache {where}"
