@@ -16,6 +16,7 @@ import pytest
 from runner import heartbeat
 from runner.cli.requeue import continue_after_stop, first_run_dir
 from runner.heartbeat import Heartbeat, Phase
+from runner.launch.stopping import GracefulStop
 from tests.conftest import FAST, start_runner, wait_until
 from tests.test_multinode import finish, free_port, only_run, start_node
 from tests.test_resume import same_weights
@@ -104,6 +105,34 @@ def test_the_agreed_step_is_one_no_rank_has_passed(tmp_path: Path) -> None:
         assert not heartbeat.stopped(path, 3)
         ranks[0].beat(Phase.STOPPED, 8)
         assert heartbeat.stopped(path, 3)
+    finally:
+        path.unlink()
+
+
+def test_a_second_signal_inside_the_first_s_handler_neither_blocks_nor_asks_twice(
+    capfd,
+) -> None:
+    """SLURM's SIGUSR1 and the parent's relay of it reach the agent together: the second
+    handler can run inside the first one, in the same thread. Before, it waited for the lock
+    the first held, and the agent's main thread hung (found by the SLURM time-limit test)."""
+    path = heartbeat.create(1)
+    try:
+        Heartbeat(str(path), local_rank=0, rank=0, attempt=0).beat(Phase.BATCH, 4)
+        stop = GracefulStop(path, 1)
+        previous = signal.signal(signal.SIGUSR1, stop._on_signal)
+        try:
+            with stop._lock:  # the first handler, interrupted while it holds the lock
+                signal.raise_signal(signal.SIGUSR1)  # returns: no wait in a handler
+            assert stop.asked_by is None
+            signal.raise_signal(signal.SIGUSR1)
+            signal.raise_signal(signal.SIGUSR1)  # the same request again
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+        deadline = time.monotonic() + 10
+        while stop.step is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stop.asked_by == "SIGUSR1" and stop.step == 4
+        assert capfd.readouterr().err.count("stopping every rank after the same step") == 1
     finally:
         path.unlink()
 

@@ -65,19 +65,28 @@ class GracefulStop:
 
     def ask(self, by: str) -> None:
         """Stop after the step the ranks agree on (the first request counts; later ones are
-        the same request: SLURM signals the parent, the agent and each rank)."""
-        with self._lock:
+        the same request: SLURM signals the parent, the agent and each rank).
+
+        Safe in a signal handler that interrupts another call of itself (the parent's relay
+        and SLURM's own SIGUSR1 arrive together): it never waits for the lock (a waiting
+        handler would hold the main thread forever) and writes nothing itself; the request
+        is made, and said, on the agreeing thread."""
+        if not self._lock.acquire(blocking=False):
+            return  # a request is being taken right now, in this thread or another
+        try:
             if self.asked_by is not None:
                 return
             self.asked_by = by
             name = by.split()[0]
             self.signal = getattr(signal.Signals, name, signal.SIGUSR1)
-        heartbeat.request_stop(self.path)
-        print(f"runner: {by}: stopping every rank after the same step, with a checkpoint",
-              file=sys.stderr, flush=True)  # fmt: skip
+        finally:
+            self._lock.release()
         threading.Thread(target=self._agree, name="runner-stop", daemon=True).start()
 
     def _agree(self) -> None:
+        heartbeat.request_stop(self.path)
+        print(f"runner: {self.asked_by}: stopping every rank after the same step, with a "
+              "checkpoint", file=sys.stderr, flush=True)  # fmt: skip
         reachable = max(1, heartbeat.reachable_step(self.path, self.nproc))
         try:
             step = self.link.agree_stop(reachable, self.asked_by or "") if self.link else reachable

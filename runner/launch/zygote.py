@@ -86,7 +86,10 @@ def _loop(conn: socket.socket) -> None:
         _reap(conn, ranks)
         if conn not in ready:
             continue
-        data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
+        except ConnectionResetError:  # the agent was killed (SLURM's time limit, SIGKILL)
+            return
         if not data:  # the agent is gone, or done with us
             return
         request = json.loads(data)
