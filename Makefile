@@ -1,10 +1,10 @@
-# `make run` and `make test` set everything up by themselves (see README).
+# `make run` and `make test` set everything up by themselves (see README.md; the docs: make docs).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-gpu test-slurm lint bench profile clean-runs
+.PHONY: install run test test-gpu test-slurm lint bench profile clean-runs docs docs-serve
 
 install: $(STAMP)
 
@@ -47,8 +47,8 @@ test-slurm: install
 	RUNNER_SLURM_TESTS=1 $(BIN)/python -m pytest tests/slurm -m slurm -rs $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check runner tests benchmarks examples
-	$(BIN)/ruff format --check runner tests benchmarks examples
+	$(BIN)/ruff check runner tests benchmarks examples docs
+	$(BIN)/ruff format --check runner tests benchmarks examples docs
 
 clean-runs:
 	rm -rf runs
@@ -62,3 +62,12 @@ bench: install
 # the plain script: `make profile PROFILE_ARGS=--model=resnet18`.
 profile: install
 	$(BIN)/python benchmarks/cpu_profile.py $(PROFILE_ARGS)
+
+# The documentation site (mkdocs-material; docs/, mkdocs.yml), warnings as errors: the
+# config reference and the benchmark pages are generated from conf/, the schema and
+# benchmarks/results/ while it builds. `make docs-serve` previews it.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve

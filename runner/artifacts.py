@@ -26,7 +26,7 @@ TRACKER_RUNS = "tracker_runs.json"  # in a run directory, and at a sweep's root
 
 @dataclass(frozen=True)
 class RunDir:
-    """Paths of one run's artifacts (see README: "Run directory")."""
+    """Paths of one run's artifacts (see docs/concepts.md, "Run directory")."""
 
     root: Path
 

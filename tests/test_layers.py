@@ -141,7 +141,7 @@ def test_every_import_of_runner_code_resolves() -> None:
 
 def test_entry_points_name_real_modules() -> None:
     """The names processes and configs start runner code by: `python -m` commands (code,
-    Makefile, README), console scripts (module:function) and `_target_`s in conf/
+    Makefile, README, docs), console scripts (module:function) and `_target_`s in conf/
     (module.attribute)."""
     texts = [
         *MODULES.values(),
@@ -149,6 +149,7 @@ def test_entry_points_name_real_modules() -> None:
         *REPO.glob("tests/*.py"),
         REPO / "Makefile",
         REPO / "README.md",
+        *REPO.glob("docs/*.md"),
     ]
     commands = {
         (path.name, name)

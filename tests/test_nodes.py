@@ -61,7 +61,7 @@ def test_a_failure_crosses_nodes_intact() -> None:
     assert RankFailure.from_dict(failure.as_dict()).headline() == failure.headline()
 
 
-# The README's SLURM example, minus the cluster: it must compose as written.
+# The docs' SLURM example (docs/multi-node.md), minus the cluster: it must compose as written.
 SLURM_EXAMPLE = [
     "hydra/launcher=submitit_slurm",
     "hydra.launcher.nodes=2",
@@ -78,7 +78,7 @@ SLURM_EXAMPLE = [
 
 
 def test_slurm_example_composes(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "multi-node.md").read_text()
     assert " \\\n  ".join(["runner -m " + SLURM_EXAMPLE[0], *SLURM_EXAMPLE[1:]]) in readme
     shown = subprocess.run(
         runner_command(*SLURM_EXAMPLE, "--cfg", "hydra"),

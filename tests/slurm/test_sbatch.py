@@ -11,7 +11,8 @@ from tests.slurm.jobs import TRAIN, runner
 from tests.test_equivalence import relative_error
 
 RTOL = 1e-5
-# The README's example: a sweep through submitit onto 2 nodes, one task (one runner) each
+# The example in docs/multi-node.md: a sweep through submitit onto 2 nodes, one task (one
+# runner) each
 SUBMITIT_2_NODES = [
     "-m",
     "hydra/launcher=submitit_slurm",
@@ -25,7 +26,8 @@ SUBMITIT_2_NODES = [
 
 
 def test_submitit_slurm_on_two_nodes_trains_what_four_local_ranks_do(slurm, tmp_path):
-    """The README's submitit_slurm example: one task per node, nodes=auto, 2 ranks each."""
+    """docs/multi-node.md's submitit_slurm example: one task per node, nodes=auto, 2 ranks
+    each."""
     sweep = tmp_path / "sweep"
     done = runner(
         tmp_path,
