@@ -78,12 +78,60 @@ class Beat:
 
 
 def create(slots: int) -> Path:
-    """The agent's side: a zeroed file of `slots` slots, in memory where the OS offers it."""
-    where = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    fd, name = tempfile.mkstemp(prefix="runner-heartbeat-", dir=where)
+    """The agent's side: a zeroed file of `slots` slots, in memory where the OS offers it.
+
+    Its name carries the agent's pid (and pid namespace), so that a file an agent could not
+    remove (killed by SIGKILL) is removed by the next agent on the machine, or at once by
+    the `runner` that started it (sweep_stale)."""
+    where = _directory()
+    sweep_stale()
+    fd, name = tempfile.mkstemp(prefix=f"{_owner_prefix(os.getpid())}-", dir=where)
     os.write(fd, bytes(_CONTROL.size + _SLOT.size * slots))
     os.close(fd)
     return Path(name)
+
+
+_PREFIX = "runner-heartbeat-"
+
+
+def _directory() -> str:
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def _namespace() -> str:
+    """This process's pid namespace (containers sharing /dev/shm may not share pids)."""
+    try:
+        return os.readlink("/proc/self/ns/pid").partition("[")[2].rstrip("]") or "0"
+    except OSError:
+        return "0"
+
+
+def _owner_prefix(pid: int) -> str:
+    return f"{_PREFIX}{_namespace()}-{pid}"
+
+
+def sweep_stale(pid: int | None = None) -> list[Path]:
+    """Remove the heartbeat files whose agent is gone: every such file of this pid namespace,
+    or only agent `pid`'s. An agent removes its own when it ends; one killed by SIGKILL
+    cannot, and /dev/shm is memory that outlives every process."""
+    owners = f"{_owner_prefix(pid)}-*" if pid is not None else f"{_PREFIX}{_namespace()}-*-*"
+    removed = []
+    for path in Path(_directory()).glob(owners):
+        owner = path.name.removeprefix(f"{_PREFIX}{_namespace()}-").partition("-")[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def read(path: Path, slots: int) -> list[Beat]:

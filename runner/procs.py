@@ -18,6 +18,18 @@ _PR_SET_PDEATHSIG = 1
 START_METHOD_ENV = "RUNNER_START_METHOD"  # start_method as the command line set it (agent)
 RANK_PARENT_ENV = "RUNNER_RANK_PARENT_PID"  # the process a rank dies with (PR_SET_PDEATHSIG)
 FORKED_ENV = "RUNNER_FORKED"  # set in a forked rank (its log's first line says so)
+EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"  # where torch builds C++ extensions (DeepSpeed's ops)
+
+
+def keep_extensions_in_environment() -> None:
+    """Build torch's C++ extensions (DeepSpeed's CPU communication op) into this Python
+    environment's own cache, `<venv>/torch_extensions`, for this process and every process
+    it starts. torch's default, ~/.cache/torch_extensions, is shared by every checkout on
+    the machine: each rebuilt the op whenever another had built it from its own source path
+    (minutes on 2 cores), and two building at once raced. A TORCH_EXTENSIONS_DIR already set
+    wins; outside a virtual environment torch's default stays."""
+    if sys.prefix != sys.base_prefix:
+        os.environ.setdefault(EXTENSIONS_ENV, os.path.join(sys.prefix, "torch_extensions"))
 
 
 def die_with_parent(sig: signal.Signals, expected_parent: int | None = None) -> None:

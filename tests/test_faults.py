@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -190,3 +191,44 @@ def test_nan_under_skip_costs_one_step_alike_for_ddp_and_deepspeed(cli) -> None:
     lrs = [[m["lr"] for m in r.metrics()] for r in runs.values()]
     assert lrs[0] == lrs[1]  # the schedule held still for the skipped step under both
     assert max_relative_difference(runs["ddp"].run_dir, runs["zero2"].run_dir) < 1e-5
+
+
+def test_an_agent_killed_by_sigkill_leaves_nothing_in_dev_shm(tmp_path: Path) -> None:
+    """The agent removes its heartbeat file when it ends; SIGKILL gives it no chance, so the
+    `runner` that started it removes it (and the next agent on the machine would)."""
+    from runner import heartbeat
+
+    run_dir = tmp_path / "run"
+    proc = start_runner(tmp_path, run_dir, *LONG)
+    metrics = run_dir / "metrics.jsonl"
+    wait_until(proc, lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 60)
+    (agent,) = [
+        p for p in psutil.Process(proc.pid).children() if "runner.launch.agent" in p.cmdline()
+    ]
+    owner = heartbeat._owner_prefix(agent.pid)
+    where = Path(heartbeat._directory())
+    assert list(where.glob(f"{owner}-*")), "the agent's heartbeat file should exist"
+    ranks = run_processes(run_dir)
+    agent.kill()
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    psutil.wait_procs(ranks, timeout=10)
+    assert not list(where.glob(f"{owner}-*")), "the SIGKILLed agent's heartbeat file stayed"
+
+
+def test_the_next_agent_removes_heartbeat_files_of_agents_that_are_gone() -> None:
+    from runner import heartbeat
+
+    child = psutil.Popen(["true"])
+    child.wait()  # a pid that is gone
+    where = Path(heartbeat._directory())
+    stale = where / f"{heartbeat._owner_prefix(child.pid)}-abc"
+    stale.write_bytes(b"\0" * 64)
+    ours = heartbeat.create(1)  # this process is alive: its own file stays
+    try:
+        assert not stale.exists()
+        assert ours.exists() and ours.name.startswith(heartbeat._owner_prefix(os.getpid()))
+        assert heartbeat.sweep_stale() == []
+    finally:
+        ours.unlink()
+        stale.unlink(missing_ok=True)

@@ -220,3 +220,25 @@ def test_eval_batches_evaluates_the_first_samples_of_the_validation_set(cli) -> 
     with torch.no_grad():
         expected = torch.nn.functional.cross_entropy(model(images), labels).item()
     assert result.summary()["final"]["val/loss"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("preset", [None, "/elsewhere/extensions"])
+def test_torch_extensions_are_built_into_this_environment(preset: str | None) -> None:
+    """Two checkouts on one machine used to share ~/.cache/torch_extensions and rebuild
+    DeepSpeed's op for each other; the runner command keeps it in its own venv (what
+    the user set wins), and every process it starts inherits it."""
+    env = child_env()
+    env.pop("TORCH_EXTENSIONS_DIR", None)
+    if preset:
+        env["TORCH_EXTENSIONS_DIR"] = preset
+    code = (
+        "import os, sys; sys.argv = ['runner', '--cfg', 'job']\n"
+        "import runner.cli.entry\n"
+        "try:\n    runner.cli.entry.main()\nexcept SystemExit:\n    pass\n"
+        "print('DIR', os.environ.get('TORCH_EXTENSIONS_DIR'))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env
+    )
+    expected = preset or str(Path(sys.prefix) / "torch_extensions")
+    assert f"DIR {expected}" in proc.stdout, proc.stdout + proc.stderr

@@ -12,8 +12,10 @@ import sys
 
 def main() -> None:
     from runner.cli import supervise
+    from runner.procs import keep_extensions_in_environment
 
     supervise.catch_early_asks()
+    keep_extensions_in_environment()  # before the agent starts: every process inherits it
     supervise.prestart_agent(sys.argv[1:])
     from runner.cli.main import main as cli_main
 

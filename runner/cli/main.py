@@ -35,7 +35,7 @@ from runner.cli.resolving import problems_text, resolve_cfg
 from runner.cli.supervise import run_agent
 from runner.cli.sweep import SweepTable, write_sweep_table
 from runner.cli.trackers import finish_trackers
-from runner.procs import add_code_dirs
+from runner.procs import add_code_dirs, keep_extensions_in_environment
 from runner.spec import RunSpec, SpecError, save_spec, slurm
 from runner.summary import (
     FAILED,
@@ -254,6 +254,7 @@ def _user_config_argv(directory: str) -> list[str]:
 def main() -> None:
     """Console entry point: `runner [overrides]`, `runner rerun RUN_DIR [overrides]`, or
     `runner prepare [overrides]` (runner.cli.prepare)."""
+    keep_extensions_in_environment()  # `python -m runner.cli.main`: the agent inherits it
     task = _run
     if sys.argv[1:2] == ["rerun"]:
         sys.argv = [sys.argv[0], *rerun_argv(sys.argv[2:], Path(_conf_dir()))]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner import heartbeat
 from runner.heartbeat import STOP_SIGNALS
 from runner.procs import START_METHOD_ENV, exit_code_for_signal
 
@@ -147,6 +148,8 @@ def run_agent(run_dir: Path, start_time: float) -> AgentEnd:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if code < 0:  # killed (SIGKILL: the OOM killer, a scheduler): its heartbeat file stayed
+        heartbeat.sweep_stale(agent.pid)
     if relay.first is not None and code < 0:
         code = exit_code_for_signal(relay.first)
     handler = previous.get(asks.first) if asks.first else None

@@ -23,6 +23,7 @@ from torch import nn
 from runner import dist as rdist
 from runner.engines.base import Engine
 from runner.engines.optim import build_optimizer, build_scheduler
+from runner.procs import keep_extensions_in_environment
 from runner.spec import Precision, RunSpec
 from runner.spec.deepspeed_config import merge_user_config
 
@@ -32,6 +33,7 @@ DEEPSPEED_TAG = "state"
 def _import_deepspeed(name: str, device: str) -> Any:
     # DeepSpeed picks its accelerator at import; on a CPU run it must not guess CUDA.
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.startswith("cuda") else "cpu")
+    keep_extensions_in_environment()  # a rank started by something other than runner
     try:
         import deepspeed
     except ImportError as exc:

@@ -1,8 +1,9 @@
 """Build DeepSpeed's CPU shared-memory comm op ahead of time (`make install` runs this).
 
 DeepSpeed JIT-compiles this op the first time a CPU run initialises its comm
-backend (about 45 s here) and caches it under ~/.cache/torch_extensions. Doing
-it at install time means no run and no test pays for it by surprise.
+backend (about 45 s on 2 cores) and caches it in the environment's own
+torch_extensions folder (runner.procs.keep_extensions_in_environment). Doing it at
+install time means no run and no test pays for it by surprise.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import os
 import sys
 import time
 
+from runner.procs import keep_extensions_in_environment
+
 
 def main() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    keep_extensions_in_environment()
     try:
         from deepspeed.accelerator import get_accelerator
     except ImportError:
