@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-gpu test-slurm lint bench profile clean-runs docs docs-serve
+.PHONY: install run test test-fast test-gpu test-slurm lint bench profile clean-runs docs docs-serve
 
 install: $(STAMP)
 
@@ -27,6 +27,11 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The fast tier: every test that starts no process (a run, a rank, a worker), about half a
+# minute. tests/conftest.py fails a test outside `slow` that starts one.
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # The CUDA-only suite (tests/gpu: NCCL, bf16/fp16, channels_last, compile, a real
 # out-of-memory error); every test is skipped on a machine without a GPU.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import multiprocessing.process
 import os
 import shutil
 import subprocess
@@ -125,3 +126,33 @@ def wait_until(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
     while not ready():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
         time.sleep(0.1)
+
+
+# ------------------------------------------------------------------ the fast tier
+# `make test-fast` runs the tests not marked slow; a test that starts a process (a run, a
+# rank, a child interpreter) is slow by definition, and this holds it to that.
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_process(request, monkeypatch):
+    if request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    started: list[str] = []
+    popen_init = subprocess.Popen.__init__
+    process_start = multiprocessing.process.BaseProcess.start
+
+    def noting_popen(self, args, *rest, **kwargs):
+        started.append(f"subprocess {args!r}"[:200])
+        popen_init(self, args, *rest, **kwargs)
+
+    def noting_start(self):
+        started.append(f"multiprocessing {self!r}")
+        process_start(self)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", noting_popen)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", noting_start)
+    yield
+    assert not started, (
+        f"{request.node.nodeid} starts processes; mark it @pytest.mark.slow: {started[0]}"
+    )

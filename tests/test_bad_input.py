@@ -286,6 +286,7 @@ CLI_CASES = [
 @pytest.mark.parametrize(
     ("overrides", "expected"), CLI_CASES, ids=[" ".join(c[0]) for c in CLI_CASES]
 )
+@pytest.mark.slow
 def test_cli_rejects_before_any_rank_starts(
     cli, tmp_path: Path, overrides: list[str], expected: str
 ) -> None:
@@ -337,6 +338,7 @@ COMPONENT_CASES = [
 @pytest.mark.parametrize(
     ("overrides", "expected"), COMPONENT_CASES, ids=["bind and import", "missing and twice"]
 )
+@pytest.mark.slow
 def test_components_are_checked_before_any_rank_starts(
     cli, overrides: list[str], expected: list[str]
 ) -> None:
@@ -384,6 +386,7 @@ def test_composition_errors_name_the_override_and_what_is_valid(
         (["-m", "model=mlp,vit"], "model=vit: no such model option"),  # before any job
     ],
 )
+@pytest.mark.slow
 def test_rejected_run_or_sweep_leaves_no_default_runs_dir(
     tmp_path: Path, overrides: list[str], expected: str
 ) -> None:

@@ -55,6 +55,7 @@ def drive(tmp_path: Path, body: str, timeout: float = 120) -> tuple[list[dict], 
     return lines, result.stdout
 
 
+@pytest.mark.slow
 def test_a_forked_rank_starts_as_a_spawned_one(tmp_path: Path) -> None:
     outs = [tmp_path / f"{name}.json" for name in ("fork1", "fork2", "spawn")]
     (result,), stdout = drive(
@@ -88,6 +89,7 @@ def test_a_forked_rank_starts_as_a_spawned_one(tmp_path: Path) -> None:
     assert fork1["dynamo_loaded"] and not spawn["dynamo_loaded"]  # what the server is for
 
 
+@pytest.mark.slow
 def test_exit_codes_signals_and_the_server_s_death(tmp_path: Path) -> None:
     out = tmp_path / "probe.json"
     (result,), _ = drive(
@@ -133,6 +135,7 @@ def test_exit_codes_signals_and_the_server_s_death(tmp_path: Path) -> None:
     assert not alive or psutil.Process(result["orphan"]).status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.slow
 def test_a_server_with_a_thread_refuses_to_fork(tmp_path: Path) -> None:
     (result,), _ = drive(
         tmp_path,
@@ -152,6 +155,7 @@ FAST = ["model=mlp", "data=synthetic", "nproc=2", "global_batch_size=32", "max_e
 FAST += ["eval_interval=1000000", "progress_bar=false", "logger=none"]
 
 
+@pytest.mark.slow
 def test_forked_and_spawned_ranks_train_the_same_weights(cli) -> None:
     import torch
 
@@ -169,6 +173,7 @@ def test_forked_and_spawned_ranks_train_the_same_weights(cli) -> None:
     assert all(torch.equal(forked[k], spawned[k]) for k in forked)
 
 
+@pytest.mark.slow
 def test_killing_the_agent_takes_the_server_and_the_ranks_with_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = start_runner(tmp_path, run_dir, *FAST, "max_steps=100000", "log_interval=5")

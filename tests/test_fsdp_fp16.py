@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -82,5 +83,6 @@ def worker(rank: int, init_file: str) -> None:
     os._exit(0)  # see tests/test_sync_strategies.py: skip gloo's teardown
 
 
+@pytest.mark.slow
 def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(tmp_path: Path) -> None:
     mp.spawn(worker, args=(str(tmp_path / "init"),), nprocs=WORLD, join=True)

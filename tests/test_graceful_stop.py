@@ -160,6 +160,7 @@ def test_a_restarted_slurm_job_finds_the_run_its_first_start_began(tmp_path: Pat
     assert first_run_dir(fresh, {}) == fresh  # not in SLURM
 
 
+@pytest.mark.slow
 def test_after_a_stop_the_signal_s_owner_decides_else_the_job_is_requeued(caplog) -> None:
     seen = []
     continue_after_stop(signal.SIGUSR2, lambda *a: seen.append(a), 0, 40, {})

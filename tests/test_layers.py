@@ -229,6 +229,7 @@ def test_no_import_cycle_inside_a_folder(folder: str) -> None:
     assert cycle is None, f"import cycle in {folder}/: {' -> '.join(cycle or [])}"
 
 
+@pytest.mark.slow
 def test_parent_modules_never_load_torch() -> None:
     """Import every module under runner/cli/ and runner/spec/ in a fresh interpreter, one at a
     time, and name any that brings in a heavy package."""

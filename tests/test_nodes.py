@@ -77,6 +77,7 @@ SLURM_EXAMPLE = [
 ]
 
 
+@pytest.mark.slow
 def test_slurm_example_composes(tmp_path: Path) -> None:
     readme = (Path(__file__).resolve().parent.parent / "docs" / "multi-node.md").read_text()
     assert " \\\n  ".join(["runner -m " + SLURM_EXAMPLE[0], *SLURM_EXAMPLE[1:]]) in readme

@@ -70,6 +70,7 @@ def worker(rank: int, init_file: str, failures: Path) -> None:
 @pytest.mark.skipif(
     shared_memory_obstacle("cpu", 1) is not None, reason=str(shared_memory_obstacle("cpu", 1))
 )
+@pytest.mark.slow
 def test_every_element_is_summed_in_rank_order(tmp_path: Path) -> None:
     mp.spawn(worker, args=(str(tmp_path / "init"), tmp_path), nprocs=WORLD, join=True)
     assert not list(tmp_path.glob("rank*")), [p.read_text() for p in tmp_path.glob("rank*")]

@@ -70,6 +70,7 @@ def test_hf_streaming_splits_by_files_and_holds_out_by_content(tmp_path: Path) -
     assert x.shape == (2, 16) and torch.equal(x[:, 1:], y[:, :-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_stream_resumes_where_it_was_across_passes(tmp_path: Path, workers: int) -> None:
     """Take 30 batches (several passes over a small part), and again with a stop after 17."""
@@ -90,6 +91,7 @@ def test_a_stream_resumes_where_it_was_across_passes(tmp_path: Path, workers: in
     assert len(served) == 30 and all(map(torch.equal, straight, served))
 
 
+@pytest.mark.slow
 def test_a_users_stream_is_split_between_ranks_and_workers() -> None:
     stream = DigitStream(0, 100)
     seen = []
@@ -139,6 +141,7 @@ def test_webdataset_shards_restart_bit_for_bit(cli, tmp_path: Path) -> None:
     assert same_weights(reference.run_dir, killed.run_dir)
 
 
+@pytest.mark.slow
 def test_an_iterable_dataset_needs_max_steps(cli, tmp_path: Path) -> None:
     own = cli(*FAST, "data=custom", "data._target_=tests.streaming.digit_stream", name="own")
     assert own.returncode == 2, own.output
@@ -149,6 +152,7 @@ def test_an_iterable_dataset_needs_max_steps(cli, tmp_path: Path) -> None:
     assert "Traceback" not in own.output + hf.output
 
 
+@pytest.mark.slow
 def test_hf_text_bad_input_is_refused_before_launch(cli, tmp_path: Path) -> None:
     missing = cli(*hf_run(str(tmp_path / "nothing-*.jsonl")), "max_steps=2", name="missing")
     assert missing.returncode == 2 and "no file matches" in missing.output, missing.output

@@ -14,6 +14,7 @@ import gc
 import os
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -119,5 +120,6 @@ def worker(rank: int, init_file: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 def test_gradients_after_every_microbatch(tmp_path: Path) -> None:
     mp.spawn(worker, args=(str(tmp_path / "init"),), nprocs=WORLD, join=True)

@@ -206,6 +206,7 @@ def wait_ready(proc: subprocess.Popen) -> None:
     assert proc.stdout.readline().strip() == b"ready", proc.communicate()
 
 
+@pytest.mark.slow
 def test_racing_processes_build_once(tmp_path: Path) -> None:
     """Four runs of a sweep start together on a corpus with no cache: one builds (about 4 s),
     the others wait for it and read what it built."""
@@ -227,6 +228,7 @@ def test_racing_processes_build_once(tmp_path: Path) -> None:
     assert len(found) == 1 and len(list(cache.glob("*.building-*"))) == 0
 
 
+@pytest.mark.slow
 def test_a_killed_build_is_never_served(tmp_path: Path) -> None:
     texts = write_corpus(tmp_path / "c", files=40)
     cache = tmp_path / "cache"
@@ -251,6 +253,7 @@ def test_a_killed_build_is_never_served(tmp_path: Path) -> None:
     assert not list(cache.glob("*.building-*"))  # the killed build's leftovers went
 
 
+@pytest.mark.slow
 def test_a_full_disk_leaves_nothing(tmp_path: Path) -> None:
     write_corpus(tmp_path / "c", files=4, words=20_000)  # ~0.5 MB of text, ~1 MB of tokens
     cache = tmp_path / "cache"
@@ -264,6 +267,7 @@ def test_a_full_disk_leaves_nothing(tmp_path: Path) -> None:
     assert len(open_bytes(tmp_path / "c", cache).meta["files"]) == 4  # room again: it builds
 
 
+@pytest.mark.slow
 def test_a_damaged_cache_is_rebuilt_or_named(tmp_path: Path) -> None:
     texts = write_corpus(tmp_path / "c")
     cache = open_bytes(tmp_path / "c", tmp_path / "cache")
@@ -298,6 +302,7 @@ def test_a_damaged_cache_is_rebuilt_or_named(tmp_path: Path) -> None:
     assert f"{len(''.join(texts)) + 4:,} tokens" in run.stdout and "built in" in run.stdout
 
 
+@pytest.mark.slow
 def test_a_bad_corpus_is_rejected_before_any_rank_starts(cli, tmp_path: Path) -> None:
     """What only reading the files tells: the launcher's preparation, exit 2, no rank."""
     (tmp_path / "j").mkdir()
@@ -308,6 +313,7 @@ def test_a_bad_corpus_is_rejected_before_any_rank_starts(cli, tmp_path: Path) ->
     assert "Traceback" not in result.output and not result.run_dir.exists()
 
 
+@pytest.mark.slow
 def test_prepare_then_train_reads_the_same_cache(cli, tmp_path: Path) -> None:
     write_corpus(tmp_path / "c", files=4, words=400)
     where = tmp_path / "cache"
@@ -333,6 +339,7 @@ def test_prepare_then_train_reads_the_same_cache(cli, tmp_path: Path) -> None:
     assert "tokenizing" not in result.output  # found, not built again
 
 
+@pytest.mark.slow
 def test_loader_workers_read_the_same_batches(tmp_path: Path) -> None:
     """The datasets pickle into DataLoader workers, which open the token file themselves."""
     from runner.data.loaders import build_train_loader
