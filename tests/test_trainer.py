@@ -14,7 +14,6 @@ import torch.distributed as dist
 
 from runner.artifacts import RunDir
 from runner.spec import resolve_spec
-from runner.train.batches import split
 from runner.train.nonfinite import NonFiniteError
 from runner.train.trainer import Trainer
 from tests.conftest import FAST
@@ -58,6 +57,15 @@ def build(tmp_path: Path, *overrides: str) -> Trainer:
     return Trainer(resolve_spec(config), RunDir(tmp_path), "cpu", None)
 
 
+def poisoned_step(trainer: Trainer, batch: list, n: int, step: int) -> None:
+    """A step whose loss is NaN, as chaos.action=nan makes it (the fault hook's switch)."""
+    trainer.faults.poison = True
+    try:
+        trainer.train_step(batch, n, step=step)
+    finally:
+        trainer.faults.poison = False
+
+
 def test_a_skipped_step_leaves_weights_optimizer_and_schedule_alone(
     tmp_path: Path, one_rank_group: None
 ) -> None:
@@ -71,7 +79,7 @@ def test_a_skipped_step_leaves_weights_optimizer_and_schedule_alone(
     optimizer = copy.deepcopy(trainer.engine.torch_optimizer.state_dict())
     lr = trainer.engine.lr
     for step in (2, 3):
-        trainer.train_step(batch, n, step=step, poison=True)
+        poisoned_step(trainer, batch, n, step)
     after = trainer.engine.torch_optimizer.state_dict()
     assert all(torch.equal(v, trainer.engine.module.state_dict()[k]) for k, v in weights.items())
     assert all(
@@ -81,10 +89,10 @@ def test_a_skipped_step_leaves_weights_optimizer_and_schedule_alone(
     )
     assert trainer.engine.lr == lr and trainer.guard.skipped == 2
     trainer.train_step(batch, n, step=4)  # a good step resets the count
-    trainer.train_step(batch, n, step=5, poison=True)
-    trainer.train_step(batch, n, step=6, poison=True)
+    poisoned_step(trainer, batch, n, 5)
+    poisoned_step(trainer, batch, n, 6)
     with pytest.raises(NonFiniteError, match=r"at step 7 on rank\(s\) 0; 3 steps in a row"):
-        trainer.train_step(batch, n, step=7, poison=True)
+        poisoned_step(trainer, batch, n, 7)
 
 
 def test_stop_catches_a_gradient_that_overflowed_by_the_loss_of_the_next_step(
@@ -117,7 +125,7 @@ def test_skip_and_clipping_still_read_the_gradient_norm(
         trainer = build(tmp_path, *overrides)
         batch = [next(iter(trainer.train_loader))]
         for microbatch in batch:
-            trainer.engine.backward(trainer._loss(*split(microbatch[0]), True, False)[0])
+            trainer.engine.backward(trainer.forward_loss(microbatch[0])[0])
         norm = trainer.engine.prepare_step(norm_wanted=trainer.guard.mode == "skip")
         assert (norm is not None) == wanted, overrides
         trainer.engine.skip_step()

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import torch
 
+from runner.models.blocks import find_blocks
 from runner.spec.schema import ChaosSpec
+from runner.train.microbatching import batch_size
 
 DELAYED = ("disk_full", "nan", "oom")  # actions that fire inside the step, not at its start
 
@@ -81,3 +83,39 @@ def maybe_run_out_of_memory(chaos: ChaosSpec, rank: int, step: int, samples: int
         f"chaos: rank {rank} ran out of memory at step {step} with a microbatch of {samples} "
         f"samples (chaos.oom_above={chaos.oom_above})"
     )
+
+
+class Faults:
+    """Fault injection as the training loop sees it: hooks it calls at named points. Each
+    does nothing unless `chaos.kill_rank` is this rank (and only on the first attempt).
+
+    - `step_started(step)`: sigkill, raise and hang fire here; nan arms the step's loss;
+    - `forward(batch)`: the microbatch a training forward pass is about to run (oom reads
+      its size in a hook on the model's first block, where FSDP has gathered it);
+    - `loss(loss)`: the loss of every microbatch of an armed step turns NaN.
+
+    (disk_full fires in the checkpoint's write: runner.train.checkpointing.)"""
+
+    def __init__(self, chaos: ChaosSpec, rank: int, module: torch.nn.Module):
+        self.chaos, self.rank = chaos, rank
+        self.step, self.batch = 0, None
+        self.poison = False  # this step's loss turns NaN (chaos.action=nan)
+        if chaos.action == "oom" and chaos.kill_rank == rank:
+            where = (find_blocks(module) or [module])[0]
+            where.register_forward_pre_hook(torch.compiler.disable(self._out_of_memory))
+
+    def step_started(self, step: int) -> None:
+        self.step = step
+        maybe_fail(self.chaos, self.rank, step)
+        self.poison = poisons_loss(self.chaos, self.rank, step)
+
+    def forward(self, batch: object) -> None:
+        self.batch = batch
+
+    def loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * float("nan") if self.poison else loss
+
+    def _out_of_memory(self, module: torch.nn.Module, _: object) -> None:
+        if module.training and self.batch is not None:
+            samples = batch_size(self.batch)
+            maybe_run_out_of_memory(self.chaos, self.rank, self.step, samples)

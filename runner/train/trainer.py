@@ -10,11 +10,9 @@ runner.data.sampler and runner.train.losses).
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 import os
 import random
-import resource
 import time
 from typing import Any, TextIO
 
@@ -22,31 +20,22 @@ import numpy as np
 import torch
 
 from runner import dist as rdist
-from runner.artifacts import RunDir, write_atomic
+from runner.artifacts import RunDir
 from runner.checkpoint_store import CheckpointStore
 from runner.components import instantiate
 from runner.data.datasets import build_datasets
 from runner.data.loaders import build_eval_loader, build_train_loader
 from runner.data.sampler import GlobalBatchSampler
 from runner.data.streams import TrainStream, eval_stream, is_iterable, rank_part
-from runner.engines import build_engine
 from runner.engines.precision import autocast
 from runner.heartbeat import Heartbeat, Phase
-from runner.models.blocks import apply_activation_checkpointing, find_blocks
 from runner.models.builders import build_model
 from runner.spec import RunSpec
 from runner.spec.convert import to_dict
-from runner.summary import (
-    COMPLETED,
-    attempts,
-    build_summary,
-    history,
-    record_attempt,
-    write_summary,
-)
+from runner.summary import record_attempt
 from runner.train import chaos, checkpointing
 from runner.train.batches import logits_of, split, to_device
-from runner.train.compiling import CompileClock, compile_model
+from runner.train.final_artifacts import write_final
 from runner.train.metrics_log import MetricsLog, Throughput
 from runner.train.microbatching import (
     AutoMicrobatching,
@@ -56,13 +45,9 @@ from runner.train.microbatching import (
     is_out_of_memory,
 )
 from runner.train.nonfinite import NonFiniteGuard
+from runner.train.parallelize import parallelize
 from runner.train.pending_records import PendingRecords
 from runner.train.progress import Progress
-
-
-def peak_rss_bytes() -> int:
-    """The most resident memory this process has held (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def seed_everything(seed: int) -> None:
@@ -89,15 +74,6 @@ class Trainer:
         seed_everything(spec.seed)  # same on every rank: identical initial weights
         data = build_datasets(spec.data)
         module = build_model(spec.model, data.info).to(device)
-        if spec.checkpoint_every:  # per block, before any engine wraps or shards it
-            apply_activation_checkpointing(module, spec.checkpoint_every)
-        self.channels_last = spec.model.channels_last and self.device_type == "cuda"
-        if self.channels_last:
-            module = module.to(memory_format=torch.channels_last)
-        self.compile_clock = None
-        if spec.compile is not None:  # per block after checkpointing, before any sharding
-            self.compile_clock = CompileClock()
-            print(f"compile: {compile_model(module, spec.compile)}", flush=True)
         self.loss_fn = instantiate(spec.loss.node, data.info)
         self.metrics_fns = {
             name: _on_device(instantiate(m.node, data.info), device)
@@ -124,7 +100,9 @@ class Trainer:
             )
         self.steps_per_epoch = self.sampler.steps_per_epoch
         self.total_steps = self._total_steps()
-        self.engine = build_engine(self._with_warmup_steps(spec), module, device, self.total_steps)
+        parallel = parallelize(module, self._with_warmup_steps(spec), device, self.total_steps)
+        self.engine, self.channels_last = parallel.engine, parallel.channels_last
+        self.compile_clock = parallel.compile_clock
         self.val_loader = self._val_loader(data, pin)
         seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
 
@@ -150,13 +128,7 @@ class Trainer:
             print(f"resumed from {start} (step {self.step})", flush=True)
         self.auto = self._auto_microbatching(client.get("grad_accum", 1))
         self.stand_in: Any = None  # the latest training microbatch (runner.train: _val_pairs)
-        self.forward_batch: Any = None  # the microbatch in the forward pass (chaos.action=oom)
-        self.step_now = self.step
-        if spec.chaos.action == "oom" and spec.chaos.kill_rank == self.rank:
-            # Inside the forward pass: in the first block (FSDP has gathered it; the other
-            # ranks go on to the next block's gather, and meet the agreement there).
-            where = (find_blocks(self.engine.module) or [self.engine.module])[0]
-            where.register_forward_pre_hook(torch.compiler.disable(self._chaos_oom))
+        self.faults = chaos.Faults(spec.chaos, self.rank, self.engine.module)  # chaos.*
         self.heart.beat(Phase.START, self.step)  # where this attempt starts (a stop needs it)
         if self.is_main:
             record_attempt(run_dir, self.attempt, self.resumed_from)
@@ -286,14 +258,13 @@ class Trainer:
             microbatches = iter(self.train_loader)
             for step_in_epoch in range(offset, self.steps_per_epoch):
                 step += 1
-                chaos.maybe_fail(spec.chaos, self.rank, step)
+                self.faults.step_started(step)
                 n_global = self.sampler.global_count(step_in_epoch)
                 lr = self.engine.lr
                 batch = [next(microbatches) for _ in range(self.sampler.grad_accum)]
                 self.stand_in = batch[0][0]  # a placeholder for an evaluation that has none
                 self.heart.beat(Phase.BATCH, step)
-                poison = chaos.poisons_loss(spec.chaos, self.rank, step)
-                loss_sum, items = self.train_step(batch, n_global, step, poison)
+                loss_sum, items = self.train_step(batch, n_global, step)
                 self.heart.beat(Phase.STEP)
                 if self.first_step_at is None:
                     self.first_step_at = time.time()
@@ -355,7 +326,7 @@ class Trainer:
         return outcome
 
     def train_step(
-        self, microbatches: list[tuple[Any, bool]], n_global: int, step: int, poison: bool = False
+        self, microbatches: list[tuple[Any, bool]], n_global: int, step: int
     ) -> tuple[torch.Tensor, torch.Tensor | int]:
         """Forward and backward every microbatch of this rank, then step (or skip the step,
         when the guard says so: a non-finite loss or gradient norm under nonfinite=skip).
@@ -366,7 +337,6 @@ class Trainer:
         items = self._global_items(microbatches, n_global)
         weight = self.world / items  # DDP averages over ranks; this makes it a mean over items
         loss_sum: Any = None  # this rank's summed loss, a tensor from the first microbatch on
-        self.step_now = step
         if self.auto is not None:
             self._uncut = batch, real = microbatches[0]
             size = batch_size(batch) if real else 0
@@ -377,7 +347,7 @@ class Trainer:
         while i < len(microbatches):
             batch, real = microbatches[i][:2]
             with self.engine.microbatch(i, len(microbatches)):
-                loss, count, targets = self._forward_backward(batch, real, weight, poison)
+                loss, count, targets = self._forward_backward(batch, real, weight)
             if loss is None:  # out of memory on some rank (grad_accum=auto): cut finer, again
                 self.engine.drop_pass()
                 if not self.engine.keeps_microbatches:
@@ -399,7 +369,7 @@ class Trainer:
         return loss_sum, items
 
     def _forward_backward(
-        self, batch: Any, real: bool, weight: Any, poison: bool
+        self, batch: Any, real: bool, weight: Any
     ) -> tuple[torch.Tensor | None, Any, Any]:
         """One microbatch's forward and backward pass: (loss, item count, targets).
 
@@ -407,14 +377,16 @@ class Trainer:
         the ranks agree on it after the forward pass where the backward pass exchanges
         gradients (FSDP, ZeRO), else after the backward pass (ddp, synced by hand later)."""
         args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
-        self.forward_batch = batch
+        self.faults.forward(batch)
         if self.auto is None:
-            loss, count = self._loss(args, kwargs, targets, real, poison)
+            loss, count = self._loss(args, kwargs, targets, real)
+            loss = self.faults.loss(loss)
             self.engine.backward(loss * weight)
             return loss, count, targets
         self.auto.armed, self._ran_out_here, loss, count = True, False, None, 0
         try:
-            loss, count = self._loss(args, kwargs, targets, real, poison)
+            loss, count = self._loss(args, kwargs, targets, real)
+            loss = self.faults.loss(loss)
         except Exception as exc:
             self._note_out_of_memory(exc)
         # Past the except block: the failed pass's tensors went with its traceback.
@@ -435,9 +407,13 @@ class Trainer:
 
     def _warm_up_pass(self, microbatch: tuple[Any, bool]) -> None:
         """A forward and backward pass whose gradients are discarded (Engine.warm_up)."""
-        args, kwargs, targets = split(to_device(microbatch[0], self.device, self.channels_last))
-        loss, _ = self._loss(args, kwargs, targets, microbatch[1], poison=False)
+        loss, _ = self.forward_loss(*microbatch[:2])
         (loss * 0.0).backward()
+
+    def forward_loss(self, batch: Any, real: bool = True) -> tuple[torch.Tensor, Any]:
+        """One microbatch's forward pass and its loss: (summed loss, items)."""
+        args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
+        return self._loss(args, kwargs, targets, real)
 
     def _note_out_of_memory(self, exc: Exception) -> None:
         """grad_accum=auto: re-raise anything but running out of memory (here or, raised by
@@ -455,16 +431,12 @@ class Trainer:
         self._ran_out = self.auto.agree(self._ran_out_here)
         return bool(self._ran_out)
 
-    def _loss(
-        self, args: Any, kwargs: Any, targets: Any, real: bool, poison: bool
-    ) -> tuple[torch.Tensor, Any]:
+    def _loss(self, args: Any, kwargs: Any, targets: Any, real: bool) -> tuple[torch.Tensor, Any]:
         with autocast(self.spec.precision, self.device_type):
             outputs = self.engine.model(*args, **kwargs)
         loss, count = self.loss_fn(logits_of(outputs), targets)
         if not real:  # a placeholder: runs for the collectives, counts nothing
             loss = loss * 0.0
-        if poison:  # chaos.action=nan
-            loss = loss * float("nan")
         return loss, count
 
     def _recut(self, microbatches: list[Any], i: int, step: int) -> list[Any]:
@@ -475,11 +447,6 @@ class Trainer:
         start = microbatches[i][2]
         stop = batch_size(batch) if real else 0
         return cut_batch(batch, real, start, stop, 2 * (len(microbatches) - i))
-
-    def _chaos_oom(self, module: torch.nn.Module, _: Any) -> None:
-        if module.training and self.forward_batch is not None:
-            samples = batch_size(self.forward_batch)
-            chaos.maybe_run_out_of_memory(self.spec.chaos, self.rank, self.step_now, samples)
 
     def _global_items(self, microbatches: list[tuple[Any, bool]], n_global: int) -> Any:
         """Samples in the global batch, or, for a loss that counts its own items (tokens),
@@ -638,34 +605,18 @@ class Trainer:
         self.progress.close()
         self.heart.beat(Phase.FINISH)
         self.guard.check_before_saving(self.engine.module, self.total_steps)
-        weights = self.engine.full_state_dict()
-        per_rank = rdist.all_gather_object((self.engine.state_bytes(), peak_rss_bytes()))
-        summary: dict[str, Any] = {}
-        if self.is_main:
-            buffer = io.BytesIO()
-            torch.save(weights, buffer)
-            write_atomic(self.run_dir.model, buffer.getvalue())
-            summary = build_summary(
-                COMPLETED,
-                self.world,
-                start_time,
-                self.metrics.records,
-                state_bytes=[state for state, _ in per_rank],
-                peak_rss_bytes=[rss for _, rss in per_rank],
-                nodes=self.spec.nodes,
-                nproc=self.spec.nproc,
-                device=self.spec.device,
-                parallelism=self.spec.parallelism.name,
-                precision=self.spec.precision.name.value,
-                restarts=self.attempt,
-                resumed_from=self.resumed_from,
-                first_step_at=self.first_step_at,
-                compile_s=round(self.compile_clock.seconds, 3) if self.compile_clock else None,
-                **self._microbatching(),
-                attempts=attempts(self.run_dir),
-                history=history(self.run_dir),
-            )
-            write_summary(self.run_dir, summary)  # last: a summary means the run is complete
+        summary = write_final(
+            self.run_dir,
+            self.spec,
+            self.engine,
+            self.metrics.records,
+            start_time=start_time,
+            restarts=self.attempt,
+            resumed_from=self.resumed_from,
+            first_step_at=self.first_step_at,
+            compile_s=round(self.compile_clock.seconds, 3) if self.compile_clock else None,
+            **self._microbatching(),
+        )
         self.metrics.close(outcome=summary)
         return summary
 

@@ -1,0 +1,64 @@
+"""Stage 8 on a completed run: model.pt and summary.json, written by rank 0 after every
+rank has checked its weights and told its memory.
+
+model.pt is one plain fp32 `state_dict`, whatever the parallelism (gathered from ZeRO's
+partitions and FSDP's shards). summary.json comes last: a run with a `completed` summary
+has all its artifacts.
+"""
+
+from __future__ import annotations
+
+import io
+import resource
+from typing import Any
+
+import torch
+
+from runner import dist as rdist
+from runner.artifacts import RunDir, write_atomic
+from runner.engines.base import Engine
+from runner.spec import RunSpec
+from runner.summary import COMPLETED, attempts, build_summary, history, write_summary
+
+
+def peak_rss_bytes() -> int:
+    """The most resident memory this process has held (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def write_final(
+    run_dir: RunDir,
+    spec: RunSpec,
+    engine: Engine,
+    records: list[dict[str, Any]],
+    **facts: Any,
+) -> dict[str, Any]:
+    """Every rank: gather the weights and each rank's memory; rank 0: write model.pt, then
+    summary.json with `facts` (start_time, restarts, resumed_from, first_step_at,
+    compile_s, the microbatching keys). Returns the summary (empty on other ranks)."""
+    weights = engine.full_state_dict()
+    per_rank = rdist.all_gather_object((engine.state_bytes(), peak_rss_bytes()))
+    if rdist.get_global_rank() != 0:
+        return {}
+    buffer = io.BytesIO()
+    torch.save(weights, buffer)
+    write_atomic(run_dir.model, buffer.getvalue())
+    start_time = facts.pop("start_time")
+    summary = build_summary(
+        COMPLETED,
+        rdist.get_world_size(),
+        start_time,
+        records,
+        state_bytes=[state for state, _ in per_rank],
+        peak_rss_bytes=[rss for _, rss in per_rank],
+        nodes=spec.nodes,
+        nproc=spec.nproc,
+        device=spec.device,
+        parallelism=spec.parallelism.name,
+        precision=spec.precision.name.value,
+        **facts,
+        attempts=attempts(run_dir),
+        history=history(run_dir),
+    )
+    write_summary(run_dir, summary)  # last: a summary means the run is complete
+    return summary

@@ -1,0 +1,46 @@
+"""One place turns a model into its distributed form, in torchtitan's order.
+
+1. activation checkpointing, per block (before anything wraps a block);
+2. memory format (channels_last, on CUDA);
+3. torch.compile, per block or whole (after checkpointing has wrapped the blocks, before
+   FSDP shards them);
+4. the engine: DDP's wrap, DeepSpeed's, or FSDP2's shards (runner.engines).
+
+Each step changes the module in place or wraps it; state_dict keys stay those of the model
+the config builds, so checkpoints and model.pt do not depend on the path taken here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from runner.engines import build_engine
+from runner.engines.base import Engine
+from runner.models.blocks import apply_activation_checkpointing
+from runner.spec import RunSpec
+from runner.train.compiling import CompileClock, compile_model
+
+
+@dataclass
+class Parallelized:
+    engine: Engine
+    channels_last: bool  # inputs go to the device in channels_last too
+    compile_clock: CompileClock | None  # the seconds spent compiling (summary.json)
+
+
+def parallelize(module: nn.Module, spec: RunSpec, device: str, total_steps: int) -> Parallelized:
+    """`module` (built on `device` from the spec) in its distributed form, ready to train
+    for `total_steps` optimizer steps."""
+    if spec.checkpoint_every:
+        apply_activation_checkpointing(module, spec.checkpoint_every)
+    channels_last = spec.model.channels_last and torch.device(device).type == "cuda"
+    if channels_last:
+        module = module.to(memory_format=torch.channels_last)
+    clock = None
+    if spec.compile is not None:
+        clock = CompileClock()
+        print(f"compile: {compile_model(module, spec.compile)}", flush=True)
+    return Parallelized(build_engine(spec, module, device, total_steps), channels_last, clock)
