@@ -15,13 +15,19 @@ of one all-reduce of [ran out, per rank..., still busy]. A rank still inside a f
 pass that communicates (FSDP gathers weights block by block) joins a round before each of
 those collectives (`before_collective`, a forward pre-hook), so every collective is met by
 the same one on every rank. Once no rank is busy, all know the same answer.
+
+The trainer sees a step strategy: `FixedMicrobatches` (grad_accum=N) or `AutoMicrobatching`
+(grad_accum=auto), built by `microbatch_steps`. Both cut a step's batch (`start`), run one
+microbatch's forward and backward pass (`run`; None when the pass was dropped), cut the
+rest of the step finer after a drop (`recut`), cut evaluation batches alike
+(`eval_pieces`), and say what a checkpoint and summary.json keep.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,8 @@ import torch
 import torch.distributed as dist
 
 from runner.artifacts import read_json, write_atomic
+from runner.engines.base import Engine
+from runner.spec import RunSpec
 
 RECORD_FILE = "microbatching.json"  # in the run directory: what a restart starts from
 
@@ -95,8 +103,59 @@ def cut_batch(batch: Any, real: bool, start: int, stop: int, parts: int) -> list
     return pieces
 
 
+Forward = Callable[[], tuple[torch.Tensor, Any, Any]]  # a microbatch's (loss, items, targets)
+Backward = Callable[[torch.Tensor], None]
+
+
+def microbatch_steps(
+    spec: RunSpec, run_dir: Path, device: str, engine: Engine, checkpointed: int
+) -> FixedMicrobatches | AutoMicrobatching:
+    """The step strategy of `spec.grad_accum`. Under auto: the count to start at (the
+    checkpoint's, a restart's), and a round of agreement before each collective of a forward
+    pass (FSDP's blocks)."""
+    if spec.grad_accum != "auto":
+        return FixedMicrobatches(spec)
+    auto = AutoMicrobatching(spec.per_rank_batch_size, run_dir, device, checkpointed)
+    for module in engine.communicating_modules():
+        hook = torch.compiler.disable(auto.before_collective)
+        module.register_forward_pre_hook(hook, prepend=True)
+    print(f"grad_accum=auto: starting at grad_accum={auto.accum}", flush=True)
+    return auto
+
+
+class FixedMicrobatches:
+    """grad_accum=N: the sampler cut each rank's share into N microbatches; each runs once."""
+
+    cuts = False  # the batch comes cut by the sampler
+
+    def __init__(self, spec: RunSpec):
+        self.accum, self.micro_batch_size = spec.grad_accum, spec.micro_batch_size
+
+    def start(self, microbatches: list[Any]) -> list[Any]:
+        return microbatches
+
+    def run(self, forward: Forward, backward: Backward, communicates: bool) -> Any:
+        loss, count, targets = forward()
+        backward(loss)
+        return loss, count, targets
+
+    def recut(self, microbatches: list[Any], i: int, step: int) -> list[Any]:
+        raise AssertionError("a fixed grad_accum never drops a pass")
+
+    def eval_pieces(self, batch: Any, real: bool) -> Iterator[tuple[Any, bool]]:
+        yield batch, real
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {}
+
+    def summary(self) -> dict[str, Any]:
+        return {"grad_accum": self.accum, "micro_batch_size": self.micro_batch_size}
+
+
 class AutoMicrobatching:
     """The microbatch count of grad_accum=auto, and how every rank agrees to raise it."""
+
+    cuts = True  # the rank's whole share comes as one microbatch; cut here
 
     def __init__(self, per_rank_batch: int, run_dir: Path, device: str, start: int = 1):
         self.per_rank_batch = per_rank_batch
@@ -111,6 +170,8 @@ class AutoMicrobatching:
         self.accum = int(known.item())
         self.armed = False  # inside a training forward pass: the hooks take part in rounds
         self.events: list[dict[str, Any]] = []
+        self.last_ran_out: list[int] = []  # the ranks that ran out in the dropped pass
+        self._uncut: tuple[Any, bool] = (None, False)  # the step's batch, as the sampler gave it
 
     @property
     def micro_batch_size(self) -> int:
@@ -170,3 +231,76 @@ class AutoMicrobatching:
             f"microbatches of {before} samples; retrying with {self.micro_batch_size} "
             f"(grad_accum={self.accum})"
         )
+
+    # ------------------------------------------------------------ the step strategy
+
+    def start(self, microbatches: list[Any]) -> list[Any]:
+        """The rank's share of the step (one microbatch from the sampler), cut in `accum`."""
+        self._uncut = batch, real = microbatches[0]
+        return cut_batch(batch, real, 0, batch_size(batch) if real else 0, self.accum)
+
+    def run(self, forward: Forward, backward: Backward, communicates: bool) -> Any:
+        """One microbatch's passes, or None when a pass ran out of memory on any rank. The
+        ranks agree after the forward pass where the backward pass exchanges gradients
+        (FSDP, ZeRO), else after the backward pass (ddp, synced by hand later)."""
+        self.armed, ran_out, result = True, False, None
+        try:
+            result = forward()
+        except Exception as exc:
+            ran_out = self._ran_out(exc)
+        # Past the except block: the failed pass's tensors went with its traceback.
+        if communicates and self._agree(ran_out):
+            return None
+        if result is not None:
+            if communicates:
+                backward(result[0])
+            else:
+                try:
+                    backward(result[0])
+                except Exception as exc:
+                    ran_out = self._ran_out(exc)
+        if not communicates and self._agree(ran_out):
+            return None
+        return result
+
+    def _ran_out(self, exc: Exception) -> bool:
+        """Re-raise anything but running out of memory; whether it ran out here (not on
+        another rank, whose agreement a collective's hook raised)."""
+        if not is_out_of_memory(exc):
+            raise exc
+        here = not isinstance(exc, OutOfMemoryElsewhere)
+        what = "out of memory" if here else "stopped"
+        print(f"{what}: {str(exc).strip().splitlines()[0]}", flush=True)
+        return here
+
+    def _agree(self, ran_out: bool) -> bool:
+        self.last_ran_out = self.agree(ran_out)
+        return bool(self.last_ran_out)
+
+    def recut(self, microbatches: list[Any], i: int, step: int) -> list[Any]:
+        """The step from microbatch i on, cut into twice as many microbatches."""
+        print(self.grow(step, self.last_ran_out), flush=True)
+        batch, real = self._uncut
+        stop = batch_size(batch) if real else 0
+        return cut_batch(batch, real, microbatches[i][2], stop, 2 * (len(microbatches) - i))
+
+    def eval_pieces(self, batch: Any, real: bool) -> Iterator[tuple[Any, bool]]:
+        """An evaluation batch cut like the training batches: no more memory than a training
+        microbatch (every rank alike)."""
+        if self.accum == 1:
+            yield batch, real
+            return
+        size = batch_size(batch) if real else 0
+        for piece, piece_real, _, _ in cut_batch(batch, real, 0, size, self.accum):
+            yield piece, piece_real
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"grad_accum": self.accum}
+
+    def summary(self) -> dict[str, Any]:
+        """Where the microbatch settled, and each time it was cut."""
+        return {
+            "grad_accum": self.accum,
+            "micro_batch_size": self.micro_batch_size,
+            "microbatch_retries": self.events,
+        }

@@ -14,6 +14,7 @@ import math
 import os
 import random
 import time
+from functools import partial
 from typing import Any, TextIO
 
 import numpy as np
@@ -37,13 +38,7 @@ from runner.train import chaos, checkpointing
 from runner.train.batches import logits_of, split, to_device
 from runner.train.final_artifacts import write_final
 from runner.train.metrics_log import MetricsLog, Throughput
-from runner.train.microbatching import (
-    AutoMicrobatching,
-    OutOfMemoryElsewhere,
-    batch_size,
-    cut_batch,
-    is_out_of_memory,
-)
+from runner.train.microbatching import microbatch_steps
 from runner.train.nonfinite import NonFiniteGuard
 from runner.train.parallelize import parallelize
 from runner.train.pending_records import PendingRecords
@@ -126,7 +121,9 @@ class Trainer:
             elif self.streaming:  # written with other data: a position means nothing here
                 print("the checkpoint holds no stream position: the stream starts over", flush=True)
             print(f"resumed from {start} (step {self.step})", flush=True)
-        self.auto = self._auto_microbatching(client.get("grad_accum", 1))
+        self.steps = microbatch_steps(  # grad_accum: fixed, or auto (cut finer on OOM)
+            spec, run_dir.root, device, self.engine, client.get("grad_accum", 1)
+        )
         self.stand_in: Any = None  # the latest training microbatch (runner.train: _val_pairs)
         self.faults = chaos.Faults(spec.chaos, self.rank, self.engine.module)  # chaos.*
         self.heart.beat(Phase.START, self.step)  # where this attempt starts (a stop needs it)
@@ -196,20 +193,6 @@ class Trainer:
             limit=spec.eval_samples,
             seed=spec.seed,
         )
-
-    def _auto_microbatching(self, checkpointed: int) -> AutoMicrobatching | None:
-        """grad_accum=auto: the microbatch count to start at (a checkpoint's, a restart's),
-        and a round of agreement before each collective of a forward pass (FSDP's blocks)."""
-        if self.spec.grad_accum != "auto":
-            return None
-        root = self.run_dir.root
-        auto = AutoMicrobatching(self.spec.per_rank_batch_size, root, self.device, checkpointed)
-        for module in self.engine.communicating_modules():
-            hook = torch.compiler.disable(auto.before_collective)
-            module.register_forward_pre_hook(hook, prepend=True)
-        print(f"grad_accum=auto: starting at grad_accum={auto.accum}", flush=True)
-        self._ran_out_here, self._ran_out = False, []
-        return auto
 
     def _with_warmup_steps(self, spec: RunSpec) -> RunSpec:
         """scheduler.warmup_epochs in optimizer steps, now that an epoch's length is known."""
@@ -301,7 +284,7 @@ class Trainer:
         started = time.perf_counter()
         self.heart.beat(Phase.SAVE)
         self.guard.check_before_saving(self.engine.module, step)
-        extra: dict[str, Any] = {"grad_accum": self.auto.accum} if self.auto else {}
+        extra = self.steps.checkpoint_state()
         if self.streaming:  # every rank's position in its part of the stream
             extra["data"] = rdist.all_gather_object(self.train_loader.state_dict())
         checkpointing.save(self.store, self.engine, self.spec, step, samples, extra)
@@ -337,23 +320,25 @@ class Trainer:
         items = self._global_items(microbatches, n_global)
         weight = self.world / items  # DDP averages over ranks; this makes it a mean over items
         loss_sum: Any = None  # this rank's summed loss, a tensor from the first microbatch on
-        if self.auto is not None:
-            self._uncut = batch, real = microbatches[0]
-            size = batch_size(batch) if real else 0
-            microbatches = cut_batch(batch, real, 0, size, self.auto.accum)
-        if self.engine.needs_warm_up and self.auto is None:
+        microbatches = self.steps.start(microbatches)
+        if self.engine.needs_warm_up and not self.steps.cuts:
             self.engine.warm_up(lambda: self._warm_up_pass(microbatches[0]))
         i = 0
         while i < len(microbatches):
             batch, real = microbatches[i][:2]
             with self.engine.microbatch(i, len(microbatches)):
-                loss, count, targets = self._forward_backward(batch, real, weight)
-            if loss is None:  # out of memory on some rank (grad_accum=auto): cut finer, again
+                done = self.steps.run(
+                    partial(self._forward, batch, real),
+                    lambda loss: self.engine.backward(loss * weight),
+                    self.engine.backward_communicates,
+                )
+            if done is None:  # out of memory on some rank (grad_accum=auto): cut finer, again
                 self.engine.drop_pass()
                 if not self.engine.keeps_microbatches:
                     i, loss_sum = 0, None  # from the start
-                microbatches = microbatches[:i] + self._recut(microbatches, i, step)
+                microbatches = microbatches[:i] + self.steps.recut(microbatches, i, step)
                 continue
+            loss, count, targets = done
             if self.check_items and real:
                 self._check_items(count, targets)
             loss = loss.detach().float()
@@ -368,42 +353,12 @@ class Trainer:
             self.guard.after_step(self.engine.nonfinite_skips, step)
         return loss_sum, items
 
-    def _forward_backward(
-        self, batch: Any, real: bool, weight: Any
-    ) -> tuple[torch.Tensor | None, Any, Any]:
-        """One microbatch's forward and backward pass: (loss, item count, targets).
-
-        Under grad_accum=auto the loss is None when a pass ran out of memory on any rank:
-        the ranks agree on it after the forward pass where the backward pass exchanges
-        gradients (FSDP, ZeRO), else after the backward pass (ddp, synced by hand later)."""
+    def _forward(self, batch: Any, real: bool) -> tuple[torch.Tensor, Any, Any]:
+        """One training microbatch's forward pass: (loss, items, targets)."""
         args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
         self.faults.forward(batch)
-        if self.auto is None:
-            loss, count = self._loss(args, kwargs, targets, real)
-            loss = self.faults.loss(loss)
-            self.engine.backward(loss * weight)
-            return loss, count, targets
-        self.auto.armed, self._ran_out_here, loss, count = True, False, None, 0
-        try:
-            loss, count = self._loss(args, kwargs, targets, real)
-            loss = self.faults.loss(loss)
-        except Exception as exc:
-            self._note_out_of_memory(exc)
-        # Past the except block: the failed pass's tensors went with its traceback.
-        communicates = self.engine.backward_communicates
-        if communicates and self._agree():
-            return None, 0, targets
-        if loss is not None:
-            if communicates:
-                self.engine.backward(loss * weight)
-            else:
-                try:
-                    self.engine.backward(loss * weight)
-                except Exception as exc:
-                    self._note_out_of_memory(exc)
-        if not communicates and self._agree():
-            return None, 0, targets
-        return loss, count, targets
+        loss, count = self._loss(args, kwargs, targets, real)
+        return self.faults.loss(loss), count, targets
 
     def _warm_up_pass(self, microbatch: tuple[Any, bool]) -> None:
         """A forward and backward pass whose gradients are discarded (Engine.warm_up)."""
@@ -415,22 +370,6 @@ class Trainer:
         args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
         return self._loss(args, kwargs, targets, real)
 
-    def _note_out_of_memory(self, exc: Exception) -> None:
-        """grad_accum=auto: re-raise anything but running out of memory (here or, raised by
-        a collective's hook, on another rank)."""
-        if not is_out_of_memory(exc):
-            raise exc
-        self._ran_out_here = not isinstance(exc, OutOfMemoryElsewhere)
-        what = "out of memory" if self._ran_out_here else "stopped"
-        print(f"{what}: {str(exc).strip().splitlines()[0]}", flush=True)
-
-    def _agree(self) -> bool:
-        """grad_accum=auto: whether any rank ran out of memory in this microbatch (the same
-        answer on every rank)."""
-        assert self.auto is not None
-        self._ran_out = self.auto.agree(self._ran_out_here)
-        return bool(self._ran_out)
-
     def _loss(self, args: Any, kwargs: Any, targets: Any, real: bool) -> tuple[torch.Tensor, Any]:
         with autocast(self.spec.precision, self.device_type):
             outputs = self.engine.model(*args, **kwargs)
@@ -438,15 +377,6 @@ class Trainer:
         if not real:  # a placeholder: runs for the collectives, counts nothing
             loss = loss * 0.0
         return loss, count
-
-    def _recut(self, microbatches: list[Any], i: int, step: int) -> list[Any]:
-        """The step from microbatch i on, cut into twice as many microbatches."""
-        assert self.auto is not None
-        print(self.auto.grow(step, self._ran_out), flush=True)
-        batch, real = self._uncut
-        start = microbatches[i][2]
-        stop = batch_size(batch) if real else 0
-        return cut_batch(batch, real, start, stop, 2 * (len(microbatches) - i))
 
     def _global_items(self, microbatches: list[tuple[Any, bool]], n_global: int) -> Any:
         """Samples in the global batch, or, for a loss that counts its own items (tokens),
@@ -508,12 +438,7 @@ class Trainer:
         """The validation batches; under grad_accum=auto cut like the training batches, so
         evaluation needs no more memory than a training microbatch (every rank alike)."""
         for batch, real in self._val_pairs():
-            if self.auto is None or self.auto.accum == 1:
-                yield batch, real
-                continue
-            size = batch_size(batch) if real else 0
-            for piece, piece_real, _, _ in cut_batch(batch, real, 0, size, self.auto.accum):
-                yield piece, piece_real
+            yield from self.steps.eval_pieces(batch, real)
 
     def _val_pairs(self) -> Any:
         """(batch, real) pairs of this rank's validation share. Ranks' parts of an iterable
@@ -589,18 +514,6 @@ class Trainer:
                 )
             )
 
-    def _microbatching(self) -> dict[str, Any]:
-        """summary.json: the microbatch trained with (under grad_accum=auto, where it settled
-        and each time it was cut)."""
-        if self.auto is None:
-            spec = self.spec
-            return {"grad_accum": spec.grad_accum, "micro_batch_size": spec.micro_batch_size}
-        return {
-            "grad_accum": self.auto.accum,
-            "micro_batch_size": self.auto.micro_batch_size,
-            "microbatch_retries": self.auto.events,
-        }
-
     def _finish(self, start_time: float) -> dict[str, Any]:
         self.progress.close()
         self.heart.beat(Phase.FINISH)
@@ -615,7 +528,7 @@ class Trainer:
             resumed_from=self.resumed_from,
             first_step_at=self.first_step_at,
             compile_s=round(self.compile_clock.seconds, 3) if self.compile_clock else None,
-            **self._microbatching(),
+            **self.steps.summary(),
         )
         self.metrics.close(outcome=summary)
         return summary
