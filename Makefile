@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 	PIP_FIND_LINKS= $(BIN)/python -m pip install --quiet -c constraints.txt uv
 	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode \
 		-c constraints.txt -e '.[dev]'
-	$(BIN)/python -m runner.engines.prebuild
+	$(BIN)/python -m runner.engines.deepspeed_ops
 	touch $(STAMP)
 
 run: install

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench import RESULTS, machine, plain_command, run, thread_env  # noqa: E402
+from harness import RESULTS, machine, plain_command, run, thread_env  # noqa: E402
 
 PLAIN = REPO / "benchmarks" / "plain_ddp.py"
 RUNNER_PACKAGE = str(REPO / "runner") + os.sep

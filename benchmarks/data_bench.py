@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import FIRST, MB, REPO, Config, run, thread_env, time_command, venv_tool
+from harness import FIRST, MB, REPO, Config, run, thread_env, time_command, venv_tool
 
 HOME = Path(os.environ.get("RUNNER_BENCH_DATA", Path(tempfile.gettempdir()) / "runner-bench-data"))
 CACHES = HOME / "caches"

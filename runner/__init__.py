@@ -10,6 +10,8 @@ this list (tests/test_layers.py checks it):
     models/   built-in models, and the shapes of a model's state
     data/     datasets, the global-batch sampler, loaders
     spec/     the run spec: schema, resolution and every check made before a rank starts
-    *.py      what every process shares and nothing else: dist, artifacts, summary,
-              hardware, procs, checkpoint_store
+    rundir/   the run directory, shared by every process: its files and how they are
+              written, summary.json, checkpoints, the tracker runs it logs to
+    *.py      what else every process shares: dist, hardware, heartbeat, processes,
+              components, errors, nested, mlflow_runs
 """

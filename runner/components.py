@@ -18,7 +18,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-TARGET = "_target_"
+TARGET = "_target_"  # the key that names a component's class or function (Hydra's)
 _HYDRA_KEYS = {TARGET, "_partial_", "_args_", "_recursive_", "_convert_"}
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from runner.data.digits import digits
-from runner.data.types import Datasets
+from runner.data.splits import Datasets
 
 
 class Noisy(torch.utils.data.Dataset):

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from runner.data.digits import read_digits
-from runner.data.types import Datasets
+from runner.data.splits import Datasets
 
 INFO = {"input_shape": (1, 8, 8), "num_classes": 10}
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.checkpoint_store import CheckpointStore, is_valid, step_of
+from runner.rundir.checkpoints import CheckpointStore, is_valid, step_of
 
 
 def save(store: CheckpointStore, step: int, payload: bytes = b"x" * 100) -> Path:
@@ -77,7 +77,7 @@ def test_failed_atomic_write_keeps_the_old_file_and_no_temporary(tmp_path, monke
     import errno
     import os
 
-    from runner.artifacts import write_atomic
+    from runner.rundir.files import write_atomic
 
     target = tmp_path / "summary.json"
     write_atomic(target, '{"status": "completed"}')

@@ -25,7 +25,7 @@ from tests.test_compose import compose_config
 DRIVER = textwrap.dedent(
     """
     import json, os, signal, subprocess, sys, time
-    from runner.launch.forkserver import ForkServer, ForkServerError
+    from runner.launch.forked_ranks import ForkServer, ForkServerError
     server = ForkServer.start()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="2", PROBE_MARK="yes")
     def command(*args):

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from runner.artifacts import RunDir
-from runner.spec.schema import CsvLoggerSpec, LoggerSpec, TensorBoardLoggerSpec
+from runner.rundir.files import RunDir
+from runner.spec.tracker_specs import CsvLoggerSpec, LoggerSpec, TensorBoardLoggerSpec
 from runner.train.loggers import Trackers, build_trackers
 
 BOTH = LoggerSpec(tensorboard=TensorBoardLoggerSpec(), csv=CsvLoggerSpec())
@@ -95,7 +95,7 @@ class Counting(Broken):
         self.steps += [r["step"] for r in records]
 
 
-def test_a_failing_tracker_is_dropped_with_a_warning_and_the_others_go_on(capsys) -> None:
+def test_a_failing_tracker_is_dropped_with_a_warning_and_the_others_go_on(caplog) -> None:
     counting = Counting()
     trackers = Trackers([Broken(), counting])
     for step in (1, 2, 3):
@@ -103,5 +103,5 @@ def test_a_failing_tracker_is_dropped_with_a_warning_and_the_others_go_on(capsys
     trackers.close()
     assert counting.steps == [1, 2, 3]
     assert trackers.failed == {"broken": "ConnectionError: tracking server unreachable"}
-    err = capsys.readouterr().err
+    err = caplog.text
     assert err.count("logger broken failed") == 1 and "metrics.jsonl is complete" in err

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.checkpoint_store import CheckpointStore
 from runner.data.datasets import build_datasets
 from runner.models import build_model
 from runner.models.shapes import configured_state_shapes, state_shapes
+from runner.rundir.checkpoints import CheckpointStore
 from runner.spec import SpecError, resolve_spec
 from runner.spec.resume_check import META_FILE, checkpoint_meta
 from tests.test_compose import compose_config

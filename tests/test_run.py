@@ -112,7 +112,7 @@ try:
     runner.cli.entry.main()
 except SystemExit:
     pass
-from runner.artifacts import environment_info
+from runner.rundir.files import environment_info
 from runner.spec import SpecError, resolve_spec, save_spec
 from tests.test_compose import compose_config
 base = ['model=mlp', 'data=digits', 'device=cpu', 'resume={checkpoint}']

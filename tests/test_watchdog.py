@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.artifacts import RunDir
 from runner.heartbeat import Heartbeat, Phase
 from runner.launch.watchdog import Watchdog
+from runner.rundir.files import RunDir
 from runner.spec.schema import WatchdogSpec
 
 SPEC = WatchdogSpec(timeout=10, first_step_timeout=100, eval_timeout=50, checkpoint_timeout=None)

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from runner.cli.rerun import GROUPS  # the config groups, in conf/config.yaml's order
-from runner.spec import schema
+from runner.spec import schema, tracker_specs
 
 MARKER = "<!-- config-reference -->"
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,10 +43,10 @@ GROUP_CLASSES: dict[str, type | None] = {
     "loss": schema.LossSpec,
 }
 LOGGER_CLASSES = {
-    "tensorboard": schema.TensorBoardLoggerSpec,
-    "csv": schema.CsvLoggerSpec,
-    "mlflow": schema.MlflowLoggerSpec,
-    "wandb": schema.WandbLoggerSpec,
+    "tensorboard": tracker_specs.TensorBoardLoggerSpec,
+    "csv": tracker_specs.CsvLoggerSpec,
+    "mlflow": tracker_specs.MlflowLoggerSpec,
+    "wandb": tracker_specs.WandbLoggerSpec,
 }
 TOP_NESTED = {
     "checkpoint": schema.CheckpointSpec,

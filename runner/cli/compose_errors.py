@@ -23,6 +23,7 @@ from hydra.errors import (
     OverrideParseException,
 )
 
+from runner.errors import first_line
 from runner.spec import RunSpec
 
 GRAMMAR_DOCS = "https://hydra.cc/docs/advanced/override_grammar/basic/"
@@ -46,7 +47,7 @@ def composition_problem(
         valid = ", ".join(sorted(exc.options))
         return f"{plus}{group}={option}: no such {group} option{asked_by}; valid: {valid}"
     if isinstance(exc, OverrideParseException):
-        reason = exc.message.splitlines()[0]
+        reason = first_line(exc.message)
         return f"{exc.override}: not a valid override ({reason}); see {GRAMMAR_DOCS}"
     key = getattr(exc.__cause__, "full_key", None)
     override = re.search(r"use \+(\S+)", str(exc))

@@ -12,7 +12,7 @@ import sys
 
 def main() -> None:
     from runner.cli import supervise
-    from runner.procs import keep_extensions_in_environment
+    from runner.processes import keep_extensions_in_environment
 
     supervise.catch_early_asks()
     keep_extensions_in_environment()  # before the agent starts: every process inherits it

@@ -25,7 +25,6 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from runner.artifacts import RunDir, environment_info, read_json, write_json
 from runner.cli.compose_errors import composition_problem
 from runner.cli.outcome import report_outcome, shown
 from runner.cli.prepare import prepare_argv, prepare_task
@@ -35,16 +34,16 @@ from runner.cli.resolving import problems_text, resolve_cfg
 from runner.cli.supervise import run_agent
 from runner.cli.sweep import SweepTable, write_sweep_table
 from runner.cli.trackers import finish_trackers
-from runner.procs import add_code_dirs, keep_extensions_in_environment
-from runner.spec import RunSpec, SpecError, save_spec, slurm
-from runner.summary import (
-    FAILED,
-    INTERRUPTED,
+from runner.processes import add_code_dirs, keep_extensions_in_environment
+from runner.rundir.files import RunDir, environment_info, read_json, write_json
+from runner.rundir.summary import (
+    Status,
     archive_previous,
     read_summary,
     write_unfinished_summary,
 )
-from runner.tracker_runs import SWEEP_DIR_ENV
+from runner.rundir.tracker_runs import SWEEP_DIR_ENV
+from runner.spec import RunSpec, SpecError, save_spec, slurm
 
 log = logging.getLogger("runner")
 INVALID_CONFIG = 2  # exit code of a configuration rejected before any rank started
@@ -103,44 +102,23 @@ def _run(cfg: DictConfig) -> float | None:
         log.error("%s", problems_text(err.problems))
         if not in_sweep:
             _discard(run_dir.root)
-            sys.exit(2)
+            sys.exit(INVALID_CONFIG)
         # In a sweep the job stays visible: its directory says why it never started.
-        error = {
-            "rank": None,
-            "exitcode": 2,
-            "message": "invalid configuration: " + "; ".join(err.problems),
-        }
-        write_unfinished_summary(run_dir, FAILED, 0, start_time, error)
+        message = "invalid configuration: " + "; ".join(err.problems)
+        error = {"rank": None, "exitcode": INVALID_CONFIG, "message": message}
+        write_unfinished_summary(run_dir, Status.FAILED, 0, start_time, error)
         _update_sweep_table(hydra_cfg)
         return math.nan
 
     add_code_dirs([os.getcwd(), *spec.code_dir])
     if spec.node_rank > 0:
         return _run_other_node(spec, run_dir, start_time)
-    save_spec(spec, run_dir.root)
-    env = {"run_id": uuid.uuid4().hex, **environment_info(spec.code_dir)}
-    write_json(run_dir.env, {**env, "slurm_job": slurm.job_key(os.environ)})
-    run_dir.logs.mkdir(parents=True, exist_ok=True)
-    archive_previous(run_dir)  # resuming in an earlier run's directory keeps its story
-
-    if in_sweep:  # rank 0's trackers group the sweep's jobs (MLflow: under one parent run)
-        os.environ[SWEEP_DIR_ENV] = str(Path(hydra_cfg.sweep.dir).absolute())
-    else:
-        os.environ.pop(SWEEP_DIR_ENV, None)
+    _file_run(spec, run_dir, hydra_cfg.sweep.dir if in_sweep else None)
     end = run_agent(run_dir.root, start_time)
-    code, received = end.code, end.received
-    summary = read_summary(run_dir)
-    if summary is None:  # the agent itself died before it could write one
-        status = INTERRUPTED if received else FAILED
-        error = (
-            None
-            if received
-            else {"rank": None, "exitcode": code, "message": f"launcher exited with {code}"}
-        )
-        summary = write_unfinished_summary(run_dir, status, spec.world_size, start_time, error)
-    rejected = (summary.get("error") or {}).get("problems") if code == INVALID_CONFIG else None
-    if rejected:  # the agent's check of the components: reported like the checks above
-        log.error("%s", problems_text(rejected))
+    summary = _summary_after(end, spec, run_dir, start_time)
+    rejected = (summary.get("error") or {}).get("problems")
+    if rejected and end.code == INVALID_CONFIG:  # the agent's check of the components:
+        log.error("%s", problems_text(rejected))  # reported like the checks above
         if not in_sweep:
             _discard_rejected(run_dir)
             sys.exit(INVALID_CONFIG)
@@ -151,13 +129,38 @@ def _run(cfg: DictConfig) -> float | None:
     if end.asked and summary.get("stopped"):  # a graceful stop: SLURM's job comes back
         continue_after_stop(end.asked, end.asked_handler, 0, summary["stopped"]["after_step"])
     if not in_sweep:
-        if code != 0:
-            sys.exit(code)
+        if end.code != 0:
+            sys.exit(end.code)
         return None
     _update_sweep_table(hydra_cfg)
     # The job's value for sweepers such as Optuna (which maximise or minimise it); NaN marks
     # a job that failed, which Optuna records as a failed trial.
     return summary.get("final", {}).get("val/accuracy", math.nan)
+
+
+def _file_run(spec: RunSpec, run_dir: RunDir, sweep_dir: str | None) -> None:
+    """The run directory before the agent starts: config.yaml, env.json, logs/, an earlier
+    launch's summary set aside; a sweep's job tells rank 0's trackers its sweep."""
+    save_spec(spec, run_dir.root)
+    env = {"run_id": uuid.uuid4().hex, **environment_info(spec.code_dir)}
+    write_json(run_dir.env, {**env, "slurm_job": slurm.job_key(os.environ)})
+    run_dir.logs.mkdir(parents=True, exist_ok=True)
+    archive_previous(run_dir)  # resuming in an earlier run's directory keeps its story
+    if sweep_dir is not None:  # MLflow groups the sweep's jobs under one parent run
+        os.environ[SWEEP_DIR_ENV] = str(Path(sweep_dir).absolute())
+    else:
+        os.environ.pop(SWEEP_DIR_ENV, None)
+
+
+def _summary_after(end: Any, spec: RunSpec, run_dir: RunDir, start_time: float) -> dict:
+    """summary.json once the agent has ended; written here if the agent died first."""
+    summary = read_summary(run_dir)
+    if summary is not None:
+        return summary
+    status = Status.INTERRUPTED if end.received else Status.FAILED
+    message = f"launcher exited with {end.code}"
+    error = None if end.received else {"rank": None, "exitcode": end.code, "message": message}
+    return write_unfinished_summary(run_dir, status, spec.world_size, start_time, error)
 
 
 def _run_other_node(spec: RunSpec, run_dir: RunDir, start_time: float) -> float | None:
@@ -177,7 +180,7 @@ def _run_other_node(spec: RunSpec, run_dir: RunDir, start_time: float) -> float 
     summary = read_json(outcome)
     if summary is None:  # the agent died before it could write one
         summary = {
-            "status": INTERRUPTED if received else FAILED,
+            "status": Status.INTERRUPTED if received else Status.FAILED,
             "node_rank": spec.node_rank,
             "run_dir": str(run_dir.root),
             "error": {"rank": None, "exitcode": code, "message": f"launcher exited with {code}"},
@@ -199,7 +202,9 @@ def _run_other_node(spec: RunSpec, run_dir: RunDir, start_time: float) -> float 
         shown(node_dir),
     )
     run_summary = read_summary(RunDir(ranks_root))
-    final_summary = run_summary if summary.get("status") == "completed" and run_summary else summary
+    final_summary = (
+        run_summary if summary.get("status") == Status.COMPLETED and run_summary else summary
+    )
     report_outcome(final_summary, RunDir(ranks_root))
     if end.asked and summary.get("stopped"):
         after = summary["stopped"]["after_step"]

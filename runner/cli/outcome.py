@@ -11,7 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from runner.artifacts import RunDir
+from runner.rundir.files import RunDir
+from runner.rundir.summary import Status
 
 log = logging.getLogger("runner")
 
@@ -20,7 +21,7 @@ def report_outcome(summary: dict[str, Any], run_dir: RunDir) -> None:
     """One line for a completed run; the root cause for a failed one; where its files are."""
     status = summary.get("status")
     final = summary.get("final", {})
-    if status == "completed":
+    if status == Status.COMPLETED:
         keys = sorted(k for k in final if k.startswith("val/")) + ["train/loss"]
         parts = [f"{k} {final[k]:.4f}" for k in keys if k in final]
         log.info(
@@ -30,7 +31,7 @@ def report_outcome(summary: dict[str, Any], run_dir: RunDir) -> None:
             summary.get("wall_time_s", 0),
             " | ".join(parts),
         )
-    elif status == "failed" and summary.get("error"):
+    elif status == Status.FAILED and summary.get("error"):
         log.error("runner: %s", format_error(summary["error"]))
     else:
         log.error("runner: run %s after %s steps", status, summary.get("steps"))

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from runner.artifacts import read_json, read_jsonl
 from runner.nested import flatten
+from runner.rundir.files import read_json, read_jsonl
 
 METRICS = ("val/accuracy", "val/loss", "train/loss")
 REPORT_PNG = "report.png"

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from runner.artifacts import read_json
+from runner.rundir.files import read_json
 from runner.spec import slurm
 
 log = logging.getLogger("runner")

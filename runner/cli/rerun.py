@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from runner.components import TARGET
+
 GROUPS = (
     "model",
     "data",
@@ -41,7 +43,7 @@ def _option(conf_dir: Path, group: str, node: dict) -> str | list[str]:
     if group == "metrics":
         return "none"
     for path in sorted((conf_dir / group).glob("*.yaml")):
-        if (yaml.safe_load(path.read_text()) or {}).get("_target_") == node.get("_target_"):
+        if (yaml.safe_load(path.read_text()) or {}).get(TARGET) == node.get(TARGET):
             return path.stem
     return "custom"
 

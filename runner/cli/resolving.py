@@ -8,6 +8,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from runner.errors import first_line
 from runner.spec import RunSpec, SpecError, resolve_spec
 
 
@@ -16,7 +17,7 @@ def resolve_cfg(cfg: DictConfig, run_dir: Path, requeued: bool = False) -> RunSp
         data = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "config"
-        raise SpecError([f"{key}: {str(exc).splitlines()[0]}"]) from None
+        raise SpecError([f"{key}: {first_line(exc)}"]) from None
     if requeued and isinstance(data, dict) and data.get("resume") is None:
         data["resume"] = "auto"  # SLURM started the job again: go on from its checkpoint
     return resolve_spec(data, run_dir=run_dir)  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from typing import Any
 
 from runner import heartbeat
 from runner.heartbeat import STOP_SIGNALS
-from runner.procs import START_METHOD_ENV, exit_code_for_signal
+from runner.processes import START_METHOD_ENV, exit_code_for_signal
 
 GRACE_S = 20.0
 

@@ -19,9 +19,11 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from runner.artifacts import file_lock, read_json, write_atomic
 from runner.cli.report import METRICS, job_order
 from runner.cli.trackers import finish_sweep_trackers
+from runner.errors import first_line
+from runner.rundir.files import file_lock, read_json, write_atomic
+from runner.rundir.summary import Status
 
 SWEEP_CSV, SWEEP_MD = "sweep.csv", "sweep.md"
 
@@ -56,7 +58,7 @@ def sweep_rows(sweep_dir: Path) -> tuple[list[str], list[dict[str, Any]]]:
                 "steps": summary.get("steps", ""),
                 "wall_time_s": summary.get("wall_time_s", ""),
                 **{m: final.get(m, "") for m in METRICS},
-                "error": (error.get("message") or "").splitlines()[0] if error else "",
+                "error": first_line(error.get("message") or "") if error else "",
             }
         )
     return shared, rows
@@ -94,7 +96,7 @@ def _markdown(shared: list[str], rows: list[dict[str, Any]], columns: list[str])
 
 
 def failed_jobs(sweep_dir: Path) -> list[str]:
-    return [row["job"] for row in sweep_rows(sweep_dir)[1] if row["status"] != "completed"]
+    return [row["job"] for row in sweep_rows(sweep_dir)[1] if row["status"] != Status.COMPLETED]
 
 
 class SweepTable(Callback):

@@ -1,8 +1,8 @@
 """Datasets, the sampler that cuts them into global batches and microbatches, and loaders.
 
-`Datasets` (runner.data.types) is what a data component returns; it imports no torch.
+`Datasets` (runner.data.splits) is what a data component returns; it imports no torch.
 """
 
-from runner.data.types import Datasets
+from runner.data.splits import Datasets
 
 __all__ = ["Datasets"]

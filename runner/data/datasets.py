@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner.components import instantiate, locate
-from runner.data.types import Datasets
+from runner.data.splits import Datasets
 from runner.spec.schema import DataSpec
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from runner.data.splits import Datasets
 from runner.data.tensors import TensorData
-from runner.data.types import Datasets
 
 
 def digits_file() -> Path:

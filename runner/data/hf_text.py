@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from runner.data.splits import Datasets
 from runner.data.token_cache import cache_root
 from runner.data.tokenizing import load_tokenizer
-from runner.data.types import Datasets
 
 LOCAL_BUILDERS = ("json", "text", "csv", "parquet", "arrow")
 VALIDATION = ("validation", "val")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from runner.data.datasets import prepare_data, preparer
 from runner.data.token_cache import CacheDamaged, TokenCache
-from runner.procs import add_code_dirs
+from runner.errors import first_line
+from runner.processes import add_code_dirs
 from runner.spec import load_spec
 
 
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> int:
     try:
         cache = prepare_data(spec.data, rebuild="--rebuild" in argv)
     except (ValueError, OSError) as exc:
-        print(f"runner prepare: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        print(f"runner prepare: {first_line(exc)}", file=sys.stderr)
         return 2
     if "--verify" in argv and isinstance(cache, TokenCache):
         try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from runner.data.splits import Datasets
 from runner.data.tensors import TensorData
-from runner.data.types import Datasets
 
 _DATA_SEED = 20240607  # the data never depends on the run's seed
 

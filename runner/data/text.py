@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from runner.data.splits import Datasets
 from runner.data.token_cache import TokenCache, open_cache
 from runner.data.tokenizing import ByteTokenizer, load_tokenizer
-from runner.data.types import Datasets
 
 IGNORE_INDEX = -100
 _MASK = (1 << 64) - 1

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from runner.artifacts import write_atomic
 from runner.data.corpus import read_pieces
 from runner.data.token_progress import BuildProgress
 from runner.data.tokenizing import Tokenizer
+from runner.rundir.files import write_atomic
 
 BATCH_BYTES = 16 << 20  # text handed to the tokenizer at once: 16 pieces for its threads
 

@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from runner.artifacts import file_lock, write_atomic
 from runner.data.corpus import find_files, fingerprint
 from runner.data.token_build import build_cache, file_checksum
 from runner.data.tokenizing import Tokenizer
+from runner.rundir.files import file_lock, write_atomic
 
 FORMAT = 1
 CACHE_ENV = "RUNNER_CACHE_DIR"

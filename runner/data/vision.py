@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.data.types import Datasets
+from runner.data.splits import Datasets
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from runner.engines.precision import grad_scaler
 from runner.engines.shared_memory import SharedMemoryAllReduce, scaled_sum_hook
 from runner.hardware import shared_memory_obstacle
 from runner.spec import RunSpec, SyncStrategy
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
 
@@ -148,10 +151,10 @@ def open_reducer(option: bool | None, device: str) -> SharedMemoryAllReduce | No
     reason = shared_memory_obstacle(device, world // rdist.get_local_world_size())
     reducer = SharedMemoryAllReduce.open() if reason is None else None
     if reducer is not None:
-        print(f"gradients: all-reduced through shared memory ({world} ranks)", flush=True)
+        log.info("gradients: all-reduced through shared memory (%d ranks)", world)
     elif option:  # the spec's check saw the same machine: only /dev/shm's room is left
         reason = reason or "too little room in /dev/shm"
-        print(f"parallelism.shm_allreduce=true: {reason}; gloo reduces instead", flush=True)
+        log.info("parallelism.shm_allreduce=true: %s; gloo reduces instead", reason)
     return reducer
 
 

@@ -23,7 +23,7 @@ from torch import nn
 from runner import dist as rdist
 from runner.engines.base import Engine
 from runner.engines.optim import build_optimizer, build_scheduler
-from runner.procs import keep_extensions_in_environment
+from runner.processes import keep_extensions_in_environment
 from runner.spec import Precision, RunSpec
 from runner.spec.deepspeed_config import merge_user_config
 

@@ -24,13 +24,12 @@ from torch import nn
 from runner import dist as rdist
 from runner.engines.base import Engine, local_grad_norm
 from runner.engines.optim import build_optimizer, build_scheduler
-from runner.engines.precision import grad_scaler
+from runner.engines.precision import DTYPES, grad_scaler
 from runner.models.blocks import find_blocks
-from runner.spec import Precision, RunSpec
+from runner.spec import RunSpec
 
 DCP_DIR = "dcp"
 ENGINE_FILE = "engine.pt"
-_PARAM_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
 
 class FSDPEngine(Engine):
@@ -45,9 +44,7 @@ class FSDPEngine(Engine):
 
         options = spec.parallelism
         precision = spec.precision.name
-        policy = MixedPrecisionPolicy(
-            param_dtype=_PARAM_DTYPES.get(precision), reduce_dtype=torch.float32
-        )
+        policy = MixedPrecisionPolicy(param_dtype=DTYPES.get(precision), reduce_dtype=torch.float32)
         offload = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
         kwargs = {
             "reshard_after_forward": options.reshard_after_forward,

@@ -9,14 +9,15 @@ import torch
 
 from runner.spec.schema import Precision, PrecisionSpec
 
-_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+# The dtype each reduced precision computes in (autocast here, FSDP2's parameters in fsdp.py).
+DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
 
 def autocast(spec: PrecisionSpec, device_type: str) -> Any:
     """The context a forward pass runs under (a no-op for fp32)."""
     if spec.name is Precision.FP32:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device_type, dtype=_DTYPES[spec.name])
+    return torch.autocast(device_type=device_type, dtype=DTYPES[spec.name])
 
 
 def grad_scaler(spec: PrecisionSpec, device_type: str) -> torch.amp.GradScaler | None:

@@ -15,37 +15,29 @@ import gc
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from runner import hardware, heartbeat
-from runner.artifacts import RunDir, read_json, tail, write_json
-from runner.checkpoint_store import CheckpointStore
-from runner.launch import network, nodes, rendezvous
-from runner.launch.failures import RankFailure, root_cause
-from runner.launch.forkserver import ForkServer, forked_ranks, modules_for
+from runner.launch import nodes, outcomes, rendezvous
+from runner.launch.forked_ranks import ForkServer, forked_ranks, modules_for
+from runner.launch.join import join_nodes
 from runner.launch.stopping import GracefulStop, catch_early
 from runner.launch.watchdog import Watchdog
-from runner.procs import (
+from runner.processes import (
     RANK_PARENT_ENV,
     START_METHOD_ENV,
     add_code_dirs,
     can_fork_ranks,
     die_with_parent,
-    exit_code_for_signal,
+)
+from runner.rundir.files import RunDir
+from runner.rundir.summary import (
+    Status,
 )
 from runner.spec import RunSpec, load_spec
-from runner.summary import (
-    COMPLETED,
-    FAILED,
-    INTERRUPTED,
-    build_summary,
-    read_summary,
-    write_unfinished_summary,
-)
 
 SHUTDOWN_TIMEOUT_S = 10
 log = logging.getLogger("runner")
@@ -97,111 +89,12 @@ def _set_thread_env(spec: RunSpec) -> int:
     return int(os.environ["OMP_NUM_THREADS"])
 
 
-def _rank_failures(run_dir: RunDir, failures: dict) -> list[RankFailure]:
-    result = []
-    for rank, failure in failures.items():
-        data = read_json(Path(failure.error_file)) if failure.error_file else None
-        ours = (data or {}).get("runner", {})
-        result.append(
-            RankFailure(
-                rank=int(rank),
-                exitcode=int(failure.exitcode),
-                time=float(ours.get("time", failure.timestamp)),
-                host=ours.get("host") or socket.gethostname(),
-                error_type=ours.get("type"),
-                message=ours.get("message", ""),
-                traceback=ours.get("traceback", ""),
-                log=run_dir.rank_log(int(rank)),
-                log_tail=tail(run_dir.rank_log(int(rank)), 15),
-            )
-        )
-    return result
-
-
-def _outcome_writer(spec: RunSpec, node_dir: Path, start_time: float):
-    """Node 0 writes the run's summary.json; another node writes its own in its node directory
-    (`node{i}/summary.json`), with `run_dir` telling where its ranks wrote."""
-
-    def write(run_dir: RunDir, status: str, error: dict | None = None, **extra: Any) -> None:
-        if spec.node_rank == 0:  # every rank is gone: no partial checkpoint outlives the run
-            CheckpointStore(run_dir.checkpoints, keep=1).discard_unfinished()
-            write_unfinished_summary(run_dir, status, spec.world_size, start_time, error, **extra)
-            return
-        summary = build_summary(status, spec.world_size, start_time, [], error=error, **extra)
-        summary.update(
-            node_rank=spec.node_rank, host=socket.gethostname(), run_dir=str(run_dir.root)
-        )
-        write_json(node_dir / "summary.json", summary)
-
-    return write
-
-
-def _join_nodes(spec: RunSpec, node_dir: Path, run_root: Path) -> tuple[nodes.NodeLink, Path]:
-    """Meet the other nodes (see launch.nodes); returns the link and where the ranks write."""
-    assert spec.master_port is not None, "multi-node runs have a fixed master_port"
-    if spec.node_rank > 0:
-        log.info(
-            "runner: node %d of %d: waiting for node 0 at %s:%d",
-            spec.node_rank,
-            spec.nodes,
-            spec.master_addr,
-            spec.master_port,
-        )
-    else:
-        log.info(
-            "runner: node 0 of %d: waiting for the other nodes on port %d",
-            spec.nodes,
-            spec.master_port,
-        )
-    try:
-        link = nodes.NodeLink(spec.master_addr, spec.master_port, spec.node_rank, spec.nodes)
-    except Exception as exc:  # cannot bind (node 0) or reach node 0 (the others)
-        what = "listen on" if spec.node_rank == 0 else "reach node 0 at"
-        raise nodes.NodeMismatch(
-            f"node {spec.node_rank} cannot {what} {spec.master_addr}:{spec.master_port}: "
-            + _first_line(exc)
-        ) from None
-    try:
-        placement = link.agree(run_root, (node_dir / "config.yaml").read_text())
-    except nodes.NodeMismatch:
-        raise
-    except Exception as exc:  # a node never came, or went away while the nodes met
-        raise nodes.NodeMismatch(
-            f"node {spec.node_rank}: the {spec.nodes} nodes did not all meet within "
-            f"{nodes.JOIN_TIMEOUT_S} s on {spec.master_addr}:{spec.master_port}: "
-            + _first_line(exc)
-        ) from None
-    if "GLOO_SOCKET_IFNAME" not in os.environ:  # see runner.launch.network
-        interface = network.interface_towards(spec.master_addr)
-        if interface:
-            os.environ["GLOO_SOCKET_IFNAME"] = interface
-    if spec.node_rank == 0:
-        env_path = RunDir(run_root).env
-        env = read_json(env_path) or {}
-        env["hosts"] = list(dict.fromkeys(n["host"] for n in placement.nodes))
-        env["nodes"] = placement.nodes
-        write_json(env_path, env)
-    elif not placement.shared:
-        log.warning(
-            "runner: node %d does not see node 0's run directory; its ranks write to %s "
-            "(checkpoints and resume need a shared filesystem)",
-            spec.node_rank,
-            placement.run_root,
-        )
-    return link, placement.run_root
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def launch(node_dir: Path, spec: RunSpec, server: ForkServer | None = None) -> int:
     """Run the elastic agent for this node; return the process exit code.
 
     `node_dir` holds this node's config.yaml: the run directory on node 0, its
     `node{i}/` subdirectory on the others. `server` forks the ranks when the spec's
-    start_method is forkserver (runner.launch.forkserver); this call ends it.
+    start_method is forkserver (runner.launch.forked_ranks); this call ends it.
     """
     if server is not None and spec.start_method != "forkserver":
         server.close()
@@ -217,7 +110,7 @@ def launch(node_dir: Path, spec: RunSpec, server: ForkServer | None = None) -> i
 
 def _launch(node_dir: Path, spec: RunSpec, server: ForkServer | None) -> int:
     start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
-    write_outcome = _outcome_writer(spec, node_dir, start_time)
+    write_outcome = outcomes.outcome_writer(spec, node_dir, start_time)
     run_root = node_dir if spec.node_rank == 0 else node_dir.parent
     add_code_dirs(spec.code_dir)  # here, and for the ranks through PYTHONPATH
     from runner.launch.preflight import INVALID, component_problems  # imports torch
@@ -226,15 +119,15 @@ def _launch(node_dir: Path, spec: RunSpec, server: ForkServer | None) -> int:
     if problems:  # the parent reports them like its own checks, and no rank starts
         message = "invalid configuration: " + "; ".join(problems)
         error = {"rank": None, "exitcode": INVALID, "message": message, "problems": problems}
-        write_outcome(RunDir(run_root), FAILED, error)
+        write_outcome(RunDir(run_root), Status.FAILED, error)
         return INVALID
     link = None
     if spec.nodes > 1:
         try:
-            link, run_root = _join_nodes(spec, node_dir, run_root)
+            link, run_root = join_nodes(spec, node_dir, run_root)
         except nodes.NodeMismatch as exc:  # reported by the parent, from the summary
             error = {"rank": None, "exitcode": 2, "message": f"the nodes cannot start: {exc}"}
-            write_outcome(RunDir(run_root), FAILED, error)
+            write_outcome(RunDir(run_root), Status.FAILED, error)
             return 2
     run_dir = RunDir(run_root)
     beats = heartbeat.create(spec.nproc)  # the ranks' heartbeats and the stop's control block
@@ -251,32 +144,18 @@ def _run_ranks(
     run_dir: RunDir,
     link: nodes.NodeLink | None,
     beats: Path,
-    write_outcome,
+    write_outcome: outcomes.OutcomeWriter,
     server: ForkServer | None,
 ) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     rendezvous.register()
     threads = _set_thread_env(spec)
     os.environ[RANK_PARENT_ENV] = str(os.getpid())  # a forked rank's is the server
     os.environ["RUNNER_NODE_DIR"] = str(node_dir)  # ranks read this node's config.yaml
-    port = spec.master_port or 0
-    config = LaunchConfig(
-        min_nodes=spec.nodes,
-        max_nodes=spec.nodes,
-        nproc_per_node=spec.nproc,  # type: ignore[arg-type]
-        run_id="runner",
-        rdzv_backend=rendezvous.BACKEND,
-        rdzv_endpoint=f"{spec.master_addr}:{port}",
-        rdzv_configs={"rank": spec.node_rank, "timeout": nodes.JOIN_TIMEOUT_S},
-        max_restarts=spec.max_restarts,
-        monitor_interval=0.1,
-        start_method="spawn",
-        logs_specs=_logs_specs(run_dir),
-        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-    )
+    config = _launch_config(spec, run_dir)
     log.info(
         "runner: %d rank(s) on this node (world size %d, %s, %d thread(s) per rank) -> %s",
         spec.nproc,
@@ -289,12 +168,9 @@ def _run_ranks(
     stop.install()
     if link is not None:
         link.watch(on_stop_asked=stop.ask)
-    watchdog = (
-        Watchdog(spec.watchdog, run_dir, spec.nproc, spec.nodes, path=beats)
-        if spec.watchdog.timeout
-        else None
-    )
-    if watchdog is not None:
+    watchdog = None
+    if spec.watchdog.timeout:
+        watchdog = Watchdog(spec.watchdog, run_dir, spec.nproc, spec.nodes, path=beats)
         watchdog.start()
     try:
         with forked_ranks(server):
@@ -302,51 +178,35 @@ def _run_ranks(
             elastic_launch(config, sys.executable)(*worker)
     except ChildFailedError as exc:
         _settle(link, watchdog)
-        failures = _rank_failures(run_dir, exc.failures)
-        hang = watchdog.caused({f.pid for f in exc.failures.values()}) if watchdog else None
-        if hang is not None:  # the watchdog killed them: the hang is the cause, not SIGKILL
-            failures = [hang, *(f for f in failures if f.rank != hang.rank)]
-        cause = root_cause(failures)
-        if link is not None:
-            link.publish(cause)
-            wait = nodes.COLLECT_S if cause.is_consequence or hang else 0.5  # the others' hangs
-            failures += link.remote_failures(wait)
-            cause = root_cause(failures)
-        # summary.json before lingering: SLURM kills what is left KillWait seconds after a
-        # scancel or requeue (30 s by default; 5 s on the test cluster)
-        write_outcome(run_dir, FAILED, cause.summary_error(others=len(failures) - 1))
-        if link is not None:
-            link.linger()
-        return 1
+        return outcomes.ranks_failed(exc.failures, run_dir, link, watchdog, write_outcome)
     except SignalException as exc:
         _settle(link, watchdog)
-        notices = link.notices if link is not None else []
-        if notices:  # another node's part ended first: end with its cause
-            hang = watchdog.hang if watchdog is not None else None
-            if hang is not None:  # ours hung too: the other nodes weigh both
-                link.publish(hang)  # type: ignore[union-attr]
-            code = _stopped_by_other_node(notices, run_dir, write_outcome, hang)
-            link.linger()  # type: ignore[union-attr]
-            return code
-        name = signal.Signals(exc.sigval).name
-        print(f"runner: received {name}; all ranks stopped", file=sys.stderr, flush=True)
-        write_outcome(run_dir, INTERRUPTED)
-        if link is not None:
-            link.publish(None, signal_name=name)
-            link.linger()
-        return exit_code_for_signal(exc.sigval)
+        return outcomes.signalled(exc.sigval, run_dir, link, watchdog, write_outcome)
     _settle(link, watchdog)
     if stop.step is not None and heartbeat.stopped(beats, spec.nproc):
-        return _stopped_as_asked(stop, run_dir, write_outcome)
-    if spec.node_rank > 0:
-        write_outcome(run_dir, COMPLETED)
-        return 0
-    summary = read_summary(run_dir)
-    if summary is None or summary.get("status") != "completed":
-        print("runner: ranks exited cleanly but rank 0 wrote no summary", file=sys.stderr)
-        write_outcome(run_dir, FAILED)
-        return 1
-    return 0
+        return outcomes.stopped_as_asked(stop, run_dir, write_outcome)
+    return outcomes.ranks_exited(spec.node_rank, run_dir, write_outcome)
+
+
+def _launch_config(spec: RunSpec, run_dir: RunDir) -> Any:
+    """torch elastic's launch: one static rendezvous (runner.launch.rendezvous), ranks
+    spawned (or forked through runner.launch.forked_ranks), restarted up to max_restarts."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(
+        min_nodes=spec.nodes,
+        max_nodes=spec.nodes,
+        nproc_per_node=spec.nproc,  # type: ignore[arg-type]
+        run_id="runner",
+        rdzv_backend=rendezvous.BACKEND,
+        rdzv_endpoint=f"{spec.master_addr}:{spec.master_port or 0}",
+        rdzv_configs={"rank": spec.node_rank, "timeout": nodes.JOIN_TIMEOUT_S},
+        max_restarts=spec.max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+        logs_specs=_logs_specs(run_dir),
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+    )
 
 
 def _settle(link: nodes.NodeLink | None, watchdog: Watchdog | None) -> None:
@@ -358,35 +218,6 @@ def _settle(link: nodes.NodeLink | None, watchdog: Watchdog | None) -> None:
         link.stop_watching()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
-
-
-def _stopped_as_asked(stop: GracefulStop, run_dir: RunDir, write_outcome) -> int:
-    """Every rank stopped after the agreed step and saved a checkpoint there."""
-    latest = CheckpointStore(run_dir.checkpoints, keep=1).latest()
-    where = str(latest.relative_to(run_dir.root)) if latest is not None else None
-    print(f"runner: stopped after step {stop.step} ({stop.asked_by}); checkpoint {where}",
-          file=sys.stderr, flush=True)  # fmt: skip
-    stopped = {"asked_by": stop.asked_by, "after_step": stop.step, "checkpoint": where}
-    write_outcome(run_dir, INTERRUPTED, None, steps=stop.step, stopped=stopped)
-    return exit_code_for_signal(stop.signal)
-
-
-def _stopped_by_other_node(
-    notices: list[nodes.StopNotice], run_dir: RunDir, write_outcome, hang: RankFailure | None
-) -> int:
-    failures = [n.failure for n in notices if n.failure is not None]
-    if hang is not None:
-        failures.append(hang)
-    if failures:
-        cause = root_cause(failures)
-        print(f"runner: stopped because {cause.headline()}", file=sys.stderr, flush=True)
-        write_outcome(run_dir, FAILED, cause.summary_error(others=len(failures) - 1))
-        return 1
-    notice = notices[0]
-    print(f"runner: stopped because {notice.reason}", file=sys.stderr, flush=True)
-    status = INTERRUPTED if notice.interrupted else FAILED
-    write_outcome(run_dir, status, {"rank": None, "exitcode": 1, "message": notice.reason})
-    return 1
 
 
 def _import_torch() -> None:
@@ -422,7 +253,7 @@ def _quiet_cpp_warnings() -> None:
 
 
 def _fork_server_wanted(spec: RunSpec | None) -> bool:
-    """Whether this run forks its ranks (start_method, runner.launch.forkserver). A prestarted
+    """Whether this run forks its ranks (start_method, runner.launch.forked_ranks). A prestarted
     agent (no spec yet) knows only what the parent saw on the command line."""
     if not can_fork_ranks():
         return False

@@ -36,9 +36,9 @@ from typing import Any
 
 import yaml
 
-from runner.artifacts import read_json
 from runner.launch import rendezvous
 from runner.launch.failures import RankFailure
+from runner.rundir.files import read_json
 
 JOIN_TIMEOUT_S = 900  # how long a node waits for the others to show up
 POLL_S = 0.2

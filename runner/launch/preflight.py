@@ -21,8 +21,8 @@ from typing import Any
 
 from runner import components
 from runner.data.datasets import build_datasets, prepare_data
+from runner.data.splits import Datasets
 from runner.data.streams import is_iterable
-from runner.data.types import Datasets
 from runner.models.blocks import find_blocks
 from runner.models.builders import build_model
 from runner.spec import RunSpec

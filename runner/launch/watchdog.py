@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner import heartbeat
-from runner.artifacts import RunDir
 from runner.heartbeat import Beat, Phase
 from runner.launch.failures import HANG, RankFailure
+from runner.rundir.files import RunDir
 from runner.spec.schema import WatchdogSpec
 
 STACK_DUMP_WAIT_S = 0.5  # faulthandler writes in the signal handler: this is plenty

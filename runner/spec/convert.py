@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any, Literal, TypeVar, Union
 
+from runner.components import TARGET
+
 T = TypeVar("T")
 
 
@@ -39,7 +41,6 @@ class _Invalid(Exception):
 
 
 _NOTHING = object()
-TARGET = "_target_"
 _DOTTED_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 

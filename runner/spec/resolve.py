@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from runner import hardware
-from runner.procs import can_fork_ranks
+from runner.processes import can_fork_ranks
 from runner.spec.convert import SpecError, from_dict, to_dict
 from runner.spec.data_paths import resolve_data_paths
 from runner.spec.schema import (
@@ -296,7 +296,7 @@ def _check_run_control(spec: RunSpec, problems: list[str]) -> None:
 
 def _check_resume(spec: RunSpec, problems: list[str], run_dir: Path | None) -> None:
     """Find the checkpoint this run starts from and check that it fits the spec."""
-    from runner.checkpoint_store import CheckpointStore, resolve_checkpoint_path
+    from runner.rundir.checkpoints import CheckpointStore, resolve_checkpoint_path
     from runner.spec.resume_check import check_resume
 
     own = CheckpointStore(run_dir / "checkpoints", keep=1).latest() if run_dir else None

@@ -12,9 +12,12 @@ code (model, data, loss, metrics) are components: `_target_` plus arguments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Literal
+
+from runner.components import TARGET
+from runner.spec.tracker_specs import LoggerSpec, TensorBoardLoggerSpec
 
 
 def _bound(default: Any, **limits: float) -> Any:
@@ -72,7 +75,7 @@ class Component:
     @property
     def node(self) -> dict[str, Any]:
         """What Hydra's instantiate builds: `_target_` and the target's arguments."""
-        return {"_target_": self.target, **self.args}
+        return {TARGET: self.target, **self.args}
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ class ModelSpec(Component):
 
 @dataclass(frozen=True)
 class DataSpec(Component):
-    """A callable returning the train and validation datasets (see runner.data.types)."""
+    """A callable returning the train and validation datasets (see runner.data.splits)."""
 
     target: str = "runner.data.digits.digits"
     num_workers: int = _bound(0, min=0)  # DataLoader worker processes per rank
@@ -235,49 +238,6 @@ class PrecisionSpec:
     name: Precision = Precision.FP32
     init_scale: float = _bound(2.0**16, gt=0.0)
     growth_interval: int = _bound(2000, min=1)
-
-
-@dataclass(frozen=True)
-class TensorBoardLoggerSpec:
-    flush_secs: float = _bound(10.0, gt=0.0)
-
-
-@dataclass(frozen=True)
-class CsvLoggerSpec:
-    file: str = "metrics.csv"
-
-
-@dataclass(frozen=True)
-class MlflowLoggerSpec:
-    tracking_uri: str | None = None  # null: sqlite:///<launch dir>/runs/mlflow.db (resolved)
-    experiment_name: str = "runner"
-    run_name: str | None = None  # null: the run directory's name (a sweep job: sweep/job)
-    tags: dict[str, str] = field(default_factory=dict)
-    log_model: bool = True  # model.pt as an artifact (config.yaml and summary.json always)
-
-
-@dataclass(frozen=True)
-class WandbLoggerSpec:
-    project: str = "runner"
-    entity: str | None = None
-    mode: Literal["offline", "online"] = "offline"
-    tags: tuple[str, ...] = ()
-    log_model: bool = True  # model.pt as a W&B artifact (config.yaml always)
-
-
-@dataclass(frozen=True)
-class LoggerSpec:
-    """The trackers rank 0 feeds (`logger=[tensorboard,csv]`); a key is there when selected.
-    metrics.jsonl is written whatever is selected."""
-
-    tensorboard: TensorBoardLoggerSpec | None = None
-    csv: CsvLoggerSpec | None = None
-    mlflow: MlflowLoggerSpec | None = None
-    wandb: WandbLoggerSpec | None = None
-
-    @property
-    def selected(self) -> list[str]:
-        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ with max_restarts >= 1 shows the restart path end to end.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import signal
 import sys
@@ -21,6 +22,8 @@ import torch
 from runner.models.blocks import find_blocks
 from runner.spec.schema import ChaosSpec
 from runner.train.microbatching import batch_size
+
+log = logging.getLogger(__name__)
 
 DELAYED = ("disk_full", "nan", "oom")  # actions that fire inside the step, not at its start
 
@@ -39,7 +42,7 @@ def maybe_fail(chaos: ChaosSpec, rank: int, step: int) -> None:
     if not _first_attempt():
         return
     what = "hangs" if chaos.action == "hang" else f"fails ({chaos.action})"
-    print(f"chaos: rank {rank} {what} at step {step} at t={time.time():.3f}", flush=True)
+    log.warning(f"chaos: rank {rank} {what} at step {step} at t={time.time():.3f}")
     sys.stdout.flush()
     sys.stderr.flush()
     if chaos.action == "sigkill":
@@ -59,7 +62,7 @@ def maybe_fill_disk(chaos: ChaosSpec, rank: int, step: int, directory: Path) -> 
         return
     path = directory / f"chaos-rank{rank}.bin"
     path.write_bytes(b"\0" * 4096)
-    print(f"chaos: rank {rank}'s disk is full at step {step}", flush=True)
+    log.warning(f"chaos: rank {rank}'s disk is full at step {step}")
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
 
@@ -67,7 +70,7 @@ def poisons_loss(chaos: ChaosSpec, rank: int, step: int) -> bool:
     """nan: this rank's loss becomes NaN at this step."""
     hit = chaos.action == "nan" and chaos.kill_rank == rank and chaos.at_step == step
     if hit and _first_attempt():
-        print(f"chaos: rank {rank}'s loss becomes NaN at step {step}", flush=True)
+        log.warning(f"chaos: rank {rank}'s loss becomes NaN at step {step}")
         return True
     return False
 
@@ -78,7 +81,7 @@ def maybe_run_out_of_memory(chaos: ChaosSpec, rank: int, step: int, samples: int
         return
     if step < chaos.at_step or samples <= chaos.oom_above or not _first_attempt():
         return
-    print(f"chaos: rank {rank} runs out of memory at step {step} ({samples} samples)", flush=True)
+    log.warning(f"chaos: rank {rank} runs out of memory at step {step} ({samples} samples)")
     raise torch.OutOfMemoryError(
         f"chaos: rank {rank} ran out of memory at step {step} with a microbatch of {samples} "
         f"samples (chaos.oom_above={chaos.oom_above})"

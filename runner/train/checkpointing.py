@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -21,13 +22,16 @@ import numpy as np
 import torch
 
 from runner import dist as rdist
-from runner.artifacts import write_atomic
-from runner.checkpoint_store import CheckpointStore, resolve_checkpoint_path, step_of
 from runner.engines.base import Engine
+from runner.errors import describe
 from runner.models.shapes import state_shapes
+from runner.rundir.checkpoints import CheckpointStore, resolve_checkpoint_path, step_of
+from runner.rundir.files import write_atomic
 from runner.spec import RunSpec, slurm, to_dict
 from runner.spec.resume_check import META_FILE, checkpoint_meta, read_meta
 from runner.train import chaos
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointWriteError(OSError):
@@ -99,7 +103,7 @@ def _failing_write(store: CheckpointStore, step: int) -> Iterator[None]:
         if isinstance(exc, OSError) and exc.strerror:
             cause = f"{exc.strerror} ({exc.filename or partial})"
         else:
-            cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]} ({partial})"
+            cause = f"{describe(exc)} ({partial})"
         with contextlib.suppress(OSError):
             cause += f", {shutil.disk_usage(store.root).free / 2**30:.1f} GiB free there"
         raise CheckpointWriteError(
@@ -155,4 +159,20 @@ def load(path: Path, engine: Engine, store: CheckpointStore) -> dict[str, Any]:
                 shutil.rmtree(reshard, ignore_errors=True)
     if client["world_size"] == rdist.get_world_size():
         set_rng_state(client["rng"][rdist.get_global_rank()])
+    return client
+
+
+def resume(store: CheckpointStore, resume: str | None, engine: Engine, stream: Any) -> dict:
+    """Start this attempt where it should (find_resume_point): the engine, the RNG streams
+    and, for an iterable training set (`stream`, else None), this rank's position in its
+    part. The checkpoint's client state ({} for a fresh start)."""
+    start = find_resume_point(store, resume)
+    if start is None:
+        return {}
+    client = load(start, engine, store)
+    if stream is not None and "data" in client:
+        stream.load_state_dict(client["data"][rdist.get_global_rank()])
+    elif stream is not None:  # written with other data: a position means nothing here
+        log.info("the checkpoint holds no stream position: the stream starts over")
+    log.info("resumed from %s (step %d)", start, client["step"])
     return client

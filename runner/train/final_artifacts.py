@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from runner import dist as rdist
-from runner.artifacts import RunDir, write_atomic
 from runner.engines.base import Engine
+from runner.rundir.files import RunDir, write_atomic
+from runner.rundir.summary import Status, attempts, build_summary, history, write_summary
 from runner.spec import RunSpec
-from runner.summary import COMPLETED, attempts, build_summary, history, write_summary
 
 
 def peak_rss_bytes() -> int:
@@ -45,7 +45,7 @@ def write_final(
     write_atomic(run_dir.model, buffer.getvalue())
     start_time = facts.pop("start_time")
     summary = build_summary(
-        COMPLETED,
+        Status.COMPLETED,
         rdist.get_world_size(),
         start_time,
         records,

@@ -26,6 +26,7 @@ rest of the step finer after a drop (`recut`), cut evaluation batches alike
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -35,9 +36,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from runner.artifacts import read_json, write_atomic
 from runner.engines.base import Engine
+from runner.errors import first_line
+from runner.rundir.files import read_json, write_atomic
 from runner.spec import RunSpec
+
+log = logging.getLogger(__name__)
 
 RECORD_FILE = "microbatching.json"  # in the run directory: what a restart starts from
 
@@ -119,7 +123,7 @@ def microbatch_steps(
     for module in engine.communicating_modules():
         hook = torch.compiler.disable(auto.before_collective)
         module.register_forward_pre_hook(hook, prepend=True)
-    print(f"grad_accum=auto: starting at grad_accum={auto.accum}", flush=True)
+    log.info("grad_accum=auto: starting at grad_accum=%d", auto.accum)
     return auto
 
 
@@ -270,7 +274,7 @@ class AutoMicrobatching:
             raise exc
         here = not isinstance(exc, OutOfMemoryElsewhere)
         what = "out of memory" if here else "stopped"
-        print(f"{what}: {str(exc).strip().splitlines()[0]}", flush=True)
+        log.info("%s: %s", what, first_line(exc))
         return here
 
     def _agree(self, ran_out: bool) -> bool:
@@ -279,7 +283,7 @@ class AutoMicrobatching:
 
     def recut(self, microbatches: list[Any], i: int, step: int) -> list[Any]:
         """The step from microbatch i on, cut into twice as many microbatches."""
-        print(self.grow(step, self.last_ran_out), flush=True)
+        log.info(self.grow(step, self.last_ran_out))
         batch, real = self._uncut
         stop = batch_size(batch) if real else 0
         return cut_batch(batch, real, microbatches[i][2], stop, 2 * (len(microbatches) - i))

@@ -3,7 +3,7 @@ stop`) or costs only that optimizer step (`skip`), and a non-finite state is nev
 
 stop (the default) adds no host sync per step: each rank notes on its device the first step
 its loss, then its gradient norm, was not finite. The ranks compare notes only where they
-sync anyway: in the all-reduce of the logged steps' losses (runner.train.pending_records),
+sync anyway: in the all-reduce of the logged steps' losses (runner.train.loss_reduction),
 and before a checkpoint or model.pt is written (where the weights are checked too). Every
 rank then raises the same error, naming the step, the ranks, and whether the loss or the
 gradient norm went first.
@@ -21,12 +21,15 @@ and lowering the scale is its job, so there only the loss and the weights are ch
 
 from __future__ import annotations
 
+import logging
 from typing import Literal
 
 import torch
 from torch import nn
 
 from runner import dist as rdist
+
+log = logging.getLogger(__name__)
 
 LOSS, GRAD, WEIGHTS = 0, 1, 2
 _LATER = 2.0**52  # a step is noted as _LATER - step (exact in float64): see _note
@@ -107,7 +110,7 @@ class NonFiniteGuard:
     def _skip(self, what: int, ranks: list[int], step: int) -> None:
         self.skipped += 1
         self.consecutive += 1
-        print(f"nonfinite: step {step} skipped ({self._describe(what, step, ranks)})", flush=True)
+        log.info("nonfinite: step %d skipped (%s)", step, self._describe(what, step, ranks))
         if self.consecutive > self.max_skips:
             raise self._error(
                 what,

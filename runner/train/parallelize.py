@@ -12,6 +12,7 @@ the config builds, so checkpoints and model.pt do not depend on the path taken h
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,8 @@ from runner.engines.base import Engine
 from runner.models.blocks import apply_activation_checkpointing
 from runner.spec import RunSpec
 from runner.train.compiling import CompileClock, compile_model
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,5 +45,5 @@ def parallelize(module: nn.Module, spec: RunSpec, device: str, total_steps: int)
     clock = None
     if spec.compile is not None:
         clock = CompileClock()
-        print(f"compile: {compile_model(module, spec.compile)}", flush=True)
+        log.info("compile: %s", compile_model(module, spec.compile))
     return Parallelized(build_engine(spec, module, device, total_steps), channels_last, clock)

@@ -9,8 +9,7 @@ runner.data.sampler and runner.train.losses).
 
 from __future__ import annotations
 
-import dataclasses
-import math
+import logging
 import os
 import random
 import time
@@ -21,28 +20,29 @@ import numpy as np
 import torch
 
 from runner import dist as rdist
-from runner.artifacts import RunDir
-from runner.checkpoint_store import CheckpointStore
 from runner.components import instantiate
 from runner.data.datasets import build_datasets
-from runner.data.loaders import build_eval_loader, build_train_loader
-from runner.data.sampler import GlobalBatchSampler
-from runner.data.streams import TrainStream, eval_stream, is_iterable, rank_part
 from runner.engines.precision import autocast
 from runner.heartbeat import Heartbeat, Phase
 from runner.models.builders import build_model
+from runner.rundir.checkpoints import CheckpointStore
+from runner.rundir.files import RunDir
+from runner.rundir.summary import Status, record_attempt
 from runner.spec import RunSpec
 from runner.spec.convert import to_dict
-from runner.summary import record_attempt
 from runner.train import chaos, checkpointing
-from runner.train.batches import logits_of, split, to_device
+from runner.train.batch_parts import logits_of, split, to_device
+from runner.train.evaluation import Evaluator
 from runner.train.final_artifacts import write_final
-from runner.train.metrics_log import MetricsLog, Throughput
+from runner.train.loss_reduction import PendingRecords
+from runner.train.metrics_file import MetricsLog, Throughput
 from runner.train.microbatching import microbatch_steps
 from runner.train.nonfinite import NonFiniteGuard
 from runner.train.parallelize import parallelize
-from runner.train.pending_records import PendingRecords
 from runner.train.progress import Progress
+from runner.train.rank_data import build_rank_data, with_warmup_steps
+
+log = logging.getLogger(__name__)
 
 
 def seed_everything(seed: int) -> None:
@@ -70,38 +70,22 @@ class Trainer:
         data = build_datasets(spec.data)
         module = build_model(spec.model, data.info).to(device)
         self.loss_fn = instantiate(spec.loss.node, data.info)
-        self.metrics_fns = {
-            name: _on_device(instantiate(m.node, data.info), device)
-            for name, m in spec.metrics.items()
+        metrics = {
+            n: _on_device(instantiate(m.node, data.info), device) for n, m in spec.metrics.items()
         }
-
-        pin = self.device_type == "cuda"
-        self.streaming = is_iterable(data.train)
-        if self.streaming:  # no length: the run is max_steps long (the parent checked)
-            self.sampler = self.train_loader = self._train_stream(data, pin)
-        else:
-            self.sampler = GlobalBatchSampler(
-                len(data.train),
-                spec.global_batch_size,
-                self.world,
-                self.rank,
-                spec.accum_steps,  # grad_accum=auto: the rank's whole share, cut in train_step
-                shuffle=True,
-                seed=spec.seed,
-                drop_last=spec.data.drop_last,
-            )
-            self.train_loader = build_train_loader(
-                data.train, self.sampler, spec.data.num_workers, pin, data.collate_fn
-            )
-        self.steps_per_epoch = self.sampler.steps_per_epoch
-        self.total_steps = self._total_steps()
-        parallel = parallelize(module, self._with_warmup_steps(spec), device, self.total_steps)
+        self.data = build_rank_data(spec, data, self.rank, self.world, self.device_type == "cuda")
+        self.sampler, self.train_loader = self.data.sampler, self.data.train_loader
+        self.total_steps = self.data.total_steps
+        with_warmup = with_warmup_steps(spec, self.data.steps_per_epoch)
+        parallel = parallelize(module, with_warmup, device, self.total_steps)
         self.engine, self.channels_last = parallel.engine, parallel.channels_last
         self.compile_clock = parallel.compile_clock
-        self.val_loader = self._val_loader(data, pin)
+        self.evaluator = Evaluator(
+            spec, self.engine, self.loss_fn, metrics, self.data.val_loader, device,
+            self.channels_last, self.heart,
+        )  # fmt: skip
         seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
 
-        self.step, self.samples, self.resumed_from = 0, 0, None
         self.guard = NonFiniteGuard(
             self.world, self.rank, device, spec.nonfinite, spec.nonfinite_max_skips
         )
@@ -110,110 +94,24 @@ class Trainer:
         self.first_step_at: float | None = None  # wall clock, for time-to-first-step
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
-        start = checkpointing.find_resume_point(self.store, spec.resume)
-        client: dict[str, Any] = {}
-        if start is not None:
-            client = checkpointing.load(start, self.engine, self.store)
-            self.step, self.samples = client["step"], client["samples"]
-            self.resumed_from = self.step
-            if self.streaming and "data" in client:
-                self.train_loader.load_state_dict(client["data"][self.rank])
-            elif self.streaming:  # written with other data: a position means nothing here
-                print("the checkpoint holds no stream position: the stream starts over", flush=True)
-            print(f"resumed from {start} (step {self.step})", flush=True)
+        stream = self.train_loader if self.data.streaming else None
+        client = checkpointing.resume(self.store, spec.resume, self.engine, stream)
+        self.step, self.samples = client.get("step", 0), client.get("samples", 0)
+        self.resumed_from: int | None = client.get("step")
         self.steps = microbatch_steps(  # grad_accum: fixed, or auto (cut finer on OOM)
             spec, run_dir.root, device, self.engine, client.get("grad_accum", 1)
         )
-        self.stand_in: Any = None  # the latest training microbatch (runner.train: _val_pairs)
+        self.stand_in: Any = None  # the latest training microbatch (Evaluator.evaluate)
         self.faults = chaos.Faults(spec.chaos, self.rank, self.engine.module)  # chaos.*
         self.heart.beat(Phase.START, self.step)  # where this attempt starts (a stop needs it)
         if self.is_main:
             record_attempt(run_dir, self.attempt, self.resumed_from)
+        config = to_dict(spec) if self.is_main else None
         self.metrics = MetricsLog(
-            run_dir,
-            enabled=self.is_main,
-            keep_until=self.step,
-            loggers=spec.logger,
-            config=to_dict(spec) if self.is_main else None,
+            run_dir, enabled=self.is_main, keep_until=self.step, loggers=spec.logger, config=config
         )
-        self.progress = Progress(
-            self.total_steps,
-            terminal,
-            enabled=self.is_main and spec.progress_bar,
-            initial=self.step,
-        )
-
-    def _train_stream(self, data: Any, pin: bool) -> TrainStream:
-        spec = self.spec
-        if spec.max_steps is None:
-            raise ValueError(
-                f"max_steps=null: data={spec.data.name} is an iterable dataset (no length), "
-                "so max_epochs cannot say when to stop; set max_steps"
-            )
-        if spec.scheduler.warmup_epochs is not None:
-            raise ValueError(
-                f"scheduler.warmup_epochs={spec.scheduler.warmup_epochs}: data={spec.data.name} "
-                "is an iterable dataset, so an epoch has no length; use scheduler.warmup_steps"
-            )
-        return TrainStream(
-            rank_part(data.train, self.rank, self.world),
-            spec.micro_batch_size,
-            spec.accum_steps,
-            spec.global_batch_size,
-            spec.max_steps,
-            spec.data.num_workers,
-            pin,
-            data.collate_fn,
-            seed=spec.seed + self.rank,
-        )
-
-    def _val_loader(self, data: Any, pin: bool) -> Any:
-        """Every rank's share of the validation set: a loader over a map-style set, or a
-        function giving a fresh pass over this rank's part of an iterable one."""
-        spec = self.spec
-        if data.val is None:
-            return None
-        if is_iterable(data.val):
-            return eval_stream(
-                rank_part(data.val, self.rank, self.world),
-                spec.per_rank_batch_size,
-                spec.data.num_workers,
-                pin,
-                data.collate_fn,
-                limit_batches=spec.eval_batches,
-            )
-        return build_eval_loader(
-            data.val,
-            spec.per_rank_batch_size,
-            self.world,
-            self.rank,
-            spec.data.num_workers,
-            pin,
-            data.collate_fn,
-            limit=spec.eval_samples,
-            seed=spec.seed,
-        )
-
-    def _with_warmup_steps(self, spec: RunSpec) -> RunSpec:
-        """scheduler.warmup_epochs in optimizer steps, now that an epoch's length is known."""
-        epochs = spec.scheduler.warmup_epochs
-        if epochs is None:
-            return spec
-        steps = round(epochs * self.steps_per_epoch)
-        scheduler = dataclasses.replace(spec.scheduler, warmup_steps=steps, warmup_epochs=None)
-        return dataclasses.replace(spec, scheduler=scheduler)
-
-    def _total_steps(self) -> int:
-        limits = [self.spec.max_steps or math.inf]
-        if self.spec.max_epochs is not None:
-            limits.append(self.spec.max_epochs * self.steps_per_epoch)
-        total = min(limits)
-        if total < 1:
-            raise ValueError(
-                f"no training steps: the training set has {self.sampler.num_samples} samples, "
-                f"fewer than global_batch_size={self.spec.global_batch_size} with drop_last"
-            )
-        return int(total)
+        show = self.is_main and spec.progress_bar
+        self.progress = Progress(self.total_steps, terminal, enabled=show, initial=self.step)
 
     # ------------------------------------------------------------------ the loop
 
@@ -222,7 +120,7 @@ class Trainer:
             return self._fit(start_time)
         except BaseException as exc:
             outcome = {
-                "status": "failed" if isinstance(exc, Exception) else "interrupted",
+                "status": Status.FAILED if isinstance(exc, Exception) else Status.INTERRUPTED,
                 "steps": self.metrics.records[-1]["step"] if self.metrics.records else self.step,
                 "wall_time_s": round(time.time() - start_time, 3),
                 "error": {"message": f"{type(exc).__name__}: {exc}"},
@@ -236,10 +134,10 @@ class Trainer:
         throughput = Throughput(samples)
         self.engine.model.train()  # once, not every step: evaluate() switches it back
         while step < self.total_steps:
-            epoch, offset = divmod(step, self.steps_per_epoch)
+            epoch, offset = divmod(step, self.data.steps_per_epoch)
             self.sampler.set_epoch(epoch, offset)
             microbatches = iter(self.train_loader)
-            for step_in_epoch in range(offset, self.steps_per_epoch):
+            for step_in_epoch in range(offset, self.data.steps_per_epoch):
                 step += 1
                 self.faults.step_started(step)
                 n_global = self.sampler.global_count(step_in_epoch)
@@ -285,7 +183,7 @@ class Trainer:
         self.heart.beat(Phase.SAVE)
         self.guard.check_before_saving(self.engine.module, step)
         extra = self.steps.checkpoint_state()
-        if self.streaming:  # every rank's position in its part of the stream
+        if self.data.streaming:  # every rank's position in its part of the stream
             extra["data"] = rdist.all_gather_object(self.train_loader.state_dict())
         checkpointing.save(self.store, self.engine, self.spec, step, samples, extra)
         self.heart.beat(Phase.STEP)
@@ -299,9 +197,9 @@ class Trainer:
             self._save(step, samples)
         self.heart.beat(Phase.STOPPED, step)  # tells the agent how this rank ended
         self.progress.close()
-        print(f"stopped after step {step} as asked; checkpoint saved", flush=True)
+        log.info("stopped after step %d as asked; checkpoint saved", step)
         outcome = {
-            "status": "interrupted",
+            "status": Status.INTERRUPTED,
             "steps": step,
             "wall_time_s": round(time.time() - start_time, 3),
         }
@@ -401,69 +299,15 @@ class Trainer:
                 "so every split of the batch is weighted alike"
             )
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        if self.val_loader is None:
-            return {}
-        module = self.engine.module
-        module.eval()
-        for metric in self.metrics_fns.values():
-            metric.reset()
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss, items
-        for batch, real in self._eval_batches():
-            self.heart.beat(Phase.EVAL)
-            args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
-            with autocast(self.spec.precision, self.device_type):
-                logits = logits_of(module(*args, **kwargs))
-            if not real:  # a placeholder: the forward's collectives, nothing counted
-                continue
-            loss, count = self.loss_fn(logits, targets)
-            totals[0] += loss.double()
-            totals[1] += count
-            for metric in self.metrics_fns.values():
-                metric.update(logits, targets)
-        rdist.all_reduce(totals)
-        if not totals[1]:  # an empty validation stream
-            self.engine.model.train()
-            return {}
-        results = {"val/loss": (totals[0] / totals[1]).item()}
-        for name, metric in self.metrics_fns.items():
-            results[f"val/{name}"] = float(metric.compute())
-        self.engine.model.train()
-        return results
+        """val/loss and val/<metric> over every rank's share of the validation set."""
+        return self.evaluator.evaluate(self.steps.eval_pieces, self.stand_in)
 
     # ------------------------------------------------------------------ helpers
 
-    def _eval_batches(self) -> Any:
-        """The validation batches; under grad_accum=auto cut like the training batches, so
-        evaluation needs no more memory than a training microbatch (every rank alike)."""
-        for batch, real in self._val_pairs():
-            yield from self.steps.eval_pieces(batch, real)
-
-    def _val_pairs(self) -> Any:
-        """(batch, real) pairs of this rank's validation share. Ranks' parts of an iterable
-        set differ in length: they agree batch by batch to go on, and a rank whose part has
-        ended runs its last batch again as a placeholder, so every rank runs as many forward
-        passes (fsdp and zero3 gather weights inside them)."""
-        if not callable(self.val_loader):
-            yield from self.val_loader
-            return
-        batches, last = self.val_loader(), None
-        more = torch.zeros(1, device=self.device)
-        while True:
-            batch = next(batches, None)
-            more.fill_(batch is not None)
-            if not rdist.all_reduce(more, "max").item():
-                return
-            if batch is not None:
-                last = batch
-                yield batch, True
-            else:  # a part with no batch at all stands in with a training microbatch
-                yield (self.stand_in if last is None else last), False
-
     def _is_eval_step(self, step: int) -> bool:
         if self.spec.eval_interval is None:
-            return step % self.steps_per_epoch == 0
+            return step % self.data.steps_per_epoch == 0
         return step % self.spec.eval_interval == 0
 
     def _train_record(
@@ -473,8 +317,8 @@ class Trainer:
         record = {
             "step": step,
             "epoch": self.train_loader.passes
-            if self.streaming
-            else round(step / self.steps_per_epoch, 4),
+            if self.data.streaming
+            else round(step / self.data.steps_per_epoch, 4),
             "samples": samples,
             "train/loss": None,
             "lr": lr,
@@ -507,7 +351,7 @@ class Trainer:
         if self.is_main:
             self.metrics.write(record)
             self.progress.logged(record)
-            print(
+            log.info(
                 " ".join(
                     f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
                     for k, v in record.items()

@@ -21,6 +21,7 @@ for _asked in STOP_SIGNALS:
 import faulthandler
 import gc
 import json
+import logging
 import os
 import socket
 import sys
@@ -29,8 +30,9 @@ import traceback
 from pathlib import Path
 from typing import TextIO
 
-from runner.artifacts import RunDir, write_atomic
-from runner.procs import FORKED_ENV, RANK_PARENT_ENV, die_with_parent
+from runner.errors import first_line
+from runner.processes import FORKED_ENV, RANK_PARENT_ENV, die_with_parent
+from runner.rundir.files import RunDir, write_atomic
 
 
 def _redirect_output(log_path: Path, rank: int, attempt: int) -> TextIO | None:
@@ -52,7 +54,19 @@ def _redirect_output(log_path: Path, rank: int, attempt: int) -> TextIO | None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    _log_lines(rank)
     return terminal
+
+
+def _log_lines(rank: int) -> None:
+    """What runner's modules log on this rank (logger `runner` and below) goes to the log,
+    each line stamped with the time and the rank."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(message)s", "%H:%M:%S"))
+    logger = logging.getLogger("runner")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def _record_failure(exc: BaseException, rank: int) -> None:
@@ -62,7 +76,7 @@ def _record_failure(exc: BaseException, rank: int) -> None:
         return
     now = time.time()
     tb = traceback.format_exc()
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    message = first_line(exc)
     data = {
         "message": {
             "message": f"{type(exc).__name__}: {message}",
@@ -95,7 +109,7 @@ def run(run_dir: RunDir, terminal: TextIO | None, heart: Heartbeat) -> None:
         torch.cuda.set_device(device)
     backend = rdist.backend_for(spec.device)
     dist.init_process_group(backend=backend)
-    print(f"process group: {backend}, device {device}", flush=True)
+    logging.getLogger("runner.train.worker").info("process group: %s, device %s", backend, device)
     start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
     trainer = Trainer(spec, run_dir, device, terminal, heart)
     trainer.fit(start_time)

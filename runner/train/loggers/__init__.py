@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from runner.artifacts import RunDir
-from runner.spec.schema import LoggerSpec
-from runner.tracker_runs import note_tracker_failure
+from runner.rundir.files import RunDir
+from runner.rundir.tracker_runs import note_tracker_failure
+from runner.spec.tracker_specs import LoggerSpec
 from runner.train.loggers.background import Tracker, Trackers
 
 __all__ = ["Tracker", "Trackers", "build_trackers"]
@@ -27,8 +27,8 @@ def build_trackers(
     """The selected trackers for rank 0; `config` is the resolved run config (the trackers'
     parameters). A resumed run keeps metrics.jsonl's records up to step `keep_until` (`kept`)
     and trains the steps after it again."""
+    from runner.mlflow_runs import MlflowTracker
     from runner.train.loggers.csv_file import CsvTracker
-    from runner.train.loggers.mlflow_tracker import MlflowTracker
     from runner.train.loggers.tensorboard import TensorBoardTracker
     from runner.train.loggers.wandb_tracker import WandbTracker
 

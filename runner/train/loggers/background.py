@@ -4,11 +4,15 @@ reported once and dropped, and training continues."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from runner.errors import describe
+
+log = logging.getLogger(__name__)
 
 _STOP = object()
 
@@ -62,11 +66,10 @@ class Trackers:
             self._closing.set()
             self._thread.join(timeout)
             if self._thread.is_alive():
-                print(
-                    f"runner: warning: the loggers did not finish within {timeout:g} s; "
-                    "what they had not delivered is in metrics.jsonl",
-                    file=sys.stderr,
-                    flush=True,
+                log.warning(
+                    "runner: warning: the loggers did not finish within %g s; what they had "
+                    "not delivered is in metrics.jsonl",
+                    timeout,
                 )
             self._thread = None
 
@@ -96,16 +99,16 @@ class Trackers:
             getattr(tracker, method)(*args)
             return True
         except Exception as exc:  # a tracker never takes the run down
-            message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+            message = describe(exc)
             message = message if len(message) <= 300 else message[:297] + "..."
             self.failed[tracker.name] = message
             if self.on_failure is not None:
                 with contextlib.suppress(OSError):  # the warning below is in the log anyway
                     self.on_failure(tracker.name, message)
-            print(
-                f"runner: warning: logger {tracker.name} failed ({message}); training goes on "
-                "without it, metrics.jsonl is complete",
-                file=sys.stderr,
-                flush=True,
+            log.warning(
+                "runner: warning: logger %s failed (%s); training goes on without it, "
+                "metrics.jsonl is complete",
+                tracker.name,
+                message,
             )
             return False

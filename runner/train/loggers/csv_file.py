@@ -6,8 +6,8 @@ import csv
 import io
 from typing import Any
 
-from runner.artifacts import RunDir, write_atomic
-from runner.spec.schema import CsvLoggerSpec
+from runner.rundir.files import RunDir, write_atomic
+from runner.spec.tracker_specs import CsvLoggerSpec
 
 
 class CsvTracker:

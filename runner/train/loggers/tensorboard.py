@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runner.artifacts import RunDir
-from runner.spec.schema import TensorBoardLoggerSpec
+from runner.rundir.files import RunDir
+from runner.spec.tracker_specs import TensorBoardLoggerSpec
 
 
 class TensorBoardTracker:

@@ -10,9 +10,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from runner.artifacts import RunDir
-from runner.spec.schema import WandbLoggerSpec
-from runner.tracker_runs import SWEEP_DIR_ENV, note_tracker_run, read_tracker_run
+from runner.rundir.files import RunDir
+from runner.rundir.summary import Status
+from runner.rundir.tracker_runs import SWEEP_DIR_ENV, note_tracker_run, read_tracker_run
+from runner.spec.tracker_specs import WandbLoggerSpec
 
 
 class WandbTracker:
@@ -66,21 +67,21 @@ class WandbTracker:
         import wandb
 
         outcome = outcome or {}
-        status = outcome.get("status", "failed")
+        status = outcome.get("status", Status.FAILED)
         for key in ("status", "steps", "wall_time_s"):
             if key in outcome:
                 self.run.summary[key] = outcome[key]
         if outcome.get("error"):
             self.run.summary["error"] = outcome["error"].get("message", "")
         files = [self.run_dir.config]
-        if status == "completed" and self.spec.log_model:
+        if status == Status.COMPLETED and self.spec.log_model:
             files.append(self.run_dir.model)
         artifact = wandb.Artifact(f"run-{self.run.id}", type="model")
         for path in files:
             if path.is_file():
                 artifact.add_file(str(path))
         self.run.log_artifact(artifact)
-        self.run.finish(exit_code=0 if status == "completed" else 1)
+        self.run.finish(exit_code=0 if status == Status.COMPLETED else 1)
 
     def _note(self) -> None:
         note_tracker_run(

@@ -2,7 +2,7 @@
 
 DeepSpeed JIT-compiles this op the first time a CPU run initialises its comm
 backend (about 45 s on 2 cores) and caches it in the environment's own
-torch_extensions folder (runner.procs.keep_extensions_in_environment). Doing it at
+torch_extensions folder (runner.processes.keep_extensions_in_environment). Doing it at
 install time means no run and no test pays for it by surprise.
 """
 
@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from runner.procs import keep_extensions_in_environment
+from runner.processes import keep_extensions_in_environment
 
 
 def main() -> None:
@@ -21,16 +21,19 @@ def main() -> None:
     try:
         from deepspeed.accelerator import get_accelerator
     except ImportError:
-        print("prebuild: DeepSpeed is not installed; nothing to build", file=sys.stderr)
+        print("deepspeed_ops: DeepSpeed is not installed; nothing to build", file=sys.stderr)
         return
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
     if builder is None:
-        print("prebuild: this DeepSpeed accelerator needs no shared-memory op", file=sys.stderr)
+        print(
+            "deepspeed_ops: this DeepSpeed accelerator needs no shared-memory op", file=sys.stderr
+        )
         return
     started = time.time()
     builder.load(verbose=False)
     print(
-        f"prebuild: {builder.absolute_name()} ready ({time.time() - started:.0f}s)", file=sys.stderr
+        f"deepspeed_ops: {builder.absolute_name()} ready ({time.time() - started:.0f}s)",
+        file=sys.stderr,
     )
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.artifacts import TRACKER_RUNS, file_lock, read_json, write_json
+from runner.rundir.files import TRACKER_RUNS, file_lock, read_json, write_json
 
 FAILED = "failed"  # tracker -> why rank 0 dropped it
 SWEEP_DIR_ENV = "RUNNER_SWEEP_DIR"  # set by the parent for a sweep's job: the sweep's root

@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import json
 import time
+from enum import Enum
 from typing import Any
 
-from runner.artifacts import RunDir, read_json, read_jsonl, write_json
+from runner.rundir.files import RunDir, read_json, read_jsonl, write_json
 
-COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
+
+class Status(str, Enum):
+    """How a run ended: summary.json's `status` (a str, so it compares and serializes as one)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 HISTORY_KEYS = ("status", "steps", "wall_time_s", "restarts", "resumed_from")

@@ -33,7 +33,7 @@ import traceback
 from typing import Any, NoReturn
 
 from runner.heartbeat import STOP_SIGNALS
-from runner.procs import FORKED_ENV, RANK_PARENT_ENV, die_with_parent
+from runner.processes import FORKED_ENV, RANK_PARENT_ENV, die_with_parent
 
 # Imported by every rank on any run; importing them here is what the fork server is for.
 PRELOAD = (

@@ -8,7 +8,6 @@ one append-only file; a reader skips a torn last line.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import platform
@@ -91,26 +90,31 @@ def write_atomic(path: Path, data: bytes | str) -> None:
 
 @contextlib.contextmanager
 def file_lock(path: Path, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
-    """Hold an exclusive lock on `path` (created if missing) across processes. While held,
-    the file names its holder (pid and host); a process that must wait first passes that
-    name to `on_wait`."""
+    """Hold an exclusive lock on `path` across processes (the `filelock` library: flock, the
+    file removed on release). While held, the file names its holder (pid and host); a process
+    that must wait first passes that name to `on_wait`."""
+    from filelock import FileLock, Timeout
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait is not None:
-                on_wait(lock.read().strip() or "another process")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        lock.flush()
-        try:
-            yield
-        finally:
-            lock.truncate(0)
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    lock = FileLock(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        if on_wait is not None:
+            on_wait(_holder(path))
+        lock.acquire()
+    try:
+        path.write_text(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        yield
+    finally:
+        lock.release()
+
+
+def _holder(path: Path) -> str:
+    try:
+        return path.read_text().strip() or "another process"
+    except OSError:  # released (and removed) in between
+        return "another process"
 
 
 def write_json(path: Path, obj: Any) -> None:

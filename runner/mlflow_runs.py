@@ -1,9 +1,12 @@
-"""MLflow, shared by rank 0 (which logs while training, and ends a run that completed) and
-the parent (which, when rank 0 did not end it, logs what rank 0 could not deliver and ends
-the run with its outcome): a client with bounded retries, the run of a run directory (opened
-or created), metrics records logged once, and the run's end.
+"""MLflow, all of it: rank 0's tracker (`MlflowTracker`: it creates the run, or reopens the
+one noted in tracker_runs.json on a restart or resume, logs every metrics record, and ends a
+run that completed) and the parent's part (`finish_run`: when rank 0 did not end the run, it
+logs what rank 0 could not deliver and ends the run with its outcome; `finish_sweep_run`: a
+sweep's parent run). Underneath, a client with bounded retries and the run of a run
+directory (`MlflowRun`).
 
-MLflow is imported inside the functions: only processes that log to it pay for it."""
+Through MlflowClient, not the fluent API: its global active run stays free for the user's own
+code. MLflow is imported inside the functions: only processes that log to it pay for it."""
 
 from __future__ import annotations
 
@@ -13,9 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner.artifacts import file_lock
 from runner.nested import flatten
-from runner.tracker_runs import SWEEP_DIR_ENV, note_tracker_run, read_tracker_run, tracker_run_once
+from runner.rundir.files import RunDir, file_lock, read_jsonl
+from runner.rundir.summary import Status
+from runner.rundir.tracker_runs import (
+    SWEEP_DIR_ENV,
+    note_tracker_run,
+    read_tracker_run,
+    tracker_run_once,
+)
 
 NAME = "mlflow"
 # A tracker that cannot reach its server costs the run a warning, not minutes of retries:
@@ -26,8 +35,7 @@ HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
 }
-STATUS = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
-PARAMS_PER_BATCH = 100  # MLflow's limit per log_batch call
+STATUS = {Status.COMPLETED: "FINISHED", Status.FAILED: "FAILED", Status.INTERRUPTED: "KILLED"}
 PARAM_VALUE_LIMIT = 6000  # characters
 SQLITE = "sqlite:///"
 
@@ -79,7 +87,7 @@ class MlflowRun:
         final status."""
         from mlflow.entities import Metric
 
-        status = summary.get("status", "failed")
+        status = summary.get("status", Status.FAILED)
         tags = {"runner.status": status}
         error = (summary.get("error") or {}).get("message")
         if error:
@@ -88,7 +96,7 @@ class MlflowRun:
         numbers = {k: summary[k] for k in ("steps", "wall_time_s", "restarts") if k in summary}
         metrics = [Metric(f"summary/{k}", float(v), now, steps) for k, v in numbers.items()]
         files = [self.run_dir / "config.yaml", self.run_dir / "summary.json"]
-        if status == "completed" and self.settings.log_model:
+        if status == Status.COMPLETED and self.settings.log_model:
             files.append(self.run_dir / "model.pt")
         _end(self.client, self.run_id, status, tags, files, metrics)
         self._note(ended=status)
@@ -106,8 +114,7 @@ class MlflowRun:
                     continue
                 metrics.append(Metric(key, float(value), now, step))
                 self.logged[key] = step
-        for i in range(0, len(metrics), 1000):  # MLflow's limit per call
-            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+        self.client.log_batch(self.run_id, metrics=metrics)  # MLflow splits it by its limits
 
     def _note(self, **extra: str) -> None:
         noted = {"run_id": self.run_id, "experiment_id": self.experiment_id}
@@ -138,8 +145,7 @@ class MlflowRun:
         self.run_id, self.experiment_id = run.info.run_id, experiment
         self._note()
         params = [Param(k, v) for k, v in as_params(config).items()]
-        for i in range(0, len(params), PARAMS_PER_BATCH):
-            self.client.log_batch(self.run_id, params=params[i : i + PARAMS_PER_BATCH])
+        self.client.log_batch(self.run_id, params=params)
 
     def _sweep_run(self, experiment: str, sweep_dir: Path, tags: dict[str, str]) -> dict:
         tags = {
@@ -176,10 +182,55 @@ class MlflowRun:
         }
 
 
-def end_sweep_run(
-    noted: dict[str, Any], status: str, tags: dict[str, str], files: list[Path]
-) -> None:
-    """A sweep's parent run: tagged, `files` attached, ended."""
+class MlflowTracker:
+    """Rank 0's tracker (runner.train.loggers): any ending but completion is the parent's to
+    record (`finish_run`), since it knows how every rank ended."""
+
+    name = NAME
+
+    def __init__(
+        self, settings: Any, config: dict[str, Any], run_dir: RunDir, kept: list[dict[str, Any]]
+    ):
+        self.settings, self.config, self.run_dir = settings, config, run_dir
+        self.kept = list(kept)  # a resumed run: metrics.jsonl's records up to its step
+        self.run: MlflowRun | None = None
+
+    def start(self) -> None:
+        self.run = MlflowRun(self.settings, self.config, self.run_dir.root)
+        if self.run.existed:  # a restart or a resume
+            self.run.reopen()
+        self.run.log(self.kept)  # what an earlier attempt wrote but may not have delivered
+
+    def log(self, records: list[dict[str, Any]]) -> None:
+        self.run.log(records)  # one request (or transaction) for all of them
+
+    def close(self, outcome: dict[str, Any] | None = None) -> None:
+        if outcome is not None and outcome.get("status") == Status.COMPLETED:  # summary.json's
+            self.run.end(outcome)
+
+
+def finish_run(settings: Any, config: dict[str, Any], run_dir: RunDir, summary: dict) -> None:
+    """The parent, once the run's outcome (`summary`) is known: unless rank 0 ended the run (it
+    completed), open it (or create it, when rank 0 never reached the server or died first),
+    log the metrics.jsonl records it lacks, then the outcome."""
+    noted = read_tracker_run(run_dir.root, NAME) or {}
+    if noted.get("ended") == summary.get("status"):
+        return
+    run = MlflowRun(settings, config, run_dir.root)
+    run.log(read_jsonl(run_dir.metrics))  # what rank 0 did not deliver
+    run.end(summary)
+
+
+def finish_sweep_run(sweep_dir: Path, failed: list[str], files: list[Path]) -> None:
+    """A sweep's parent run, if one was created: tagged with the outcome (and the jobs that
+    failed), `files` attached, ended."""
+    noted = read_tracker_run(sweep_dir, NAME)
+    if not noted:
+        return
+    status = Status.FAILED if failed else Status.COMPLETED
+    tags = {"runner.status": str(status)}
+    if failed:
+        tags["runner.failed_jobs"] = ", ".join(failed)
     _end(mlflow_client(noted["tracking_uri"]), noted["run_id"], status, tags, files, [])
 
 

@@ -3,7 +3,7 @@
 A new interpreter per rank spends seconds importing torch and, through DDP's constructor,
 torch._dynamo, before it does anything of its own. The agent imports torch (while the parent
 composes the config) and then, before it has a thread, forks a fork server
-(runner.launch.zygote); the server imports the rest once, while the agent waits for the run
+(runner.launch.fork_server); the server imports the rest once, while the agent waits for the run
 and starts it, and every rank (and every elastic restart) is a fork of it. Torch elastic
 still runs the ranks: the handler it uses to start a rank asks the fork server instead of
 `subprocess.Popen` (`forked_ranks`), and gets back a handle that behaves like Popen's.
@@ -33,14 +33,14 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from runner.launch import zygote
+from runner.launch import fork_server
 from runner.spec import RunSpec
 
 log = logging.getLogger("runner")
 
 
 def modules_for(spec: RunSpec) -> list[str]:
-    """What this run's ranks import beyond zygote.PRELOAD and the server may import too:
+    """What this run's ranks import beyond fork_server.PRELOAD and the server may import too:
     the modules of runner's and torchvision's components it names, and torchvision for
     runner's resnets. (Not DeepSpeed: importing it starts a thread. Not the user's code:
     what it does on import is unknown.)"""
@@ -79,7 +79,7 @@ class ForkServer:
         pid = os.fork()
         if pid == 0:
             ours.close()
-            zygote.serve(theirs, agent)
+            fork_server.serve(theirs, agent)
         theirs.close()
         return cls(pid, ours)
 
@@ -92,7 +92,9 @@ class ForkServer:
         """Start `python [-u] -m MODULE ARGS...` (torch elastic's command line) as a fork."""
         module, rest = _module_command(args)
         # exec keeps an ignored signal ignored (a job started in the background ignores SIGINT)
-        ignored = [s.name for s in zygote.RESET_SIGNALS if signal.getsignal(s) == signal.SIG_IGN]
+        ignored = [
+            s.name for s in fork_server.RESET_SIGNALS if signal.getsignal(s) == signal.SIG_IGN
+        ]
         message = {"op": "fork", "module": module, "args": rest, "env": env, "cwd": os.getcwd()}
         message["ignored"] = ignored
         with self._lock:
@@ -147,7 +149,7 @@ class ForkServer:
             if not block and not select.select([self._conn], [], [], 0)[0]:
                 return
             try:
-                data = self._conn.recv(zygote.MAX_MESSAGE)
+                data = self._conn.recv(fork_server.MAX_MESSAGE)
             except OSError:
                 data = b""
             if not data:

@@ -22,7 +22,7 @@ import re
 import shutil
 from pathlib import Path
 
-from runner.artifacts import write_atomic
+from runner.rundir.files import write_atomic
 
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"

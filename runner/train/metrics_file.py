@@ -7,8 +7,8 @@ import json
 import time
 from typing import Any
 
-from runner.artifacts import RunDir, read_jsonl, write_atomic
-from runner.spec.schema import LoggerSpec
+from runner.rundir.files import RunDir, read_jsonl, write_atomic
+from runner.spec.tracker_specs import LoggerSpec
 from runner.train.loggers import Trackers, build_trackers
 
 

@@ -1,0 +1,206 @@
+"""Speed suites: runner's per-step overhead and time to first step against torchrun and the
+plain script (B1, B2), with trackers, at start-up, in a sweep; sync strategies (B4); scaling
+with the number of ranks (B5)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from harness import (
+    FIRST,
+    RESNET,
+    STEP,
+    Config,
+    outside_plain,
+    outside_runner,
+    plain_command,
+    plain_resnet,
+    run_runner,
+    runner_row,
+    time_command,
+    venv_tool,
+)
+
+# steps (short, long) per model: the difference must dwarf the run-to-run noise of
+# startup (about +-0.3 s here), so the mlp's ~5 ms steps need many more than resnet18's.
+OVERHEAD_STEPS = {"resnet18": (20, 120), "mlp": (200, 2000)}
+OVERHEAD_BATCHES = (8, 16, 32)  # per rank (2 ranks): where runner's fixed cost per step shows
+# Both sides: SGD at lr 0.01 without momentum or schedule, fp32, 1 thread per rank.
+SGD_RUNNER = ("optimizer=sgd", "optimizer.lr=0.01", "optimizer.momentum=0.0", "scheduler=constant")
+SGD_PLAIN = ("--optimizer=sgd", "--lr=0.01")
+
+
+def overhead_config(name: str, measure, model: str, baseline: str | None = None) -> Config:
+    short, long = OVERHEAD_STEPS[model]
+
+    def both() -> dict[str, float]:
+        # Timed from the first step's end to the command's end: start-up's noise (+-0.3 s
+        # here) stays out, and what a run does after its last step cancels in the difference.
+        wall_short, first = measure(model, short)
+        wall_long, first_long = measure(model, long)
+        per_step = ((wall_long - first_long) - (wall_short - first)) / (long - short)
+        return {STEP: per_step, FIRST: first}
+
+    return Config(name, both, baseline)
+
+
+def overhead_suite(model: str) -> Callable[[int], list[Config]]:
+    """For each per-rank batch: torchrun + the plain script, and runner with its defaults
+    (the hang watchdog and the non-finite guard on), compared pairwise."""
+
+    def build(_steps: int) -> list[Config]:
+        configs = []
+        for per_rank in OVERHEAD_BATCHES:
+            plain = f"torchrun + plain PyTorch DDP, batch {per_rank}/rank"
+            batch = 2 * per_rank
+            configs += [
+                overhead_config(
+                    plain, partial(outside_plain, batch=batch, extra=SGD_PLAIN), model, plain
+                ),
+                overhead_config(
+                    f"runner, batch {per_rank}/rank",
+                    partial(outside_runner, batch=batch, extra=SGD_RUNNER),
+                    model,
+                    baseline=plain,
+                ),
+            ]
+        return configs
+
+    return build
+
+
+TRACKER_STEPS = 2000
+TRACKER_WALL, TRACKER_TRAIN = "command wall s", "training wall s"
+
+
+def tracker_row(logger: str) -> Config:
+    """One runner run with `logger`: seconds per step once the trackers are up (the second
+    half of the run, from its own throughput records), and the wall time of the command and
+    of the training (summary.json), which hold the trackers' one-off costs (imports, opening
+    a store, ending a run). MLflow's store is a fresh SQLite file in the run's temporary
+    directory every time (its tables are created each run: the worst case)."""
+
+    def measure() -> dict[str, float]:
+        with tempfile.TemporaryDirectory() as tmp:
+            run_dir = Path(tmp) / "run"
+            command = [venv_tool("runner"), "model=mlp", "data=synthetic", "nproc=2"]
+            command += ["global_batch_size=64", f"max_steps={TRACKER_STEPS}", "max_epochs=null"]
+            command += ["eval_interval=1000000", "progress_bar=false", f"logger={logger}"]
+            wall, _, _ = time_command([*command, f"hydra.run.dir={run_dir}"], tmp, 2)
+            records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+            summary = json.loads((run_dir / "summary.json").read_text())
+        later = [
+            64 / r["throughput/samples_per_sec"]
+            for r in records
+            if r["step"] > TRACKER_STEPS // 2 and "throughput/samples_per_sec" in r
+        ]
+        return {
+            STEP: statistics.fmean(later),
+            TRACKER_TRAIN: summary["wall_time_s"],
+            TRACKER_WALL: wall,
+        }
+
+    return Config(f"runner logger={logger}", measure)
+
+
+def trackers_suite(_steps: int) -> list[Config]:
+    loggers = ("none", "tensorboard", "csv", "mlflow", "wandb", "[tensorboard,csv,mlflow,wandb]")
+    return [tracker_row(logger) for logger in loggers]
+
+
+def startup_suite(_steps: int) -> list[Config]:
+    """B2 alone, for both models: forked ranks (the default), spawned ranks (every rank
+    imports torch itself, as before the fork server), and the launcher not prestarted."""
+
+    def first_step(model: str, measure: Callable[..., tuple[float, float]], **kwargs: Any):
+        return lambda: {FIRST: measure(model, 10, **kwargs)[1]}
+
+    configs = []
+    for model in ("mlp", "resnet18"):
+        plain = f"torchrun + plain PyTorch DDP, {model}"
+        spawn = ("start_method=spawn",)
+        configs += [
+            Config(plain, first_step(model, outside_plain), plain),
+            Config(f"runner, {model}", first_step(model, outside_runner), plain),
+            Config(
+                f"runner start_method=spawn, {model}",
+                first_step(model, outside_runner, extra=spawn),
+                plain,
+            ),
+            Config(
+                f"runner, launcher not prestarted, {model}",
+                first_step(model, outside_runner, prestart=False),
+                plain,
+            ),
+        ]
+    return configs
+
+
+SWEEP_JOBS, SWEEP_STEPS = 10, 20
+SWEEP_WALL = "sweep wall s"
+
+
+def sweep_suite(_steps: int) -> list[Config]:
+    """A sweep of many short jobs, where start-up is most of the time: SWEEP_JOBS mlp runs of
+    SWEEP_STEPS steps, one after another, as `runner -m` and as a shell loop of torchrun."""
+    job = ["model=mlp", "data=synthetic", "nproc=2", "global_batch_size=64", "max_epochs=null"]
+    job += [f"max_steps={SWEEP_STEPS}", "eval_interval=1000000", "progress_bar=false"]
+    seeds = "seed=" + ",".join(str(i) for i in range(SWEEP_JOBS))
+
+    def runner_sweep(*extra: str) -> Callable[[], dict[str, float]]:
+        def measure() -> dict[str, float]:
+            with tempfile.TemporaryDirectory() as tmp:
+                command = [venv_tool("runner"), "-m", *job, seeds, *extra]
+                wall, _, _ = time_command([*command, f"hydra.sweep.dir={tmp}/sweep"], tmp, 2)
+            return {SWEEP_WALL: wall}
+
+        return measure
+
+    def plain_loop() -> dict[str, float]:
+        args = ("--model=mlp", "--global-batch-size=64")
+        start = time.time()
+        with tempfile.TemporaryDirectory() as tmp:
+            for _ in range(SWEEP_JOBS):
+                time_command(plain_command(*args, nproc=2, steps=SWEEP_STEPS, warmup=0), tmp, 2)
+        return {SWEEP_WALL: time.time() - start}
+
+    plain = f"{SWEEP_JOBS} x torchrun + plain PyTorch DDP"
+    return [
+        Config(plain, plain_loop),
+        Config("runner -m, start_method=spawn", runner_sweep("start_method=spawn"), plain),
+        Config("runner -m", runner_sweep(), plain),
+    ]
+
+
+def sync_suite(steps: int) -> list[Config]:
+    rows = [
+        runner_row(
+            f"runner sync_strategy={s}", (*RESNET, "grad_accum=4", f"sync_strategy={s}"), steps
+        )
+        for s in ("single_auto_sync", "multi_auto_sync", "forced_sync")
+    ]
+    return [plain_resnet(4, steps), *rows]
+
+
+def scaling_suite(steps: int) -> list[Config]:
+    """Samples/s at nproc 1 and 2 with one thread per rank: the second core's worth."""
+    configs = []
+    for nproc in (1, 2):
+        measure = plain_resnet(1, steps, nproc, threads=1).measure
+        plain = Config(f"plain PyTorch DDP nproc={nproc}", measure)
+        configs.append(plain)
+        configs.append(
+            Config(
+                f"runner nproc={nproc}",
+                lambda n=nproc: run_runner(*RESNET, nproc=n, steps=steps, threads=1),
+                baseline=plain.name,
+            )
+        )
+    return configs

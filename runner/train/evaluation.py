@@ -1,0 +1,90 @@
+"""Evaluation on one rank: the validation loss and metrics over every rank's share, whatever
+the data (a loader, or parts of a stream of unequal length) and however the step cuts its
+batches (grad_accum=auto)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from runner import dist as rdist
+from runner.engines.base import Engine
+from runner.engines.precision import autocast
+from runner.heartbeat import Heartbeat, Phase
+from runner.spec import RunSpec
+from runner.train.batch_parts import logits_of, split, to_device
+
+
+class Evaluator:
+    def __init__(
+        self,
+        spec: RunSpec,
+        engine: Engine,
+        loss_fn: Any,
+        metrics: dict[str, Any],
+        val_loader: Any,
+        device: str,
+        channels_last: bool,
+        heart: Heartbeat,
+    ):
+        self.spec, self.engine, self.loss_fn, self.metrics = spec, engine, loss_fn, metrics
+        self.val_loader, self.device, self.channels_last = val_loader, device, channels_last
+        self.heart = heart
+        self.device_type = torch.device(device).type
+
+    @torch.no_grad()
+    def evaluate(self, pieces: Callable[[Any, bool], Any], stand_in: Any) -> dict[str, float]:
+        """`val/loss` and `val/<metric>` over the whole validation set (every rank's share).
+        `pieces` cuts a batch as the training step cuts its own; `stand_in` (a training
+        microbatch) runs on a rank whose part of a stream has no batch at all."""
+        if self.val_loader is None:
+            return {}
+        module = self.engine.module
+        module.eval()
+        for metric in self.metrics.values():
+            metric.reset()
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss, items
+        for whole, whole_real in self._pairs(stand_in):
+            for batch, real in pieces(whole, whole_real):
+                self.heart.beat(Phase.EVAL)
+                args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
+                with autocast(self.spec.precision, self.device_type):
+                    logits = logits_of(module(*args, **kwargs))
+                if not real:  # a placeholder: the forward's collectives, nothing counted
+                    continue
+                loss, count = self.loss_fn(logits, targets)
+                totals[0] += loss.double()
+                totals[1] += count
+                for metric in self.metrics.values():
+                    metric.update(logits, targets)
+        rdist.all_reduce(totals)
+        self.engine.model.train()
+        if not totals[1]:  # an empty validation stream
+            return {}
+        results = {"val/loss": (totals[0] / totals[1]).item()}
+        for name, metric in self.metrics.items():
+            results[f"val/{name}"] = float(metric.compute())
+        return results
+
+    def _pairs(self, stand_in: Any) -> Iterator[tuple[Any, bool]]:
+        """(batch, real) pairs of this rank's validation share. Ranks' parts of an iterable
+        set differ in length: they agree batch by batch to go on, and a rank whose part has
+        ended runs its last batch again as a placeholder, so every rank runs as many forward
+        passes (fsdp and zero3 gather weights inside them)."""
+        if not callable(self.val_loader):
+            yield from self.val_loader
+            return
+        batches, last = self.val_loader(), None
+        more = torch.zeros(1, device=self.device)
+        while True:
+            batch = next(batches, None)
+            more.fill_(batch is not None)
+            if not rdist.all_reduce(more, "max").item():
+                return
+            if batch is not None:
+                last = batch
+                yield batch, True
+            else:  # a part with no batch at all stands in with a training microbatch
+                yield (stand_in if last is None else last), False

@@ -1,0 +1,128 @@
+"""This rank's data: its training batches (a global-batch sampler's loader, or its part of a
+stream), its share of the validation set, and the run's length in optimizer steps."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from runner.data.loaders import build_eval_loader, build_train_loader
+from runner.data.sampler import GlobalBatchSampler
+from runner.data.splits import Datasets
+from runner.data.streams import TrainStream, eval_stream, is_iterable, rank_part
+from runner.spec import RunSpec
+
+
+@dataclass
+class RankData:
+    streaming: bool  # an iterable training set: no length, a stream per rank
+    sampler: Any  # GlobalBatchSampler, or the TrainStream itself: epochs and global counts
+    train_loader: Any  # microbatches, grad_accum (or the rank's whole share) per step
+    val_loader: Any  # a loader, a function giving a fresh pass over a stream, or None
+    steps_per_epoch: int
+    total_steps: int
+
+
+def build_rank_data(spec: RunSpec, data: Datasets, rank: int, world: int, pin: bool) -> RankData:
+    streaming = is_iterable(data.train)
+    if streaming:  # no length: the run is max_steps long (the parent checked)
+        sampler = loader = _train_stream(spec, data, rank, world, pin)
+    else:
+        sampler = GlobalBatchSampler(
+            len(data.train),
+            spec.global_batch_size,
+            world,
+            rank,
+            spec.accum_steps,  # grad_accum=auto: the rank's whole share, cut in train_step
+            shuffle=True,
+            seed=spec.seed,
+            drop_last=spec.data.drop_last,
+        )
+        loader = build_train_loader(
+            data.train, sampler, spec.data.num_workers, pin, data.collate_fn
+        )
+    steps_per_epoch = sampler.steps_per_epoch
+    return RankData(
+        streaming,
+        sampler,
+        loader,
+        _val_loader(spec, data, rank, world, pin),
+        steps_per_epoch,
+        _total_steps(spec, steps_per_epoch, sampler),
+    )
+
+
+def with_warmup_steps(spec: RunSpec, steps_per_epoch: int) -> RunSpec:
+    """scheduler.warmup_epochs in optimizer steps, now that an epoch's length is known."""
+    epochs = spec.scheduler.warmup_epochs
+    if epochs is None:
+        return spec
+    steps = round(epochs * steps_per_epoch)
+    scheduler = dataclasses.replace(spec.scheduler, warmup_steps=steps, warmup_epochs=None)
+    return dataclasses.replace(spec, scheduler=scheduler)
+
+
+def _train_stream(spec: RunSpec, data: Datasets, rank: int, world: int, pin: bool) -> TrainStream:
+    if spec.max_steps is None:
+        raise ValueError(
+            f"max_steps=null: data={spec.data.name} is an iterable dataset (no length), "
+            "so max_epochs cannot say when to stop; set max_steps"
+        )
+    if spec.scheduler.warmup_epochs is not None:
+        raise ValueError(
+            f"scheduler.warmup_epochs={spec.scheduler.warmup_epochs}: data={spec.data.name} "
+            "is an iterable dataset, so an epoch has no length; use scheduler.warmup_steps"
+        )
+    return TrainStream(
+        rank_part(data.train, rank, world),
+        spec.micro_batch_size,
+        spec.accum_steps,
+        spec.global_batch_size,
+        spec.max_steps,
+        spec.data.num_workers,
+        pin,
+        data.collate_fn,
+        seed=spec.seed + rank,
+    )
+
+
+def _val_loader(spec: RunSpec, data: Datasets, rank: int, world: int, pin: bool) -> Any:
+    """Every rank's share of the validation set: a loader over a map-style set, or a function
+    giving a fresh pass over this rank's part of an iterable one."""
+    if data.val is None:
+        return None
+    if is_iterable(data.val):
+        return eval_stream(
+            rank_part(data.val, rank, world),
+            spec.per_rank_batch_size,
+            spec.data.num_workers,
+            pin,
+            data.collate_fn,
+            limit_batches=spec.eval_batches,
+        )
+    return build_eval_loader(
+        data.val,
+        spec.per_rank_batch_size,
+        world,
+        rank,
+        spec.data.num_workers,
+        pin,
+        data.collate_fn,
+        limit=spec.eval_samples,
+        seed=spec.seed,
+    )
+
+
+def _total_steps(spec: RunSpec, steps_per_epoch: int, sampler: Any) -> int:
+    limits = [spec.max_steps or math.inf]
+    if spec.max_epochs is not None:
+        limits.append(spec.max_epochs * steps_per_epoch)
+    total = min(limits)
+    if total < 1:
+        raise ValueError(
+            f"no training steps: the training set has {sampler.num_samples} samples, "
+            f"fewer than global_batch_size={spec.global_batch_size} with drop_last"
+        )
+    return int(total)
