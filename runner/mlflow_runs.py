@@ -88,7 +88,7 @@ class MlflowRun:
         from mlflow.entities import Metric
 
         status = summary.get("status", Status.FAILED)
-        tags = {"runner.status": status}
+        tags = {"runner.status": str(status)}
         error = (summary.get("error") or {}).get("message")
         if error:
             tags["runner.error"] = str(error)[:5000]

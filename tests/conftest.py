@@ -6,6 +6,7 @@ import atexit
 import json
 import multiprocessing.process
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -156,3 +157,38 @@ def _fast_tests_start_no_process(request, monkeypatch):
     assert not started, (
         f"{request.node.nodeid} starts processes; mark it @pytest.mark.slow: {started[0]}"
     )
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A small text corpus (three documents of random words), one per test module."""
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    words = ["alpha", "beta", "gamma", "delta", "runner", "token", "batch", "rank", "step"]
+    for i in range(3):
+        text = " ".join(rng.choice(words) for _ in range(400))
+        (root / f"doc{i}.txt").write_text(text + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def mlp_reference() -> dict:
+    """Plain PyTorch's weights after the mlp run of the equivalence tests (tests.helpers
+    .equivalence.ARGS), trained in one process on whole global batches."""
+    from runner.spec import resolve_spec
+    from tests.helpers import equivalence
+    from tests.helpers.config import compose_config
+
+    spec = resolve_spec(compose_config([*equivalence.ARGS, "nproc=1", "device=cpu"]))
+    return equivalence.train_plain(spec)
+
+
+@pytest.fixture(scope="module")
+def lm_reference(corpus: Path) -> dict:
+    """Plain PyTorch's weights after the gpt run of the language-model tests on `corpus`."""
+    from runner.spec import resolve_spec
+    from tests.helpers import language_model
+    from tests.helpers.config import compose_config
+
+    spec = resolve_spec(compose_config([*language_model.lm_args(corpus), "nproc=1", "device=cpu"]))
+    return language_model.train_plain(spec)

@@ -9,11 +9,11 @@ import torch
 
 from runner.data.loaders import Batches
 from runner.data.sampler import GlobalBatchSampler, Microbatch
-from tests.augmenting import noisy_digits
 from tests.conftest import FAST
-from tests.test_resume import same_weights
+from tests.helpers.augmenting import noisy_digits
+from tests.helpers.weights import same_weights
 
-AUGMENTING = [*FAST, "data=custom", "data._target_=tests.augmenting.noisy_digits"]
+AUGMENTING = [*FAST, "data=custom", "data._target_=tests.helpers.augmenting.noisy_digits"]
 RUN = [*AUGMENTING, "max_epochs=null", "max_steps=12", "log_interval=2", "checkpoint.interval=2"]
 
 

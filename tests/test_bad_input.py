@@ -8,7 +8,7 @@ import pytest
 
 from runner.spec import SpecError, resolve_spec
 from tests.conftest import CONF_DIR
-from tests.test_compose import compose_config
+from tests.helpers.config import compose_config
 
 CONF = str(CONF_DIR)  # a folder that exists, with no .md file and no tokenizer.json
 

@@ -14,9 +14,8 @@ from torch import nn
 
 from runner.spec.schema import CompileSpec
 from runner.train.compiling import blocks_to_compile
-from tests.references import corpus, lm_reference, mlp_reference  # noqa: F401  (fixtures)
-from tests.test_equivalence import ARGS, relative_error
-from tests.test_lm_equivalence import lm_args
+from tests.helpers.equivalence import ARGS, relative_error
+from tests.helpers.language_model import lm_args
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +38,7 @@ def test_whole_model_under_ddp(cli, mlp_reference):  # noqa: F811
     check_compiled(cli, ARGS, "the whole Sequential compiled", mlp_reference)
 
 
-def test_gpt_blocks_after_checkpointing_before_fsdp(cli, corpus, lm_reference):  # noqa: F811
+def test_gpt_blocks_after_checkpointing_before_fsdp(cli, corpus, lm_reference):
     gpt = [*lm_args(corpus), "parallelism=fsdp", "activation_checkpointing=full"]
     check_compiled(cli, gpt, "2 blocks (Block) compiled one by one", lm_reference)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from runner.spec import RunSpec, SyncStrategy, load_spec, resolve_spec, save_spec
 from tests.conftest import CONF_DIR
+from tests.helpers.config import compose_config
 
 # Every config group that ships (conf/<group>/), Hydra's own and recipes aside.
 GROUPS = sorted(
@@ -26,12 +26,6 @@ def test_rerun_picks_an_option_of_every_group() -> None:
 
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-
-
-def compose_config(overrides: list[str]) -> dict:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 @pytest.fixture

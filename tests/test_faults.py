@@ -12,18 +12,10 @@ import psutil
 import pytest
 
 from tests.conftest import FAST, RESTARTABLE, start_runner, wait_until
+from tests.helpers.nodes import chaos_time
 
 pytestmark = pytest.mark.slow
 LONG = [*FAST, "max_epochs=null", "max_steps=100000", "log_interval=5"]
-
-
-def chaos_time(run_dir: Path, rank: int) -> float:
-    log = (run_dir / "logs" / f"rank{rank}.log").read_text()
-    return float(
-        re.search(r"chaos: rank \d+ (?:fails \(\w+\)|hangs) at step \d+ at t=([\d.]+)", log).group(
-            1
-        )
-    )
 
 
 def run_processes(run_dir: Path) -> list[psutil.Process]:
@@ -169,7 +161,7 @@ def test_nan_under_skip_costs_one_step_alike_for_ddp_and_deepspeed(cli) -> None:
     guard's per-step verdict, zero2 through DeepSpeed's own norm check; either way every rank
     drops step 3 (weights, optimizer state and schedule), logs train/skipped_steps, and the
     two end with the same weights."""
-    from tests.test_resume import max_relative_difference
+    from tests.helpers.weights import max_relative_difference
 
     runs = {
         parallelism: cli(

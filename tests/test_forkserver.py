@@ -18,7 +18,7 @@ import pytest
 
 from runner.spec import SpecError, resolve_spec
 from tests.conftest import REPO, child_env, start_runner, wait_until
-from tests.test_compose import compose_config
+from tests.helpers.config import compose_config
 
 # Run in a new interpreter, as the agent's first act is: the fork server is forked from a
 # process without threads. Prints one JSON line per result.
@@ -29,7 +29,7 @@ DRIVER = textwrap.dedent(
     server = ForkServer.start()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="2", PROBE_MARK="yes")
     def command(*args):
-        return [sys.executable, "-u", "-m", "tests.forked_probe", *args]
+        return [sys.executable, "-u", "-m", "tests.helpers.forked_probe", *args]
     def report(**values):
         print(json.dumps(values), flush=True)
     {body}
@@ -140,7 +140,7 @@ def test_a_server_with_a_thread_refuses_to_fork(tmp_path: Path) -> None:
     (result,), _ = drive(
         tmp_path,
         """
-        server.preload(["tests.thread_at_import"])
+        server.preload(["tests.helpers.thread_at_import"])
         try:
             server.spawn(command("unused"), env)
             report(error=None)
@@ -216,3 +216,25 @@ def test_forkserver_outside_linux_is_refused_before_any_rank_starts(monkeypatch)
         info.value
     )
     assert "valid here: auto, spawn" in str(info.value)
+
+
+@pytest.mark.slow  # importing torch elastic runs ldconfig (ctypes' find_library)
+def test_this_torch_still_offers_the_hook_the_fork_server_replaces() -> None:
+    """The fork server replaces a private part of torch elastic (runner.launch.forked_ranks):
+    the module-level `get_subprocess_handler` that SubprocessContext calls to start each rank,
+    and SubprocessHandler's `_popen(args, env)` and `close(death_sig)`. After a torch upgrade
+    this says at once whether forking still works (where the hook moves, runner spawns the
+    ranks instead, with a warning)."""
+    import inspect
+
+    from runner.launch.forked_ranks import _elastic_hook
+
+    hook = _elastic_hook()
+    assert hook is not None, "torch elastic's process-start hook moved: ranks would be spawned"
+    api, handler = hook
+    assert "get_subprocess_handler(" in inspect.getsource(api.SubprocessContext._start)
+    made_by = list(inspect.signature(api.get_subprocess_handler).parameters)
+    takes = list(inspect.signature(handler.__init__).parameters)[1:]  # after self
+    assert made_by == takes, (made_by, takes)
+    assert list(inspect.signature(handler._popen).parameters) == ["self", "args", "env"]
+    assert list(inspect.signature(handler.close).parameters)[:2] == ["self", "death_sig"]

@@ -18,8 +18,8 @@ from runner.cli.requeue import continue_after_stop, first_run_dir
 from runner.heartbeat import Heartbeat, Phase
 from runner.launch.stopping import GracefulStop
 from tests.conftest import FAST, start_runner, wait_until
-from tests.test_multinode import finish, free_port, only_run, start_node
-from tests.test_resume import same_weights
+from tests.helpers.nodes import finish, free_port, only_run, start_node
+from tests.helpers.weights import same_weights
 
 
 @pytest.mark.slow

@@ -153,7 +153,7 @@ def test_entry_points_name_real_modules() -> None:
     texts = [
         *MODULES.values(),
         *REPO.glob("benchmarks/*.py"),
-        *REPO.glob("tests/*.py"),
+        *REPO.glob("tests/**/*.py"),
         REPO / "Makefile",
         REPO / "README.md",
         *REPO.glob("docs/*.md"),
@@ -258,3 +258,20 @@ print(json.dumps(loaded))
     loaded = json.loads(proc.stdout.splitlines()[-1])
     first = next(((n, m) for n, m in loaded.items() if m), None)
     assert first is None, f"importing {first[0]} loads {first[1]}"  # type: ignore[index]
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in tests/helpers/ (or tests/conftest.py), so that a test module
+    can be read, moved or deleted on its own."""
+    problems = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                if name.startswith("tests.") and name.rsplit(".", 1)[-1].startswith("test_"):
+                    problems.append(f"{path.relative_to(REPO)}:{node.lineno}: imports {name}")
+    assert not problems, "\n".join(problems)

@@ -6,21 +6,13 @@ import csv
 from pathlib import Path
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from runner.rundir.files import RunDir
 from runner.spec.tracker_specs import CsvLoggerSpec, LoggerSpec, TensorBoardLoggerSpec
 from runner.train.loggers import Trackers, build_trackers
+from tests.helpers.trackers import scalars
 
 BOTH = LoggerSpec(tensorboard=TensorBoardLoggerSpec(), csv=CsvLoggerSpec())
-
-
-def scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
-    reader = EventAccumulator(str(directory))
-    reader.Reload()
-    return {
-        tag: [(e.step, e.value) for e in reader.Scalars(tag)] for tag in reader.Tags()["scalars"]
-    }
 
 
 def rows(path: Path) -> list[dict[str, str]]:

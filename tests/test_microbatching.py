@@ -17,9 +17,8 @@ import pytest
 import torch
 
 from runner.train.microbatching import batch_size, cut_batch, slice_batch
-from tests.references import corpus, lm_reference, mlp_reference  # noqa: F401  (fixtures)
-from tests.test_equivalence import ARGS, RTOL, relative_error
-from tests.test_lm_equivalence import lm_args
+from tests.helpers.equivalence import ARGS, RTOL, relative_error
+from tests.helpers.language_model import lm_args
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +74,7 @@ def test_zero2_goes_on_from_the_microbatch_that_ran_out(cli, mlp_reference):  # 
     assert relative_error(weights(auto), mlp_reference) < RTOL
 
 
-def test_fsdp_gpt_ranks_stopped_in_different_blocks_agree(cli, corpus, lm_reference):  # noqa: F811
+def test_fsdp_gpt_ranks_stopped_in_different_blocks_agree(cli, corpus, lm_reference):
     # 6 samples per rank: 6 -> 3 -> 2 (cut 2, 2, 1, 1)
     oom = [*OOM[:3], "chaos.oom_above=2"]
     auto = cli(*lm_args(corpus), "parallelism=fsdp", "grad_accum=auto", *oom, timeout=120)
@@ -84,7 +83,7 @@ def test_fsdp_gpt_ranks_stopped_in_different_blocks_agree(cli, corpus, lm_refere
     assert relative_error(weights(auto), lm_reference) < RTOL
 
 
-BACKWARD_OOM = ["model=custom", "model._target_=tests.oom_models.BackwardOom"]
+BACKWARD_OOM = ["model=custom", "model._target_=tests.helpers.oom_models.BackwardOom"]
 
 
 def test_a_backward_pass_that_runs_out_is_retried_where_it_exchanges_nothing(

@@ -22,60 +22,14 @@ import pytest
 import torch
 
 from runner.spec import resolve_spec
-from tests.conftest import FAST, child_env, runner_command
-from tests.test_compose import compose_config
-from tests.test_equivalence import relative_error, train_plain
-from tests.test_faults import chaos_time
+from tests.conftest import FAST
+from tests.helpers.config import compose_config
+from tests.helpers.equivalence import relative_error, train_plain
+from tests.helpers.nodes import chaos_time, finish, free_port, only_run, start_node
 
 pytestmark = pytest.mark.slow
 TRAIN = [*FAST, "max_steps=20", "checkpoint.interval=null"]
 RTOL = 1e-5
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_node(
-    cwd: Path,
-    node_rank: int | None,
-    *overrides: str,
-    prefix: tuple[str, ...] = (),
-    env: dict[str, str] | None = None,
-) -> subprocess.Popen:
-    cwd.mkdir(parents=True, exist_ok=True)
-    rank = [] if node_rank is None else [f"node_rank={node_rank}"]
-    return subprocess.Popen(
-        [*prefix, *runner_command(*overrides, *rank)],
-        cwd=cwd,
-        env={**child_env(), **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def finish(*procs: subprocess.Popen, timeout: float = 240) -> list[tuple[int, str, float]]:
-    """Wait for every process: (exit code, output, time it ended) each."""
-    ended: dict[int, float] = {}
-    deadline = time.time() + timeout
-    while len(ended) < len(procs) and time.time() < deadline:
-        for i, proc in enumerate(procs):
-            if i not in ended and proc.poll() is not None:
-                ended[i] = time.time()
-        time.sleep(0.05)
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-    return [(p.wait(), p.stdout.read(), ended.get(i, float("inf"))) for i, p in enumerate(procs)]
-
-
-def only_run(cwd: Path) -> Path:
-    runs = sorted((cwd / "runs").iterdir())
-    assert len(runs) == 1, f"expected one run directory, found {runs}"
-    return runs[0]
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:

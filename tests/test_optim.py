@@ -9,7 +9,7 @@ from runner.hardware import auto_precision, cpu_has_native_bf16
 from runner.models.builders import resnet18
 from runner.spec import SpecError, resolve_spec
 from runner.spec.schema import ConstantSpec, SGDSpec
-from tests.test_compose import compose_config
+from tests.helpers.config import compose_config
 
 
 @pytest.mark.parametrize(

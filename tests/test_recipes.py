@@ -13,7 +13,7 @@ from runner.data.datasets import build_datasets
 from runner.models import build_model
 from runner.spec import load_spec
 from tests.conftest import REPO
-from tests.test_data import make_cifar10, make_image_folder
+from tests.helpers.datasets import make_cifar10, make_image_folder
 
 pytestmark = pytest.mark.slow
 RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))

@@ -14,14 +14,9 @@ import torch
 
 from tests.conftest import FAST, ZERO2_OFFLOAD, CliResult, run_cli, start_runner, wait_until
 from tests.conftest import RESTARTABLE as ARGS
+from tests.helpers.weights import max_relative_difference, same_weights
 
 pytestmark = pytest.mark.slow
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    x = torch.load(a / "model.pt", weights_only=True)
-    y = torch.load(b / "model.pt", weights_only=True)
-    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
 @pytest.fixture(scope="module")
@@ -158,12 +153,6 @@ def test_resume_path_without_checkpoint_is_rejected(cli, tmp_path: Path) -> None
     result = cli(*FAST, f"resume={empty}")
     assert result.returncode == 2
     assert f"resume='{empty}': holds no complete checkpoint" in result.stderr
-
-
-def max_relative_difference(a: Path, b: Path) -> float:
-    x = torch.load(a / "model.pt", weights_only=True)
-    y = torch.load(b / "model.pt", weights_only=True)
-    return max(((x[k] - y[k]).norm() / y[k].norm()).item() for k in y)
 
 
 # Every parallelism resumes at a smaller and a larger world size between them (zero3 at

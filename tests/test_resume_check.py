@@ -2,34 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from runner.data.datasets import build_datasets
 from runner.models import build_model
 from runner.models.shapes import configured_state_shapes, state_shapes
-from runner.rundir.checkpoints import CheckpointStore
 from runner.spec import SpecError, resolve_spec
-from runner.spec.resume_check import META_FILE, checkpoint_meta
-from tests.test_compose import compose_config
+from tests.helpers.checkpoints import save_checkpoint
+from tests.helpers.config import compose_config
 
 MLP = ["model=mlp", "data=digits", "device=cpu"]
 RESNET = ["model=resnet18", "data=synthetic", "device=cpu"]
-
-
-def save_checkpoint(run_dir: Path, overrides: list[str], world_size: int = 2) -> Path:
-    """A checkpoint's metadata as rank 0 writes it, for the model `overrides` configure."""
-    spec = resolve_spec(compose_config(overrides))
-    with torch.device("meta"):
-        module = build_model(spec.model, build_datasets(spec.data).info)
-    store = CheckpointStore(run_dir / "checkpoints", keep=2)
-    partial = store.begin(4)
-    meta = checkpoint_meta(spec, 4, 256, world_size, state_shapes(module))
-    (partial / META_FILE).write_text(json.dumps(meta))
-    return store.commit(4)
 
 
 def resume_problems(checkpoint: Path, overrides: list[str]) -> list[str]:

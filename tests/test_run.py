@@ -59,7 +59,7 @@ def test_default_experiment_fills_the_run_directory(default_run) -> None:
     assert summary["steps"] == metrics[-1]["step"] == 276
     assert summary["wall_time_s"] > 0
     assert summary["final"] == metrics[-1]
-    from tests.test_loggers import scalars
+    from tests.helpers.trackers import scalars
 
     curves = scalars(run / "tensorboard")  # `tensorboard --logdir runs/` sees every step
     assert [step for step, _ in curves["train/loss"]] == steps
@@ -101,7 +101,7 @@ def test_hydra_flags(flag: str, expected: str, tmp_path) -> None:
 def test_parent_process_does_not_import_torch(tmp_path: Path) -> None:
     """Everything the parent does before the agent starts: compose, resolve (with a resume
     checkpoint to check, same model and a different one), write the run files."""
-    from tests.test_resume_check import save_checkpoint
+    from tests.helpers.checkpoints import save_checkpoint
 
     checkpoint = save_checkpoint(tmp_path / "old", ["model=mlp", "data=digits", "device=cpu"])
     code = f"""
@@ -114,7 +114,7 @@ except SystemExit:
     pass
 from runner.rundir.files import environment_info
 from runner.spec import SpecError, resolve_spec, save_spec
-from tests.test_compose import compose_config
+from tests.helpers.config import compose_config
 base = ['model=mlp', 'data=digits', 'device=cpu', 'resume={checkpoint}']
 save_spec(resolve_spec(compose_config(base), run_dir='{tmp_path / "new"}'), '{tmp_path}')
 environment_info()
@@ -158,7 +158,7 @@ def test_two_runs_at_once_do_not_clash(tmp_path) -> None:
 
 
 def test_image_folder_bf16_single_rank(cli, tmp_path) -> None:
-    from tests.test_data import make_image_folder
+    from tests.helpers.datasets import make_image_folder
 
     root = make_image_folder(tmp_path / "images", classes=2, per_class=8, size=12)
     result = cli(

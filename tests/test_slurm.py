@@ -6,7 +6,7 @@ import pytest
 
 from runner.spec import SpecError, resolve_spec
 from runner.spec.slurm import expand_hostlist, job_port, placement
-from tests.test_compose import compose_config
+from tests.helpers.config import compose_config
 
 
 @pytest.mark.parametrize(

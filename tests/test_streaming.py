@@ -16,8 +16,8 @@ import torch
 from runner.data.hf_text import hf_text
 from runner.data.streams import EveryNth, TrainStream, is_iterable, rank_part
 from tests.conftest import FAST
-from tests.streaming import DigitStream, write_shards
-from tests.test_resume import same_weights
+from tests.helpers.streaming import DigitStream, write_shards
+from tests.helpers.weights import same_weights
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
 STEPS = ["max_epochs=null", "max_steps=16", "log_interval=4", "checkpoint.interval=4"]
@@ -125,7 +125,7 @@ def test_webdataset_shards_restart_bit_for_bit(cli, tmp_path: Path) -> None:
     run = [
         *FAST,
         "data=custom",
-        "data._target_=tests.streaming.webdataset_digits",
+        "data._target_=tests.helpers.streaming.webdataset_digits",
         f"+data.root={tmp_path / 'shards'}",
         *STEPS,
         "global_batch_size=128",  # about 11 steps a pass per rank: the restart is in pass 2
@@ -143,7 +143,9 @@ def test_webdataset_shards_restart_bit_for_bit(cli, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_an_iterable_dataset_needs_max_steps(cli, tmp_path: Path) -> None:
-    own = cli(*FAST, "data=custom", "data._target_=tests.streaming.digit_stream", name="own")
+    own = cli(
+        *FAST, "data=custom", "data._target_=tests.helpers.streaming.digit_stream", name="own"
+    )
     assert own.returncode == 2, own.output
     assert "max_steps=null" in own.output and "DigitStream" in own.output
     files = write_corpus(tmp_path / "corpus", files=1, documents=5)
@@ -165,7 +167,7 @@ def test_hf_text_bad_input_is_refused_before_launch(cli, tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_a_users_stream_trains_on_two_ranks(cli) -> None:
-    own = [*FAST, "data=custom", "data._target_=tests.streaming.digit_stream", *STEPS]
+    own = [*FAST, "data=custom", "data._target_=tests.helpers.streaming.digit_stream", *STEPS]
     result = cli(*own, "nproc=2", "global_batch_size=64", name="own")
     assert result.returncode == 0, result.output
     assert result.summary()["final"]["val/loss"] > 0

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import FAST, child_env, runner_command
-from tests.wandb_records import records
+from tests.helpers.wandb_records import records
 
 pytestmark = pytest.mark.slow
 TINY = [*FAST, "max_epochs=null", "max_steps=2", "log_interval=1"]

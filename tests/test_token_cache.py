@@ -195,7 +195,7 @@ def test_unpacked_blocks_never_span_documents(tmp_path: Path) -> None:
 
 
 def builder(root: Path, cache: Path, *args: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "tests.cache_builder", str(root), str(cache), *args]
+    command = [sys.executable, "-m", "tests.helpers.cache_builder", str(root), str(cache), *args]
     return subprocess.Popen(
         command, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -244,7 +244,7 @@ def test_a_killed_build_is_never_served(tmp_path: Path) -> None:
     proc.wait()
     left = list(cache.glob("*.building-*"))
     assert len(left) == 1 and not [p for p in cache.iterdir() if p.is_dir() and p not in left]
-    from tests.slow_tokenizer import SlowBytes
+    from tests.helpers.slow_tokenizer import SlowBytes
 
     found = token_cache.open_cache(
         tmp_path / "c", "*.txt", load_tokenizer(SlowBytes(0.1)), "text", str(cache)

@@ -1,6 +1,6 @@
 """MLflow and W&B with the real parts: a real `mlflow server` (or MLflow's local SQLite
 store) read back with MlflowClient, and W&B's offline run files read back with its own
-record protobufs (tests/wandb_records.py)."""
+record protobufs (tests/helpers/wandb_records.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RESTARTABLE, child_env
-from tests.wandb_records import history, records, summary
+from tests.helpers.wandb_records import history, records, summary
 
 mlflow = pytest.importorskip("mlflow")
 pytest.importorskip("wandb")

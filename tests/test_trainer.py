@@ -17,7 +17,7 @@ from runner.spec import resolve_spec
 from runner.train.nonfinite import NonFiniteError
 from runner.train.trainer import Trainer
 from tests.conftest import FAST
-from tests.test_compose import compose_config
+from tests.helpers.config import compose_config
 
 
 @pytest.fixture

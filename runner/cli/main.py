@@ -180,7 +180,7 @@ def _run_other_node(spec: RunSpec, run_dir: RunDir, start_time: float) -> float 
     summary = read_json(outcome)
     if summary is None:  # the agent died before it could write one
         summary = {
-            "status": Status.INTERRUPTED if received else Status.FAILED,
+            "status": str(Status.INTERRUPTED if received else Status.FAILED),
             "node_rank": spec.node_rank,
             "run_dir": str(run_dir.root),
             "error": {"rank": None, "exitcode": code, "message": f"launcher exited with {code}"},

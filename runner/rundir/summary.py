@@ -16,7 +16,8 @@ from runner.rundir.files import RunDir, read_json, read_jsonl, write_json
 
 
 class Status(str, Enum):
-    """How a run ended: summary.json's `status` (a str, so it compares and serializes as one)."""
+    """How a run ended: summary.json's `status`. A str, so a member equals the text read back;
+    the dicts runner writes or hands to trackers hold the text itself (str(status))."""
 
     COMPLETED = "completed"
     FAILED = "failed"
@@ -78,7 +79,7 @@ def build_summary(
     for record in metrics:
         final.update(record)
     summary: dict[str, Any] = {
-        "status": status,
+        "status": str(status),  # a plain string, also for the trackers that read it
         "world_size": world_size,
         "steps": final.get("step", 0),
         "samples": final.get("samples", 0),

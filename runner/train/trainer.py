@@ -120,7 +120,7 @@ class Trainer:
             return self._fit(start_time)
         except BaseException as exc:
             outcome = {
-                "status": Status.FAILED if isinstance(exc, Exception) else Status.INTERRUPTED,
+                "status": str(Status.FAILED if isinstance(exc, Exception) else Status.INTERRUPTED),
                 "steps": self.metrics.records[-1]["step"] if self.metrics.records else self.step,
                 "wall_time_s": round(time.time() - start_time, 3),
                 "error": {"message": f"{type(exc).__name__}: {exc}"},
@@ -199,7 +199,7 @@ class Trainer:
         self.progress.close()
         log.info("stopped after step %d as asked; checkpoint saved", step)
         outcome = {
-            "status": Status.INTERRUPTED,
+            "status": str(Status.INTERRUPTED),
             "steps": step,
             "wall_time_s": round(time.time() - start_time, 3),
         }

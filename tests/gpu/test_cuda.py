@@ -14,7 +14,7 @@ from runner.data.datasets import build_datasets
 from runner.models import build_model
 from runner.spec import load_spec
 from tests.conftest import FAST
-from tests.test_equivalence import relative_error
+from tests.helpers.equivalence import relative_error
 
 GPU = ["device=cuda", "nproc=1", "max_epochs=null", "max_steps=20", "log_interval=5"]
 PARALLELISMS = ["ddp", "zero1", "zero2", "zero3", "fsdp"]

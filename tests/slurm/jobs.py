@@ -85,3 +85,17 @@ def processes_with(marker: str) -> list[str]:
     """Command lines of this machine's processes that mention `marker` (a run directory)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+# The example in docs/multi-node.md: a sweep through submitit onto 2 nodes, one task (one
+# runner) each
+SUBMITIT_2_NODES = [
+    "-m",
+    "hydra/launcher=submitit_slurm",
+    "hydra.launcher.nodes=2",
+    "hydra.launcher.tasks_per_node=1",
+    "hydra.launcher.cpus_per_task=2",
+    "hydra.launcher.timeout_min=10",
+    "hydra.launcher.partition=debug",
+    "nodes=auto",
+]

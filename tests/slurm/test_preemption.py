@@ -16,7 +16,7 @@ import torch
 
 from tests.conftest import runner_command
 from tests.slurm import jobs
-from tests.slurm.test_sbatch import SUBMITIT_2_NODES
+from tests.slurm.jobs import SUBMITIT_2_NODES
 
 STEPS = 240
 TRAIN = [

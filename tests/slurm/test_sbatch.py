@@ -6,23 +6,11 @@ import json
 
 import torch
 
+from tests.helpers.equivalence import relative_error
 from tests.slurm import jobs
-from tests.slurm.jobs import TRAIN, runner
-from tests.test_equivalence import relative_error
+from tests.slurm.jobs import SUBMITIT_2_NODES, TRAIN, runner
 
 RTOL = 1e-5
-# The example in docs/multi-node.md: a sweep through submitit onto 2 nodes, one task (one
-# runner) each
-SUBMITIT_2_NODES = [
-    "-m",
-    "hydra/launcher=submitit_slurm",
-    "hydra.launcher.nodes=2",
-    "hydra.launcher.tasks_per_node=1",
-    "hydra.launcher.cpus_per_task=2",
-    "hydra.launcher.timeout_min=10",
-    "hydra.launcher.partition=debug",
-    "nodes=auto",
-]
 
 
 def test_submitit_slurm_on_two_nodes_trains_what_four_local_ranks_do(slurm, tmp_path):

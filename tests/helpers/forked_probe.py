@@ -1,4 +1,4 @@
-"""`python -m tests.forked_probe OUT [sleep|exit CODE]`: writes what this process looks like
+"""`python -m tests.helpers.forked_probe OUT [sleep|exit CODE]`: writes what this process looks like
 to OUT (JSON), for tests/test_forkserver.py to compare a forked rank with a spawned one."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m tests.cache_builder ROOT CACHE_DIR DELAY [BATCH_BYTES [FILE_SIZE_LIMIT]]`:
+"""`python -m tests.helpers.cache_builder ROOT CACHE_DIR DELAY [BATCH_BYTES [FILE_SIZE_LIMIT]]`:
 builds a token cache in a process of its own, as a run's launcher would, and prints what
 it found as JSON. A race waits for a file named `go` in CACHE_DIR first."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from runner.data import token_build, token_cache
 from runner.data.tokenizing import load_tokenizer
-from tests.slow_tokenizer import SlowBytes
+from tests.helpers.slow_tokenizer import SlowBytes
 
 
 def main(root: str, cache_dir: str, delay: str, batch: str = "", limit: str = "") -> None:

@@ -1,0 +1,72 @@
+"""A small GPT on a small text corpus: the arguments and the corpus (a module-scoped fixture)
+that the language-model tests share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from runner.data.datasets import build_datasets
+from runner.data.sampler import GlobalBatchSampler
+from runner.engines.optim import build_optimizer, build_scheduler
+from runner.models import build_model
+from runner.spec import RunSpec
+from runner.train.trainer import seed_everything
+
+GLOBAL_BATCH = 12
+
+
+STEPS = 6
+
+
+def lm_args(root: Path) -> list[str]:
+    return [
+        "model=gpt",
+        "model.n_layer=2",
+        "model.n_head=2",
+        "model.n_embd=32",
+        "model.bias=false",  # a key bias has a zero gradient that AdamW turns into noise
+        "data=text",
+        f"data.root={root}",
+        "data.block_size=24",
+        "data.min_length=3",  # ragged samples, padded per microbatch
+        "loss=causal_lm",
+        "metrics=language_model",
+        "precision=fp32",
+        "progress_bar=false",
+        "scheduler=constant",
+        f"global_batch_size={GLOBAL_BATCH}",
+        "max_epochs=null",
+        f"max_steps={STEPS}",
+        "log_interval=2",
+    ]
+
+
+def train_plain(spec: RunSpec, naive_microbatches: int = 1) -> dict[str, torch.Tensor]:
+    """Plain PyTorch, one process: each step's loss is the mean over every real token of
+    the global batch. naive_microbatches=K averages K per-microbatch token means instead."""
+    seed_everything(spec.seed)
+    data = build_datasets(spec.data)
+    model = build_model(spec.model, data.info)
+    optimizer = build_optimizer(spec.optimizer, model)
+    scheduler = build_scheduler(spec.scheduler, optimizer, STEPS)
+    sampler = GlobalBatchSampler(len(data.train), GLOBAL_BATCH, 1, 0, seed=spec.seed)
+    for indices in list(sampler)[:STEPS]:
+        losses = []
+        for chunk in torch.tensor(indices).chunk(naive_microbatches):
+            batch = data.collate_fn([data.train[i] for i in chunk.tolist()])
+            logits = model(batch["input_ids"], attention_mask=batch["attention_mask"])
+            losses.append(
+                F.cross_entropy(
+                    logits[:, :-1].reshape(-1, logits.shape[-1]),
+                    batch["labels"][:, 1:].reshape(-1),
+                    ignore_index=-100,
+                )
+            )
+        (sum(losses) / len(losses)).backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
