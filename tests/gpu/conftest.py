@@ -13,5 +13,6 @@ def pytest_collection_modifyitems(config, items) -> None:
         if "tests/gpu/" not in str(item.path).replace("\\", "/"):
             continue
         item.add_marker(pytest.mark.gpu)
+        item.add_marker(pytest.mark.slow)  # runs and ranks: processes
         if not torch.cuda.is_available():
             item.add_marker(skip)

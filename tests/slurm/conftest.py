@@ -31,6 +31,7 @@ def pytest_collection_modifyitems(config, items) -> None:
         if "tests/slurm/" not in str(item.path).replace("\\", "/"):
             continue
         item.add_marker(pytest.mark.slurm)
+        item.add_marker(pytest.mark.slow)  # jobs and ranks: processes
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
 
