@@ -114,7 +114,8 @@ class MlflowRun:
                     continue
                 metrics.append(Metric(key, float(value), now, step))
                 self.logged[key] = step
-        self.client.log_batch(self.run_id, metrics=metrics)  # MLflow splits it by its limits
+        if metrics:  # MLflow splits a batch by its own limits
+            self.client.log_batch(self.run_id, metrics=metrics)
 
     def _note(self, **extra: str) -> None:
         noted = {"run_id": self.run_id, "experiment_id": self.experiment_id}

@@ -46,7 +46,7 @@ def test_evaluation_runs_in_eval_mode_and_training_resumes_in_train_mode(
     assert all(m.training for m in trainer.engine.model.modules())
 
     modes.clear()
-    batch = [next(iter(trainer.train_loader))]
+    batch = [next(iter(trainer.data.train_loader))]
     trainer.train_step(batch, n_global=len(batch[0][0]), step=1)
     assert modes == [True]
 
@@ -72,7 +72,7 @@ def test_a_skipped_step_leaves_weights_optimizer_and_schedule_alone(
     """nonfinite=skip: a NaN loss costs that step and nothing else; one skip more than
     nonfinite_max_skips in a row ends the run."""
     trainer = build(tmp_path, "nonfinite=skip", "nonfinite_max_skips=2", "scheduler=cosine")
-    batch = [next(iter(trainer.train_loader))]
+    batch = [next(iter(trainer.data.train_loader))]
     n = len(batch[0][0])
     trainer.train_step(batch, n, step=1)  # a real step: the optimizer has state now
     weights = copy.deepcopy(trainer.engine.module.state_dict())
@@ -102,7 +102,7 @@ def test_stop_catches_a_gradient_that_overflowed_by_the_loss_of_the_next_step(
     resnet18 step on the CPU): an overflow in the backward pass alone reaches the weights,
     and the next step's loss is where the run notices it."""
     trainer = build(tmp_path)
-    batch = [next(iter(trainer.train_loader))]
+    batch = [next(iter(trainer.data.train_loader))]
     first = next(trainer.engine.module.parameters())
     hook = first.register_hook(lambda grad: grad * float("inf"))  # overflows in backward only
     loss_sum, _ = trainer.train_step(batch, len(batch[0][0]), step=1)
@@ -123,7 +123,7 @@ def test_skip_and_clipping_still_read_the_gradient_norm(
     cases = [(["nonfinite=skip"], True), (["grad_clip_norm=1.0"], True), ([], False)]
     for overrides, wanted in cases:
         trainer = build(tmp_path, *overrides)
-        batch = [next(iter(trainer.train_loader))]
+        batch = [next(iter(trainer.data.train_loader))]
         for microbatch in batch:
             trainer.engine.backward(trainer.forward_loss(microbatch[0])[0])
         norm = trainer.engine.prepare_step(norm_wanted=trainer.guard.mode == "skip")

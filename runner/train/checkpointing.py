@@ -1,4 +1,4 @@
-"""Saving and resuming a run from the ranks' side (the on-disk protocol is checkpoint_store).
+"""Saving and resuming a run from the ranks' side (on disk: runner.rundir.checkpoints).
 
 A checkpoint holds what a resumed run needs to continue exactly where it left
 off: the engine's state (model, optimizer, schedule, loss scaler; DeepSpeed's

@@ -74,10 +74,8 @@ class Trainer:
             n: _on_device(instantiate(m.node, data.info), device) for n, m in spec.metrics.items()
         }
         self.data = build_rank_data(spec, data, self.rank, self.world, self.device_type == "cuda")
-        self.sampler, self.train_loader = self.data.sampler, self.data.train_loader
-        self.total_steps = self.data.total_steps
         with_warmup = with_warmup_steps(spec, self.data.steps_per_epoch)
-        parallel = parallelize(module, with_warmup, device, self.total_steps)
+        parallel = parallelize(module, with_warmup, device, self.data.total_steps)
         self.engine, self.channels_last = parallel.engine, parallel.channels_last
         self.compile_clock = parallel.compile_clock
         self.evaluator = Evaluator(
@@ -94,7 +92,7 @@ class Trainer:
         self.first_step_at: float | None = None  # wall clock, for time-to-first-step
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
-        stream = self.train_loader if self.data.streaming else None
+        stream = self.data.train_loader if self.data.streaming else None
         client = checkpointing.resume(self.store, spec.resume, self.engine, stream)
         self.step, self.samples = client.get("step", 0), client.get("samples", 0)
         self.resumed_from: int | None = client.get("step")
@@ -111,7 +109,7 @@ class Trainer:
             run_dir, enabled=self.is_main, keep_until=self.step, loggers=spec.logger, config=config
         )
         show = self.is_main and spec.progress_bar
-        self.progress = Progress(self.total_steps, terminal, enabled=show, initial=self.step)
+        self.progress = Progress(self.data.total_steps, terminal, enabled=show, initial=self.step)
 
     # ------------------------------------------------------------------ the loop
 
@@ -133,16 +131,16 @@ class Trainer:
         interval = spec.checkpoint.interval
         throughput = Throughput(samples)
         self.engine.model.train()  # once, not every step: evaluate() switches it back
-        while step < self.total_steps:
+        while step < self.data.total_steps:
             epoch, offset = divmod(step, self.data.steps_per_epoch)
-            self.sampler.set_epoch(epoch, offset)
-            microbatches = iter(self.train_loader)
+            self.data.sampler.set_epoch(epoch, offset)
+            microbatches = iter(self.data.train_loader)
             for step_in_epoch in range(offset, self.data.steps_per_epoch):
                 step += 1
                 self.faults.step_started(step)
-                n_global = self.sampler.global_count(step_in_epoch)
+                n_global = self.data.sampler.global_count(step_in_epoch)
                 lr = self.engine.lr
-                batch = [next(microbatches) for _ in range(self.sampler.grad_accum)]
+                batch = [next(microbatches) for _ in range(self.data.sampler.grad_accum)]
                 self.stand_in = batch[0][0]  # a placeholder for an evaluation that has none
                 self.heart.beat(Phase.BATCH, step)
                 loss_sum, items = self.train_step(batch, n_global, step)
@@ -152,7 +150,7 @@ class Trainer:
                 samples += n_global
                 self.progress.advance()
 
-                last = step == self.total_steps
+                last = step == self.data.total_steps
                 evaluate = last or self._is_eval_step(step)
                 if evaluate or step % spec.log_interval == 0:
                     record = self._train_record(step, samples, lr, throughput)
@@ -184,7 +182,7 @@ class Trainer:
         self.guard.check_before_saving(self.engine.module, step)
         extra = self.steps.checkpoint_state()
         if self.data.streaming:  # every rank's position in its part of the stream
-            extra["data"] = rdist.all_gather_object(self.train_loader.state_dict())
+            extra["data"] = rdist.all_gather_object(self.data.train_loader.state_dict())
         checkpointing.save(self.store, self.engine, self.spec, step, samples, extra)
         self.heart.beat(Phase.STEP)
         self.pending.pause(time.perf_counter() - started)
@@ -316,7 +314,7 @@ class Trainer:
         """A log step's record; its train/loss comes when the ranks reduce it (_log_pending)."""
         record = {
             "step": step,
-            "epoch": self.train_loader.passes
+            "epoch": self.data.train_loader.passes
             if self.data.streaming
             else round(step / self.data.steps_per_epoch, 4),
             "samples": samples,
@@ -361,7 +359,7 @@ class Trainer:
     def _finish(self, start_time: float) -> dict[str, Any]:
         self.progress.close()
         self.heart.beat(Phase.FINISH)
-        self.guard.check_before_saving(self.engine.module, self.total_steps)
+        self.guard.check_before_saving(self.engine.module, self.data.total_steps)
         summary = write_final(
             self.run_dir,
             self.spec,
