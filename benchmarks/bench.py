@@ -21,12 +21,14 @@ from suites_gpu import auto_microbatch_suite, compile_suite, cuda_devices, gpu_s
 from suites_memory import activation_suite, capacity_table, memory_gpt_suite, memory_suite
 from suites_speed import (
     OVERHEAD_STEPS,
+    READY,
     SWEEP_JOBS,
     SWEEP_STEPS,
     SWEEP_WALL,
     TRACKER_STEPS,
     overhead_suite,
     scaling_suite,
+    start_methods_suite,
     startup_suite,
     sweep_suite,
     sync_suite,
@@ -71,6 +73,15 @@ SUITES = {
         "prestarted: mlp and resnet18, synthetic 3x32x32, nproc=2, global batch 64",
         startup_suite,
         "10 steps per run, timed from outside",
+    ),
+    "start_methods": (
+        "How ranks start: runner's fork server against torch elastic's own start methods; 2 "
+        "ranks that import torch, join a gloo group, build a DDP model and meet in one "
+        "all-reduce, then end",
+        start_methods_suite,
+        "each run timed from the launcher's start (its own torch import included) to the last "
+        "rank's all-reduce (ready) and to the last rank's end (wall)",
+        (READY,),
     ),
     "sweep": (
         f"B2 in a sweep: {SWEEP_JOBS} mlp jobs of {SWEEP_STEPS} steps one after another "

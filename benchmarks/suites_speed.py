@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import Any
 
 from harness import (
     FIRST,
+    REPO,
     RESNET,
     STEP,
     Config,
@@ -22,8 +24,10 @@ from harness import (
     outside_runner,
     plain_command,
     plain_resnet,
+    run,
     run_runner,
     runner_row,
+    thread_env,
     time_command,
     venv_tool,
 )
@@ -141,6 +145,30 @@ def startup_suite(_steps: int) -> list[Config]:
             ),
         ]
     return configs
+
+
+READY = "s to ranks ready"
+START_METHODS = {
+    "command": "torch elastic, a command started with Popen (torchrun's way)",
+    "spawn": "torch elastic start_method=spawn (a function entry point)",
+    "forkserver": "torch elastic start_method=forkserver (a function entry point)",
+    "fork": "torch elastic start_method=fork (a function entry point)",
+    "runner": "runner's fork server (the command, forked)",
+}
+
+
+def start_methods_suite(_steps: int) -> list[Config]:
+    """The fork server against torch elastic's own ways to start ranks: 2 ranks that only
+    import torch, join a gloo group, build a DDP model and meet in one all-reduce
+    (start_methods.py), timed from the launcher's start."""
+
+    def measure(method: str) -> dict[str, float]:
+        command = [sys.executable, str(REPO / "benchmarks" / "start_methods.py"), method, "2"]
+        result = json.loads(run(command, thread_env(2)).strip().splitlines()[-1])
+        return {READY: result["ready_s"], "wall s": result["wall_s"]}
+
+    baseline = START_METHODS["command"]
+    return [Config(name, partial(measure, m), baseline) for m, name in START_METHODS.items()]
 
 
 SWEEP_JOBS, SWEEP_STEPS = 10, 20
