@@ -227,9 +227,9 @@ def test_this_torch_still_offers_the_hook_the_fork_server_replaces() -> None:
     ranks instead, with a warning)."""
     import inspect
 
-    from runner.launch.forked_ranks import _elastic_hook
+    from runner.launch.forked_ranks import elastic_hook
 
-    hook = _elastic_hook()
+    hook = elastic_hook()
     assert hook is not None, "torch elastic's process-start hook moved: ranks would be spawned"
     api, handler = hook
     assert "get_subprocess_handler(" in inspect.getsource(api.SubprocessContext._start)

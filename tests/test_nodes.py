@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli.main import _node_subdir
+from runner.cli.main import node_subdir
 from runner.launch.failures import RankFailure
 from runner.launch.network import interface_towards, local_address_towards
 from runner.launch.nodes import config_differences
@@ -52,7 +52,7 @@ def test_each_node_keeps_its_own_hydra_files(monkeypatch, nodes, node_rank, envi
         monkeypatch.delenv(key, raising=False)
     for key, value in environ.items():
         monkeypatch.setenv(key, value)
-    assert _node_subdir(nodes, node_rank) == subdir
+    assert node_subdir(nodes, node_rank) == subdir
 
 
 def test_a_failure_crosses_nodes_intact() -> None:
@@ -97,14 +97,14 @@ def test_slurm_example_composes(tmp_path: Path) -> None:
 def test_store_values_are_data_and_a_foreign_one_is_named() -> None:
     """What a node reads from the unauthenticated store is JSON or a port, never code; a
     value runner did not write fails with a message naming the key, not a traceback."""
-    from runner.launch.nodes import StoreValueError, _notice, decode
+    from runner.launch.nodes import StoreValueError, decode, stop_notice
     from runner.launch.rendezvous import parse_port
 
     assert decode("k", b'{"a": [1, 2]}') == {"a": [1, 2]}
     with pytest.raises(StoreValueError, match="key 'runner/failed/node1' holds"):
         decode("runner/failed/node1", b"\x80\x04\x95pickle")
     with pytest.raises(StoreValueError, match="not a node's stop notice"):
-        _notice("runner/failed/node1", [1, 2])
+        stop_notice("runner/failed/node1", [1, 2])
     assert parse_port("round1/port", b"40123") == 40123
     for bad in (b"-1", b"70000", b"os.system('x')"):
         with pytest.raises(RuntimeError, match="not a port: is another program"):

@@ -60,7 +60,7 @@ def _conf_dir() -> str:
 def _discard(run_dir: Path, hydra_files: frozenset[str] = frozenset({".hydra"})) -> None:
     """Remove the directory Hydra made for a run or sweep that never started (only Hydra's
     files in it)."""
-    for node_dir in run_dir.glob("node*"):  # another node's Hydra files (see _node_subdir)
+    for node_dir in run_dir.glob("node*"):  # another node's Hydra files (see node_subdir)
         if {p.name for p in node_dir.iterdir()} <= {".hydra"}:
             shutil.rmtree(node_dir, ignore_errors=True)
     leftovers = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
@@ -221,7 +221,7 @@ def _update_sweep_table(hydra_cfg: Any) -> None:
         log.warning("runner: could not update the sweep table: %s", exc)
 
 
-def _node_subdir(nodes: Any, node_rank: Any) -> str:
+def node_subdir(nodes: Any, node_rank: Any) -> str:
     """hydra.output_subdir: `.hydra` on node 0, `node{i}/.hydra` on node i, so that nodes
     sharing a run directory never write each other's Hydra files."""
     rank = int(node_rank or 0)
@@ -238,7 +238,7 @@ def _node_subdir(nodes: Any, node_rank: Any) -> str:
 
 # At import: launcher plugins (submitit, joblib) run jobs in processes that import this
 # module to unpickle the job, and resolve hydra.output_subdir there.
-OmegaConf.register_new_resolver("runner_hydra_subdir", _node_subdir, replace=True)
+OmegaConf.register_new_resolver("runner_hydra_subdir", node_subdir, replace=True)
 
 USER_CONFIG_ENV = "RUNNER_CONFIG_DIR"
 

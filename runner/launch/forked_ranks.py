@@ -215,7 +215,7 @@ class ForkedRank:
 def forked_ranks(server: ForkServer | None) -> Iterator[bool]:
     """While inside, torch elastic starts ranks through `server` (None: spawns them). Yields
     whether it does."""
-    hook = _elastic_hook() if server is not None else None
+    hook = elastic_hook() if server is not None else None
     if server is None or hook is None:
         yield False
         return
@@ -249,7 +249,7 @@ def forked_ranks(server: ForkServer | None) -> Iterator[bool]:
         api.get_subprocess_handler = original
 
 
-def _elastic_hook() -> tuple[Any, type] | None:
+def elastic_hook() -> tuple[Any, type] | None:
     """torch elastic's module that starts binaries, and the handler class it uses."""
     try:
         from torch.distributed.elastic.multiprocessing import api

@@ -107,7 +107,7 @@ def decode(key: str, raw: bytes) -> Any:
         ) from None
 
 
-def _notice(key: str, data: Any) -> StopNotice:
+def stop_notice(key: str, data: Any) -> StopNotice:
     try:
         failure = data.get("failure")
         return StopNotice(
@@ -274,7 +274,7 @@ class NodeLink:
             if i == self.node_rank:
                 continue
             if store.check([key]):
-                notices.append(_notice(key, decode(key, store.get(key))))
+                notices.append(stop_notice(key, decode(key, store.get(key))))
         return notices
 
     # --- when this node's part ends early ---------------------------------------------
