@@ -26,6 +26,7 @@ from suites_speed import (
     SWEEP_STEPS,
     SWEEP_WALL,
     TRACKER_STEPS,
+    grad_norm_suite,
     overhead_suite,
     scaling_suite,
     start_methods_suite,
@@ -58,6 +59,13 @@ SUITES = {
         "nproc=2, per-rank batches 8, 16 and 32, SGD lr 0.01 (no momentum, no schedule), "
         "fp32, timed from outside",
         overhead_suite("mlp"),
+        _overhead_how("mlp"),
+    ),
+    "grad_norm": (
+        "The cost of train/grad_norm without clipping: mlp, synthetic 3x32x32, nproc=2, "
+        "batch 8/rank, SGD lr 0.01, fp32, timed from outside; ratios against "
+        "log_grad_norm=false at the same log_interval",
+        grad_norm_suite,
         _overhead_how("mlp"),
     ),
     "trackers": (

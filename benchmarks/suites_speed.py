@@ -119,6 +119,21 @@ def trackers_suite(_steps: int) -> list[Config]:
     return [tracker_row(logger) for logger in loggers]
 
 
+def grad_norm_suite(_steps: int) -> list[Config]:
+    """What logging the global gradient norm costs where clipping does not compute it: the
+    mlp at the smallest per-rank batch of B1 (where a pass over the gradients weighs most),
+    at the default log_interval and at a record every step."""
+    configs = []
+    for interval in (10, 1):
+        base = f"runner log_grad_norm=false, log_interval={interval}"
+        for on in ("false", "true"):
+            extra = (*SGD_RUNNER, f"log_grad_norm={on}", f"log_interval={interval}")
+            name = f"runner log_grad_norm={on}, log_interval={interval}"
+            measure = partial(outside_runner, batch=16, extra=extra)
+            configs.append(overhead_config(name, measure, "mlp", base))
+    return configs
+
+
 def startup_suite(_steps: int) -> list[Config]:
     """B2 alone, for both models: forked ranks (the default), spawned ranks (every rank
     imports torch itself, as before the fork server), and the launcher not prestarted."""

@@ -92,3 +92,36 @@ def shared_memory_obstacle(device: str, nodes: int, machine: str | None = None) 
     if not os.path.isdir(SHARED_MEMORY_DIR):
         return f"no {SHARED_MEMORY_DIR} on this machine"
     return None
+
+
+# Dense peak TFLOP/s of one GPU by the dtype its matmuls run in (vendors' data sheets, without
+# sparsity). fp32 is the plain FP32 rate: runner leaves TF32 off. A row's name matches the
+# device's (torch.cuda.get_device_name) when all its words are words of it; rows are tried
+# in order, so the more specific come first.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "B200": {"bf16": 2250.0, "fp16": 2250.0, "fp32": 80.0},
+    "H200": {"bf16": 989.4, "fp16": 989.4, "fp32": 66.9},
+    "H100 NVL": {"bf16": 835.0, "fp16": 835.0, "fp32": 60.0},
+    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 51.2},
+    "H100": {"bf16": 989.4, "fp16": 989.4, "fp32": 66.9},  # SXM
+    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
+    "L40S": {"bf16": 362.1, "fp16": 362.1, "fp32": 91.6},
+    "L4": {"bf16": 121.0, "fp16": 121.0, "fp32": 30.3},
+    "A10": {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2},
+    "V100": {"fp16": 125.0, "fp32": 15.7},  # no bf16 in hardware
+}
+
+
+def gpu_row(name: str) -> str | None:
+    """The PEAK_TFLOPS row for a GPU named `name` ('NVIDIA H100 80GB HBM3', 'A100'), or None."""
+    words = set(name.replace("-", " ").replace("_", " ").upper().split())
+    for row in PEAK_TFLOPS:
+        if set(row.upper().split()) <= words:
+            return row
+    return None
+
+
+def peak_tflops(name: str, dtype: str) -> float | None:
+    """One GPU's dense peak TFLOP/s at `dtype` (fp32, bf16, fp16); None when not in the table."""
+    row = gpu_row(name)
+    return None if row is None else PEAK_TFLOPS[row].get(dtype)

@@ -74,6 +74,13 @@ CASES = [
     (["max_epochs=-3"], "max_epochs=-3: must be >= 1"),
     (["max_steps=null", "max_epochs=null"], "set at least one of them"),
     (["log_interval=0"], "log_interval=0: must be >= 1"),
+    (
+        ["parallelism=fsdp", "parallelism.replicate=3"],
+        "parallelism.replicate=3: must divide the world size nproc x nodes = 2; valid: 1, 2",
+    ),
+    (["mfu.gpu=X900"], "mfu.gpu='X900': not a GPU runner knows the peak of; known: B200, H200"),
+    (["mfu.gpu=V100", "precision=bf16"], "mfu.gpu='V100': V100 has no bf16 peak"),
+    (["mfu.peak_tflops=0"], "mfu.peak_tflops=0: must be > 0"),
     (["grad_accum=0"], "grad_accum=0: must be >= 1"),
     (["grad_accum=abc"], "grad_accum='abc': expected an integer"),
     (["optimizer.lr=-1"], "optimizer.lr=-1: must be > 0"),

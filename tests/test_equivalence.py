@@ -103,6 +103,32 @@ def test_split_trains_the_same_model(
     check_state_bytes(result.summary()["state_bytes"], parallelism, reference)
 
 
+@pytest.mark.parametrize("grad_accum", [1, 3])
+def test_hsdp_trains_the_same_model(cli, reference, grad_accum: int) -> None:
+    """fsdp with replicate=2 on 4 ranks: 2 copies, each sharded over 2 ranks (a 2-D mesh),
+    trains plain PyTorch's (and so ddp's) weights, and logs the same gradient norm as a
+    1-D fsdp run would (each shard's square counted once, not once per copy)."""
+    result = cli(
+        *ARGS,
+        "nproc=4",
+        f"grad_accum={grad_accum}",
+        "parallelism=fsdp",
+        "parallelism.replicate=2",
+        "log_interval=5",
+    )
+    assert result.returncode == 0, result.output
+    assert "HSDP: 2 copies, each sharded over 2 ranks" in result.rank_log(0)
+    weights = torch.load(result.run_dir / "model.pt", weights_only=True)
+    assert relative_error(weights, reference) <= RTOL
+    per_rank = result.summary()["state_bytes"]
+    p = 4 * sum(v.numel() for v in weights.values())
+    assert sum(rank["params"] for rank in per_rank) == pytest.approx(2 * p, rel=0.01)
+    if grad_accum == 1:
+        fsdp = cli(*ARGS, "nproc=4", "parallelism=fsdp", "log_interval=5", name="fsdp")
+        norms = [r["train/grad_norm"] for r in result.metrics()]
+        assert norms == pytest.approx([r["train/grad_norm"] for r in fsdp.metrics()], rel=1e-5)
+
+
 def check_state_bytes(per_rank: list[dict[str, int]], parallelism: str, weights) -> None:
     """summary.json's state_bytes: what each rank holds, by parallelism (fp32 AdamW)."""
     p = 4 * sum(v.numel() for v in weights.values())  # fp32 parameter bytes

@@ -47,6 +47,14 @@ def reference(reference_spec: RunSpec) -> dict[str, torch.Tensor]:
     return train_plain(reference_spec)
 
 
+@pytest.fixture(scope="module")
+def reference_norms(reference_spec: RunSpec) -> list[float]:
+    """The global gradient norm of each step, in plain PyTorch."""
+    norms: list[float] = []
+    train_plain(reference_spec, grad_norms=norms)
+    return norms
+
+
 def test_microbatches_differ_in_tokens_and_a_mean_of_means_differs(
     reference_spec: RunSpec, reference
 ) -> None:
@@ -64,8 +72,10 @@ def test_microbatches_differ_in_tokens_and_a_mean_of_means_differs(
     ids=[f"{n}x{g}-{p}" for (n, g), p in CASES],
 )
 def test_split_trains_the_same_language_model(
-    cli, corpus: Path, reference, nproc: int, grad_accum: int, parallelism: str
+    cli, corpus: Path, reference, reference_norms, nproc: int, grad_accum: int, parallelism: str
 ) -> None:
+    """The same weights as plain PyTorch, and in every log record the same global gradient
+    norm (each engine measures it its own way) and the tokens/s of token data."""
     result = cli(
         *lm_args(corpus),
         f"nproc={nproc}",
@@ -80,6 +90,10 @@ def test_split_trains_the_same_language_model(
     weights = torch.load(result.run_dir / "model.pt", weights_only=True)
     error = relative_error(weights, reference)
     assert error <= RTOL, f"{parallelism} {nproc}x{grad_accum}: {error:.2e}"
+    records = result.metrics()
+    norms = [r["train/grad_norm"] for r in records]
+    assert norms == pytest.approx([reference_norms[r["step"] - 1] for r in records], rel=1e-4)
+    assert all(r["throughput/tokens_per_sec"] > 0 and r["memory/peak_mb"] > 0 for r in records)
 
 
 @pytest.mark.parametrize(

@@ -161,20 +161,20 @@ def test_resume_path_without_checkpoint_is_rejected(cli, tmp_path: Path) -> None
 # up); the sample keeps `make test` in its time budget (every parallelism both ways passed
 # when written; zero1's checkpoints are zero2's layout, converted by the same code).
 RESHARD_CASES = [
-    ("ddp", 1, 2),
-    ("zero2", 4, 1),
-    ("zero3", 1, 2),
-    ("fsdp", 4, 1),
+    ("ddp", 1, 2, []),
+    ("zero2", 4, 1, []),
+    ("zero3", 1, 2, []),
+    ("fsdp", 4, 1, ["parallelism.replicate=2"]),  # and another layout: HSDP, 2 copies of 2
 ]
 
 
 @pytest.mark.parametrize(
-    ("parallelism", "nproc", "grad_accum"),
+    ("parallelism", "nproc", "grad_accum", "layout"),
     RESHARD_CASES,
-    ids=[f"{p}-2to{n}" for p, n, _ in RESHARD_CASES],
+    ids=[f"{p}-2to{n}" + ("-hsdp" if extra else "") for p, n, _, extra in RESHARD_CASES],
 )
 def test_checkpoint_resumes_at_another_world_size(
-    cli, reference_of, parallelism: str, nproc: int, grad_accum: int
+    cli, reference_of, parallelism: str, nproc: int, grad_accum: int, layout: list[str]
 ) -> None:
     """A 2-rank checkpoint continues at another world size to the 2-rank run's weights.
 
@@ -191,6 +191,7 @@ def test_checkpoint_resumes_at_another_world_size(
         *ENGINE_ARGS[parallelism],
         f"nproc={nproc}",
         f"grad_accum={grad_accum}",
+        *layout,
         f"resume={checkpoint}",
         name="second",
     )

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from runner.rundir.files import RunDir
 from runner.spec import resolve_spec
 from runner.train.nonfinite import NonFiniteError
+from runner.train.step_figures import StepFigures
 from runner.train.trainer import Trainer
 from tests.conftest import FAST
 from tests.helpers.config import compose_config
@@ -105,12 +106,12 @@ def test_stop_catches_a_gradient_that_overflowed_by_the_loss_of_the_next_step(
     batch = [next(iter(trainer.data.train_loader))]
     first = next(trainer.engine.module.parameters())
     hook = first.register_hook(lambda grad: grad * float("inf"))  # overflows in backward only
-    loss_sum, _ = trainer.train_step(batch, len(batch[0][0]), step=1)
+    loss_sum, _, _ = trainer.train_step(batch, len(batch[0][0]), step=1)
     assert torch.isfinite(loss_sum)
     _, error = trainer.guard.reduce_with(loss_sum.double())
     assert error is None  # nothing noted yet: the loss was finite
     hook.remove()
-    loss_sum, _ = trainer.train_step(batch, len(batch[0][0]), step=2)
+    loss_sum, _, _ = trainer.train_step(batch, len(batch[0][0]), step=2)
     sums, error = trainer.guard.reduce_with(loss_sum.double())
     assert isinstance(error, NonFiniteError) and error.step == 2
     assert re.search(r"non-finite loss .* at step 2 on rank\(s\) 0", str(error))
@@ -131,6 +132,14 @@ def test_skip_and_clipping_still_read_the_gradient_norm(
         trainer.engine.skip_step()
 
 
+NO_SUMS = (0.0, -1.0)  # no tokens, no gradient norm
+
+
+def figures() -> StepFigures:
+    spec = resolve_spec(compose_config([]))
+    return StepFigures(spec, "cpu", samples=0, flops=None, world=1)
+
+
 def test_pending_records_are_reduced_together_when_steps_are_fast(
     tmp_path: Path, one_rank_group: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -140,24 +149,24 @@ def test_pending_records_are_reduced_together_when_steps_are_fast(
     from runner.train import loss_reduction
     from runner.train.nonfinite import NonFiniteGuard
 
-    pending = loss_reduction.PendingRecords(NonFiniteGuard(1, 0, "cpu"), world_size=1)
-    pending.add({"step": 10}, torch.tensor(3.0), 2)
+    pending = loss_reduction.PendingRecords(NonFiniteGuard(1, 0, "cpu"), 1, 0, figures())
+    pending.add({"step": 10}, torch.tensor(3.0), 2, 1.0, NO_SUMS)
     assert pending.due
     done, error = pending.reduce()
-    assert error is None and done == [{"step": 10, "train/loss": 1.5}]
+    assert error is None and [(r["step"], r["train/loss"]) for r in done] == [(10, 1.5)]
     assert pending.wanted > 1  # that record took microseconds: the next ones wait
     for step in (20, 30, 40):
-        pending.add({"step": step}, torch.tensor(float(step)), torch.tensor(4.0))
+        pending.add({"step": step}, torch.tensor(float(step)), torch.tensor(4.0), 1.0, NO_SUMS)
         assert not pending.due
     done, _ = pending.reduce()  # an evaluation, a checkpoint, the last step: at once
     assert [r["train/loss"] for r in done] == [5.0, 7.5, 10.0]
 
     monkeypatch.setattr(loss_reduction, "FLUSH_S", 0.01)
-    pending.add({"step": 50}, torch.tensor(1.0), 1)
+    pending.add({"step": 50}, torch.tensor(1.0), 1, 1.0, NO_SUMS)
     time.sleep(0.05)  # a record slower than FLUSH_S
     pending.reduce()
     assert pending.wanted == 1
-    pending.add({"step": 60}, torch.tensor(1.0), 1)
+    pending.add({"step": 60}, torch.tensor(1.0), 1, 1.0, NO_SUMS)
     assert pending.due
 
 
@@ -168,12 +177,12 @@ def test_a_non_finite_loss_logs_the_records_before_it_and_stops(
     from runner.train.nonfinite import NonFiniteGuard
 
     guard = NonFiniteGuard(1, 0, "cpu")
-    pending = PendingRecords(guard, world_size=1)
+    pending = PendingRecords(guard, 1, 0, figures())
     pending.wanted = 10
     for step in (2, 4):
         loss = torch.tensor(float("nan") if step == 4 else 2.0)
         guard.should_skip(loss, None, step)
-        pending.add({"step": step}, loss, 1)
+        pending.add({"step": step}, loss, 1, 1.0, NO_SUMS)
     done, error = pending.reduce()
-    assert done == [{"step": 2, "train/loss": 2.0}]
+    assert [(r["step"], r["train/loss"]) for r in done] == [(2, 2.0)]
     assert isinstance(error, NonFiniteError) and error.step == 4

@@ -52,6 +52,7 @@ TOP_NESTED = {
     "checkpoint": schema.CheckpointSpec,
     "watchdog": schema.WatchdogSpec,
     "chaos": schema.ChaosSpec,
+    "mfu": schema.MfuSpec,
 }
 
 

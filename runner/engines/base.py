@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from runner import dist as rdist
 from runner.engines.optim import optimizer_state_bytes
 
 
@@ -53,6 +54,27 @@ class Engine(ABC):
         and clipping did not compute it anyway (reading every gradient costs about 3% of a
         resnet18 step on the CPU)."""
         return None
+
+    clip_norm: torch.Tensor | None = None
+    """The global gradient norm before clipping, where prepare_step clipped this step."""
+
+    @property
+    def grad_copies(self) -> int:
+        """How many ranks hold each element of the gradients: every rank (ddp), or under
+        FSDP each copy's (HSDP: `replicate`; 1 where every rank holds its own shard)."""
+        return rdist.get_world_size()
+
+    def grad_norm_share(self) -> torch.Tensor | float:
+        """This rank's share of the square of the global gradient norm (before clipping):
+        summed over the ranks, it is the square. Called at log steps only, after
+        prepare_step and before step. A negative share: not measured."""
+        world = rdist.get_world_size()
+        if self.clip_norm is not None:  # the global norm: every rank has it
+            return self.clip_norm.double().square() / world
+        norm = local_grad_norm(list(self.module.parameters()))
+        if norm is None:
+            return -1.0 / world
+        return norm.double().square() / self.grad_copies
 
     def step(self) -> None:
         """Step the optimizer and the schedule, zero the gradients. Under fp16 the scaler

@@ -108,7 +108,7 @@ class DDPEngine(Engine):
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.grad_clip_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
+            norm = self.clip_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
             return None if self.scaler else norm
         return local_grad_norm(self.params) if norm_wanted and not self.scaler else None
 

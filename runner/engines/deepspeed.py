@@ -107,6 +107,16 @@ class DeepSpeedEngine(Engine):
     def step(self) -> None:
         pass  # done by the last microbatch's backward()
 
+    def grad_norm_share(self) -> torch.Tensor | float:
+        """The norm ZeRO computed in the step the last backward() took (the same on every
+        rank; its square over the world size is this rank's share)."""
+        world = rdist.get_world_size()
+        norm = self.model.get_global_grad_norm()
+        if norm is None:
+            return -1.0 / world
+        norm = torch.as_tensor(norm, dtype=torch.float64)
+        return norm.square() / world
+
     @property
     def nonfinite_skips(self) -> int:
         """DeepSpeed skips a step whose global gradient norm is not finite (under fp16 that

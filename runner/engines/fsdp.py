@@ -7,13 +7,18 @@ Gradients are synced once per step: every microbatch but the last runs without s
 FSDP2 does not broadcast weights; every rank builds the same ones (same seed). Batch-norm
 buffers are not synced.
 
+HSDP (`replicate` > 1): a 2-D device mesh, (replicate, shard); each of the `replicate`
+groups of consecutive ranks holds a whole copy of the model, sharded among its ranks.
+Gradients are reduce-scattered within a group and all-reduced across groups.
+
 Checkpoints are torch.distributed.checkpoint (DCP): sharded, every rank writes its own
-shards, and a checkpoint loads at another world size.
+shards, and a checkpoint loads at another world size and another layout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,8 @@ from runner.engines.optim import build_optimizer, build_scheduler
 from runner.engines.precision import DTYPES, grad_scaler
 from runner.models.blocks import find_blocks
 from runner.spec import RunSpec
+
+log = logging.getLogger(__name__)
 
 DCP_DIR = "dcp"
 ENGINE_FILE = "engine.pt"
@@ -50,6 +57,7 @@ class FSDPEngine(Engine):
             "reshard_after_forward": options.reshard_after_forward,
             "mp_policy": policy,
             "offload_policy": offload,
+            "mesh": device_mesh(torch.device(device).type, options.replicas),
         }
         self.blocks = find_blocks(module, options.wrap)
         for block in self.blocks:
@@ -59,6 +67,10 @@ class FSDPEngine(Engine):
             if isinstance(sharded, FSDPModule):
                 sharded.set_force_sum_reduction_for_comms(True)
         self.module = self.model = module
+        self.replicas = options.replicas
+        if self.replicas > 1:
+            shards = rdist.get_world_size() // self.replicas
+            log.info("fsdp: HSDP: %d copies, each sharded over %d ranks", self.replicas, shards)
         self.grad_clip_norm = spec.grad_clip_norm
         self.params = list(module.parameters())  # the sharded ones, listed once
         self.optimizer = build_optimizer(spec.optimizer, module)
@@ -67,6 +79,10 @@ class FSDPEngine(Engine):
         # fp16: torch's GradScaler works on FSDP2's DTensor gradients, and DTensor reduces its
         # overflow check over the mesh, so every rank steps or skips alike.
         self.scaler = grad_scaler(spec.precision, torch.device(device).type)
+
+    @property
+    def grad_copies(self) -> int:
+        return self.replicas
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
         self.model.set_requires_gradient_sync(index == count - 1)
@@ -89,7 +105,7 @@ class FSDPEngine(Engine):
         norm = None
         if self.grad_clip_norm is not None:  # the global norm (a collective): clipping needs it
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
-            norm = norm.to_local() if hasattr(norm, "to_local") else norm
+            norm = self.clip_norm = norm.to_local() if hasattr(norm, "to_local") else norm
         elif self.scaler is None and norm_wanted:  # this rank's shards: the guard combines them
             norm = local_grad_norm(self.params)
         return None if self.scaler else norm  # under fp16 the scaler owns overflow
@@ -136,3 +152,15 @@ class FSDPEngine(Engine):
         if self.scaler and extra.get("scaler"):
             self.scaler.load_state_dict(extra["scaler"])
         return extra["client"]
+
+
+def device_mesh(device_type: str, replicate: int) -> Any:
+    """The ranks as FSDP2 sees them: one dimension (shard over all), or for HSDP two,
+    (replicate, shard): consecutive ranks (a node's, when replicate = nodes) shard one copy."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = rdist.get_world_size()
+    if replicate == 1:
+        return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+    shape = (replicate, world // replicate)
+    return init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard"))

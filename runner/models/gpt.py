@@ -70,6 +70,7 @@ class GPT(nn.Module):
     ):
         super().__init__()
         self.block_size = block_size
+        self.n_layer, self.n_embd = n_layer, n_embd
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
@@ -80,6 +81,16 @@ class GPT(nn.Module):
         for name, param in self.named_parameters():  # GPT-2's scaled init of residual outputs
             if name.endswith(("attn.proj.weight", "mlp.2.weight")):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token at full context, as torchtitan and LLM Foundry count
+        them: 6 per parameter that multiplies (forward 2, backward 4; the embedding tables
+        only look up), plus attention's scores and weighted sum, 2 x 2 x block_size x n_embd
+        per layer forward, x3 with backward (the causal mask's skipped half counted, as
+        PaLM's appendix does)."""
+        embeddings = self.wte.weight.numel() + self.wpe.weight.numel()
+        dense = sum(p.numel() for p in self.parameters()) - embeddings
+        return 6.0 * dense + 12.0 * self.n_layer * self.n_embd * self.block_size
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

@@ -25,6 +25,7 @@ from runner.spec.convert import SpecError, from_dict, to_dict
 from runner.spec.data_paths import resolve_data_paths
 from runner.spec.schema import (
     DEEPSPEED_SPECS,
+    FSDPSpec,
     Precision,
     RunSpec,
     SyncStrategy,
@@ -54,6 +55,7 @@ def resolve_spec(
     spec = _resolve_trackers(spec)
     if problems:  # the checks below need a resolved nproc and device
         raise SpecError(problems)
+    spec = _resolve_replicate(spec, problems)
     _check_sizes(spec, problems)
     _check_cluster(spec, problems)
     _check_run_control(spec, problems)
@@ -63,6 +65,7 @@ def resolve_spec(
     _check_compile(spec, problems)
     _check_deepspeed(spec, problems)
     _check_loggers(spec, problems)
+    _check_mfu(spec, problems)
     _check_resume(spec, problems, Path(run_dir) if run_dir is not None else None)
     if problems:
         raise SpecError(problems)
@@ -142,6 +145,23 @@ def _resolve_nodes(spec: RunSpec, problems: list[str], environ: Mapping[str, str
         master_addr=place.master_addr,
         master_port=place.master_port,
     )
+
+
+def _resolve_replicate(spec: RunSpec, problems: list[str]) -> RunSpec:
+    """fsdp's replicate=null: a copy per node (HSDP across nodes; plain FSDP on one)."""
+    options = spec.parallelism
+    if not isinstance(options, FSDPSpec):
+        return spec
+    replicate = spec.nodes if options.replicate is None else options.replicate
+    world = spec.world_size
+    if world % replicate:
+        divisors = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
+        problems.append(
+            f"parallelism.replicate={replicate}: must divide the world size nproc x nodes = "
+            f"{world}; valid: {divisors}"
+        )
+    parallelism = dataclasses.replace(options, replicate=replicate)
+    return dataclasses.replace(spec, parallelism=parallelism)
 
 
 def _resolve_code_dirs(spec: RunSpec, problems: list[str]) -> RunSpec:
@@ -266,6 +286,22 @@ def _check_loggers(spec: RunSpec, problems: list[str]) -> None:
             problems.append(
                 f"logger={name}: needs the {module} package, which is not installed "
                 f"(pip install 'runner[{extra}]')"
+            )
+
+
+def _check_mfu(spec: RunSpec, problems: list[str]) -> None:
+    gpu = spec.mfu.gpu
+    if gpu is not None and spec.mfu.peak_tflops is None:
+        row = hardware.gpu_row(gpu)
+        if row is None:
+            problems.append(
+                f"mfu.gpu={gpu!r}: not a GPU runner knows the peak of; known: "
+                f"{', '.join(hardware.PEAK_TFLOPS)} (or set mfu.peak_tflops)"
+            )
+        elif spec.precision.name.value not in hardware.PEAK_TFLOPS[row]:
+            problems.append(
+                f"mfu.gpu={gpu!r}: {row} has no {spec.precision.name.value} peak in runner's "
+                f"table; set mfu.peak_tflops"
             )
 
 

@@ -221,6 +221,14 @@ class FSDPSpec:
     reshard_after_forward: bool = True  # free gathered weights after forward (ZeRO-3-like)
     cpu_offload: bool = False  # parameters, gradients and optimizer state in CPU memory
     wrap: tuple[str, ...] = ()  # block classes to shard on their own; () = found automatically
+    # HSDP: `replicate` groups of world/replicate ranks, each group holding a whole sharded
+    # copy; null = nodes (shard within a node, replicate across nodes)
+    replicate: int | None = _bound(None, min=1)
+
+    @property
+    def replicas(self) -> int:
+        """Copies of the model (an unresolved null: one node's, so 1)."""
+        return self.replicate or 1
 
 
 ParallelismSpec = DDPSpec | ZeroSpec | Zero3Spec | FSDPSpec
@@ -285,6 +293,15 @@ class CompileSpec:
     fullgraph: bool = False
 
 
+@dataclass(frozen=True)
+class MfuSpec:
+    """Model FLOPs utilisation's peak: `peak_tflops` of one device (any device, CPU too),
+    else the table of GPUs (runner.hardware.PEAK_TFLOPS) by `gpu`, else by the device's name."""
+
+    peak_tflops: float | None = _bound(None, gt=0.0)
+    gpu: str | None = None
+
+
 # ------------------------------------------------------------------------------- run
 
 
@@ -307,6 +324,7 @@ class RunSpec:
     watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
     chaos: ChaosSpec = field(default_factory=ChaosSpec)
     compile: CompileSpec | None = None  # null: eager (the YAML's compile: false|true|{...})
+    mfu: MfuSpec = field(default_factory=MfuSpec)
 
     nproc: int | Literal["auto"] = _bound(1, min=1)
     nodes: int | Literal["auto"] = _bound(1, min=1)
@@ -329,6 +347,7 @@ class RunSpec:
     eval_interval: int | None = _bound(None, min=1)
     eval_batches: int | None = _bound(None, min=1)  # evaluate the first N global batches only
     progress_bar: bool = True
+    log_grad_norm: bool = True  # the global gradient norm in every log record
 
     resume: str | None = None
     max_restarts: int = _bound(0, min=0)

@@ -13,6 +13,9 @@ longer than that, are reduced one at a time, at once. How many records to wait f
 decided from the reduced tensor itself (the ranks' mean seconds since the last
 reduction), so every rank reaches the same decision and meets the collective at the same
 step. A record's values do not depend on when it is reduced.
+
+The same all-reduce brings the record's other figures that need every rank (its tokens,
+the gradient norm, peak memory: runner.train.step_figures).
 """
 
 from __future__ import annotations
@@ -23,23 +26,41 @@ from typing import Any
 import torch
 
 from runner.train.nonfinite import NonFiniteError, NonFiniteGuard
+from runner.train.step_figures import StepFigures
 
 FLUSH_S = 1.0  # seconds of training a reduction may wait for
 MOST_PENDING = 100  # records in one reduction, at the most
 
 
+Sums = tuple[float, "torch.Tensor | float"]  # a record's tokens and gradient-norm share
+
+
 class PendingRecords:
-    def __init__(self, guard: NonFiniteGuard, world_size: int):
-        self.guard, self.world = guard, world_size
-        self.records: list[tuple[dict[str, Any], torch.Tensor, Any]] = []
+    def __init__(
+        self,
+        guard: NonFiniteGuard,
+        world_size: int,
+        rank: int,
+        figures: StepFigures,
+    ):
+        self.guard, self.world, self.rank, self.figures = guard, world_size, rank, figures
+        self.records: list[tuple[dict[str, Any], torch.Tensor, Any, float, Sums]] = []
         self.wanted = 1  # the first record is reduced at once: the run shows it has started
         self._since = time.perf_counter()
         self._paused = 0.0
 
-    def add(self, record: dict[str, Any], loss_sum: torch.Tensor, items: Any) -> None:
+    def add(
+        self,
+        record: dict[str, Any],
+        loss_sum: torch.Tensor,
+        items: Any,
+        elapsed: float,
+        sums: Sums,
+    ) -> None:
         """A log step's record, less its train/loss (this rank's loss sum, on the device,
-        over the global batch's `items`)."""
-        self.records.append((record, loss_sum, items))
+        over the global batch's `items`) and the figures `sums` bring (over `elapsed`
+        seconds of training)."""
+        self.records.append((record, loss_sum, items, elapsed, sums))
 
     @property
     def due(self) -> bool:
@@ -57,19 +78,38 @@ class PendingRecords:
             return [], None
         count = len(self.records)
         elapsed = time.perf_counter() - self._since - self._paused
-        losses = torch.stack([loss.double().reshape(()) for _, loss, _ in self.records])
-        values = torch.cat([losses, losses.new_tensor([elapsed])])
+        device = self.records[0][1].device
+        # On the device: each record's loss and gradient-norm share; from the host, in one
+        # copy: each record's tokens, the seconds, and this rank's peak memory in its slot.
+        on_device = torch.stack(
+            [_scalar(x, device) for _, loss, _, _, (_, norm) in self.records for x in (loss, norm)]
+        )
+        memory = [0.0] * self.world
+        memory[self.rank] = self.figures.peak_memory_mb()
+        tokens = [t for *_, (t, _) in self.records]
+        from_host = torch.tensor([*tokens, elapsed, *memory], dtype=torch.float64)
+        values = torch.cat([on_device, from_host.to(device)])
         reduced, error = self.guard.reduce_with(values)
-        sums = reduced.tolist()
+        host = reduced.tolist()
+        peak_mb = max(host[-self.world :])
         done = []
-        for (record, _, items), total in zip(self.records, sums, strict=False):
+        for i, (record, _, items, seconds, _) in enumerate(self.records):
             if error is not None and record["step"] >= error.step:
                 break
+            total, norm_square = host[2 * i : 2 * i + 2]
             record["train/loss"] = total / float(items)
+            self.figures.complete(record, seconds, (host[2 * count + i], norm_square), peak_mb)
             done.append(record)
         if error is None:
-            per_record = sums[-1] / self.world / count
+            per_record = host[3 * count] / self.world / count
             self.wanted = max(1, min(MOST_PENDING, int(FLUSH_S / max(per_record, 1e-9))))
         self.records.clear()
         self._since, self._paused = time.perf_counter(), 0.0
         return done, error
+
+
+def _scalar(value: torch.Tensor | float, device: torch.device) -> torch.Tensor:
+    """`value` as a float64 scalar on `device` (a Python number is a constant there)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device, torch.float64).reshape(())
+    return torch.full((), float(value), dtype=torch.float64, device=device)

@@ -35,12 +35,13 @@ from runner.train.batch_parts import logits_of, split, to_device
 from runner.train.evaluation import Evaluator
 from runner.train.final_artifacts import write_final
 from runner.train.loss_reduction import PendingRecords
-from runner.train.metrics_file import MetricsLog, Throughput
+from runner.train.metrics_file import MetricsLog
 from runner.train.microbatching import microbatch_steps
 from runner.train.nonfinite import NonFiniteGuard
 from runner.train.parallelize import parallelize
 from runner.train.progress import Progress
 from runner.train.rank_data import build_rank_data, with_warmup_steps
+from runner.train.step_figures import StepFigures, flops_per_token
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ class Trainer:
         seed_everything(spec.seed)  # same on every rank: identical initial weights
         data = build_datasets(spec.data)
         module = build_model(spec.model, data.info).to(device)
+        token_data = {"vocab_size", "block_size"} <= data.info.keys()
+        flops = flops_per_token(module) if token_data else None  # before sharding: all of it
         self.loss_fn = instantiate(spec.loss.node, data.info)
         metrics = {
             n: _on_device(instantiate(m.node, data.info), device) for n, m in spec.metrics.items()
@@ -87,7 +90,6 @@ class Trainer:
         self.guard = NonFiniteGuard(
             self.world, self.rank, device, spec.nonfinite, spec.nonfinite_max_skips
         )
-        self.pending = PendingRecords(self.guard, self.world)  # log records awaiting their loss
         self.check_items = True  # the first step checks the loss's item counts
         self.first_step_at: float | None = None  # wall clock, for time-to-first-step
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -96,6 +98,9 @@ class Trainer:
         client = checkpointing.resume(self.store, spec.resume, self.engine, stream)
         self.step, self.samples = client.get("step", 0), client.get("samples", 0)
         self.resumed_from: int | None = client.get("step")
+        self.figures = StepFigures(spec, device, self.samples, flops, self.world)
+        # log records awaiting their loss and the other figures that need every rank
+        self.pending = PendingRecords(self.guard, self.world, self.rank, self.figures)
         self.steps = microbatch_steps(  # grad_accum: fixed, or auto (cut finer on OOM)
             spec, run_dir.root, device, self.engine, client.get("grad_accum", 1)
         )
@@ -129,7 +134,6 @@ class Trainer:
     def _fit(self, start_time: float) -> dict[str, Any]:
         spec, step, samples = self.spec, self.step, self.samples
         interval = spec.checkpoint.interval
-        throughput = Throughput(samples)
         self.engine.model.train()  # once, not every step: evaluate() switches it back
         while step < self.data.total_steps:
             epoch, offset = divmod(step, self.data.steps_per_epoch)
@@ -140,21 +144,24 @@ class Trainer:
                 self.faults.step_started(step)
                 n_global = self.data.sampler.global_count(step_in_epoch)
                 lr = self.engine.lr
+                waited = time.perf_counter()
                 batch = [next(microbatches) for _ in range(self.data.sampler.grad_accum)]
+                self.figures.waited(time.perf_counter() - waited)
                 self.stand_in = batch[0][0]  # a placeholder for an evaluation that has none
                 self.heart.beat(Phase.BATCH, step)
-                loss_sum, items = self.train_step(batch, n_global, step)
+                last = step == self.data.total_steps
+                evaluate = last or self._is_eval_step(step)
+                logged = evaluate or step % spec.log_interval == 0
+                loss_sum, items, norm = self.train_step(batch, n_global, step, logged)
                 self.heart.beat(Phase.STEP)
                 if self.first_step_at is None:
                     self.first_step_at = time.time()
                 samples += n_global
                 self.progress.advance()
 
-                last = step == self.data.total_steps
-                evaluate = last or self._is_eval_step(step)
-                if evaluate or step % spec.log_interval == 0:
-                    record = self._train_record(step, samples, lr, throughput)
-                    self.pending.add(record, loss_sum, items)
+                if logged:
+                    record, elapsed, tokens = self._train_record(step, samples, lr)
+                    self.pending.add(record, loss_sum, items, elapsed, (tokens, norm))
                     if evaluate:  # its record waits for the evaluation's metrics
                         *earlier, record = self._reduce_pending()
                         for done in earlier:
@@ -162,7 +169,7 @@ class Trainer:
                         started = time.perf_counter()
                         record.update(self.evaluate())
                         self.heart.beat(Phase.STEP)
-                        self._pause(throughput, time.perf_counter() - started)
+                        self._pause(time.perf_counter() - started)
                         self._log(record)
                     elif self.pending.due:
                         self._log_pending()
@@ -185,7 +192,7 @@ class Trainer:
             extra["data"] = rdist.all_gather_object(self.data.train_loader.state_dict())
         checkpointing.save(self.store, self.engine, self.spec, step, samples, extra)
         self.heart.beat(Phase.STEP)
-        self.pending.pause(time.perf_counter() - started)
+        self._pause(time.perf_counter() - started)
 
     def _stop(self, step: int, samples: int, saved: bool, start_time: float) -> dict[str, Any]:
         """Stop after `step` as asked (SIGUSR1/SIGUSR2 to runner; SLURM's --signal): with a
@@ -205,14 +212,16 @@ class Trainer:
         return outcome
 
     def train_step(
-        self, microbatches: list[tuple[Any, bool]], n_global: int, step: int
-    ) -> tuple[torch.Tensor, torch.Tensor | int]:
+        self, microbatches: list[tuple[Any, bool]], n_global: int, step: int, logged: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | int, torch.Tensor | float]:
         """Forward and backward every microbatch of this rank, then step (or skip the step,
         when the guard says so: a non-finite loss or gradient norm under nonfinite=skip).
         Under grad_accum=auto the rank's batch is cut here, and cut finer when a pass runs
         out of memory on any rank (runner.train.microbatching).
 
-        Returns this rank's loss sum and the items of the whole global batch."""
+        Returns this rank's loss sum, the items of the whole global batch, and on a `logged`
+        step this rank's share of the gradient norm's square (Engine.grad_norm_share;
+        negative where not measured)."""
         items = self._global_items(microbatches, n_global)
         weight = self.world / items  # DDP averages over ranks; this makes it a mean over items
         loss_sum: Any = None  # this rank's summed loss, a tensor from the first microbatch on
@@ -237,17 +246,21 @@ class Trainer:
             loss, count, targets = done
             if self.check_items and real:
                 self._check_items(count, targets)
+            if real:
+                self.figures.add_tokens(targets)
             loss = loss.detach().float()
             loss_sum = loss if loss_sum is None else loss_sum + loss
             i += 1
         self.check_items = False
         grad_norm = self.engine.prepare_step(norm_wanted=self.guard.mode == "skip")
+        measured = logged and self.spec.log_grad_norm  # DeepSpeed stepped in backward already
+        share = self.engine.grad_norm_share() if measured else -1.0
         if self.guard.should_skip(loss_sum, grad_norm, step):
             self.engine.skip_step()
         else:
             self.engine.step()
             self.guard.after_step(self.engine.nonfinite_skips, step)
-        return loss_sum, items
+        return loss_sum, items, share
 
     def _forward(self, batch: Any, real: bool) -> tuple[torch.Tensor, Any, Any]:
         """One training microbatch's forward pass: (loss, items, targets)."""
@@ -309,9 +322,12 @@ class Trainer:
         return step % self.spec.eval_interval == 0
 
     def _train_record(
-        self, step: int, samples: int, lr: float, throughput: Throughput
-    ) -> dict[str, Any]:
-        """A log step's record; its train/loss comes when the ranks reduce it (_log_pending)."""
+        self, step: int, samples: int, lr: float
+    ) -> tuple[dict[str, Any], float, float]:
+        """A log step's record, the training seconds since the last and this rank's tokens
+        over them; its train/loss and the figures that need every rank come when the ranks
+        reduce it (_log_pending)."""
+        figures, elapsed, tokens = self.figures.take(samples)
         record = {
             "step": step,
             "epoch": self.data.train_loader.passes
@@ -320,11 +336,11 @@ class Trainer:
             "samples": samples,
             "train/loss": None,
             "lr": lr,
-            "throughput/samples_per_sec": throughput.rate(samples),
+            **figures,
         }
         if self.spec.nonfinite == "skip":
             record["train/skipped_steps"] = self.guard.skipped
-        return record
+        return record, elapsed, tokens
 
     def _reduce_pending(self) -> list[dict[str, Any]]:
         """Every rank: the pending records with their loss (the only host sync of a step
@@ -341,8 +357,8 @@ class Trainer:
         for record in self._reduce_pending():
             self._log(record)
 
-    def _pause(self, throughput: Throughput, seconds: float) -> None:
-        throughput.pause(seconds)
+    def _pause(self, seconds: float) -> None:
+        self.figures.pause(seconds)
         self.pending.pause(seconds)
 
     def _log(self, record: dict[str, Any]) -> None:

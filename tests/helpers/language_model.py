@@ -44,9 +44,12 @@ def lm_args(root: Path) -> list[str]:
     ]
 
 
-def train_plain(spec: RunSpec, naive_microbatches: int = 1) -> dict[str, torch.Tensor]:
+def train_plain(
+    spec: RunSpec, naive_microbatches: int = 1, grad_norms: list[float] | None = None
+) -> dict[str, torch.Tensor]:
     """Plain PyTorch, one process: each step's loss is the mean over every real token of
-    the global batch. naive_microbatches=K averages K per-microbatch token means instead."""
+    the global batch. naive_microbatches=K averages K per-microbatch token means instead.
+    Each step's gradient norm is appended to `grad_norms` when given."""
     seed_everything(spec.seed)
     data = build_datasets(spec.data)
     model = build_model(spec.model, data.info)
@@ -66,6 +69,9 @@ def train_plain(spec: RunSpec, naive_microbatches: int = 1) -> dict[str, torch.T
                 )
             )
         (sum(losses) / len(losses)).backward()
+        if grad_norms is not None:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            grad_norms.append(torch.nn.utils.get_total_norm(grads).item())
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
