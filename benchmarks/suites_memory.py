@@ -82,12 +82,33 @@ def activation_suite(steps: int) -> list[Config]:
     ]
 
 
-BUDGET_MB = 256  # per rank: parameters + gradients + optimizer state
-CAPACITY_LAYERS = (2, 4, 6, 8, 10, 12, 14)
+BUDGET_MB = 2048  # per rank: peak resident memory (torch itself, about 450 MB, included)
+CAPACITY_WIDTH = 1024
+CAPACITY_LAYERS = (2, 4, 6, 8, 10, 12, 14, 16)
+GPT_CAPACITY = [
+    "+recipe=gpt_text",
+    f"model.n_embd={CAPACITY_WIDTH}",
+    "model.n_head=16",
+    "data.block_size=64",
+    "global_batch_size=4",
+    "eval_interval=null",
+    "eval_batches=1",
+    "grad_clip_norm=null",
+    "logger=[]",
+]
+CAPACITY_RUNS = {  # the table's rows: parallelism and how its ranks build the model
+    "ddp": ("parallelism=ddp",),
+    "zero3, meta_init": ("parallelism=zero3",),
+    "zero3, whole model built first": ("parallelism=zero3", "parallelism.meta_init=false"),
+    "fsdp, meta_init": ("parallelism=fsdp",),
+    "fsdp, whole model built first": ("parallelism=fsdp", "parallelism.meta_init=false"),
+}
 
 
-def gpt_parameters(n_layer: int, width: int = 512, vocab: int = 256, block: int = 64) -> int:
-    """The GPT_WIDE model's parameter count (runner/models/gpt.py, no biases, untied head)."""
+def gpt_parameters(
+    n_layer: int, width: int = CAPACITY_WIDTH, vocab: int = 256, block: int = 64
+) -> int:
+    """The capacity gpt's parameter count (runner/models/gpt.py, no biases, untied head)."""
     per_layer = 12 * width * width + 2 * width
     return n_layer * per_layer + 2 * vocab * width + block * width + width
 
@@ -107,39 +128,49 @@ def measure_state(*overrides: str) -> dict[str, float]:
 
 
 def capacity_table(_reps: int, _steps: int) -> str:
-    """The deepest GPT_WIDE that trains at nproc=2 within BUDGET_MB of state per rank: each
-    parallelism climbs CAPACITY_LAYERS until a run's measured state exceeds the budget."""
+    """The deepest capacity gpt whose ranks stay within BUDGET_MB of peak resident memory
+    at nproc=2, AdamW fp32: each row climbs CAPACITY_LAYERS until a run's largest rank
+    goes over the budget (or fails)."""
     lines = [
-        f"### B3 capacity: the largest gpt (512 wide, 64-token blocks) that trains at nproc=2 "
-        f"within {BUDGET_MB} MB of state (parameters + gradients + optimizer state) per rank, "
+        f"### Capacity: the largest gpt ({CAPACITY_WIDTH} wide, 64-token blocks, global batch "
+        f"4) that trains at nproc=2 within {BUDGET_MB} MB of peak resident memory per rank, "
         "AdamW, fp32",
         "",
         f"Machine: {machine()}. One 3-step run per depth ({', '.join(map(str, CAPACITY_LAYERS))}"
-        " layers), climbing until the measured state (summary.json state_bytes, largest rank) "
-        "exceeds the budget.",
+        " layers), climbing until the largest rank's peak RSS (summary.json) exceeds the "
+        "budget. 4Ψ: the whole model's fp32 parameters; 16Ψ/N: ZeRO-3's state per rank "
+        "(parameters, gradients and AdamW's two moments, fp32, over N=2 ranks); state: "
+        "measured (summary.json state_bytes); the goal: peak RSS below 4Ψ + state, i.e. no "
+        "whole copy of the model beside a rank's own state at any time.",
         "",
-        "| parallelism | layers | parameters (M) | state MB/rank | peak RSS MB/rank | "
-        "next depth's state MB/rank |",
-        "|---|---|---|---|---|---|",
+        "| ranks build | layers | parameters (M) | 4Ψ MB | 16Ψ/N MB | state MB/rank | "
+        "peak RSS MB/rank | peak - state MB | goal | next depth's peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for parallelism in ("ddp", "zero2", "zero3", "fsdp"):
+    for label, overrides in CAPACITY_RUNS.items():
         fits, over = None, None
         for n_layer in CAPACITY_LAYERS:
-            result = measure_state(
-                *GPT_WIDE, f"parallelism={parallelism}", f"model.n_layer={n_layer}"
-            )
-            print(f"  {parallelism} n_layer={n_layer}: {result}", file=sys.stderr, flush=True)
-            if result[STATE] > BUDGET_MB:
+            try:
+                result = measure_state(*GPT_CAPACITY, *overrides, f"model.n_layer={n_layer}")
+            except SystemExit:  # the run failed (out of memory): the one before is the last
+                over = {"peak RSS MB/rank": float("nan")}
+                break
+            print(f"  {label} n_layer={n_layer}: {result}", file=sys.stderr, flush=True)
+            if result["peak RSS MB/rank"] > BUDGET_MB:
                 over = result
                 break
             fits = (n_layer, result)
+        beyond = f"{over['peak RSS MB/rank']:.0f}" if over else "(ladder ends)"
         if fits is None:
-            lines.append(f"| {parallelism} | none | | | | {over[STATE]:.1f} |")
+            lines.append(f"| {label} | none | | | | | | | | {beyond} |")
             continue
         n_layer, result = fits
-        beyond = f"{over[STATE]:.1f}" if over else "(ladder ends)"
+        params = gpt_parameters(n_layer)
+        peak, state = result["peak RSS MB/rank"], result[STATE]
+        goal = "met" if peak < 4 * params / MB + state else "not met"
         lines.append(
-            f"| {parallelism} | {n_layer} | {gpt_parameters(n_layer) / 1e6:.1f} | "
-            f"{result[STATE]:.1f} | {result['peak RSS MB/rank']:.0f} | {beyond} |"
+            f"| {label} | {n_layer} | {params / 1e6:.1f} | {4 * params / MB:.0f} | "
+            f"{16 * params / 2 / MB:.0f} | {state:.0f} | {peak:.0f} | {peak - state:.0f} | "
+            f"{goal} | {beyond} |"
         )
     return "\n".join(lines) + "\n"

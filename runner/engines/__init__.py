@@ -12,11 +12,22 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import nn
 
-    from runner.engines.base import Engine
+    from runner.engines.base import Engine, Fill
     from runner.spec import RunSpec
 
 
-def build_engine(spec: RunSpec, module: nn.Module, device: str, total_steps: int) -> Engine:
+def build_engine(
+    spec: RunSpec,
+    module: nn.Module,
+    device: str,
+    total_steps: int,
+    fill: Fill | None = None,
+) -> Engine:
+    """The engine of `spec.parallelism` around `module`. `fill`: the module was built
+    without its weights (runner.train.sharded_init); the engine calls it once the module
+    is sharded, before it builds the optimizer."""
+    if fill is not None and spec.parallelism.name not in ("zero3", "fsdp"):
+        raise ValueError(f"parallelism={spec.parallelism.name} needs the whole model built")
     if spec.parallelism.name == "ddp":
         from runner.engines.ddp import DDPEngine
 
@@ -24,9 +35,9 @@ def build_engine(spec: RunSpec, module: nn.Module, device: str, total_steps: int
     if spec.parallelism.name in ("zero1", "zero2", "zero3"):
         from runner.engines.deepspeed import DeepSpeedEngine
 
-        return DeepSpeedEngine(spec, module, device, total_steps)
+        return DeepSpeedEngine(spec, module, device, total_steps, fill)
     if spec.parallelism.name == "fsdp":
         from runner.engines.fsdp import FSDPEngine
 
-        return FSDPEngine(spec, module, device, total_steps)
+        return FSDPEngine(spec, module, device, total_steps, fill)
     raise ValueError(f"parallelism.name={spec.parallelism.name!r} has no engine")

@@ -14,6 +14,10 @@ from torch import nn
 from runner import dist as rdist
 from runner.engines.optim import optimizer_state_bytes
 
+Fill = Callable[[nn.Module], None]
+"""Fills in a rank's shards of a model built without its weights, once the engine sharded
+it and before it builds the optimizer (runner.train.sharded_init)."""
+
 
 class Engine(ABC):
     """Wraps a model and its optimizer for one parallelism.

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from runner import dist as rdist
-from runner.engines.base import Engine
+from runner.engines.base import Engine, Fill
 from runner.engines.optim import build_optimizer, build_scheduler
 from runner.processes import keep_extensions_in_environment
 from runner.spec import Precision, RunSpec
@@ -64,11 +64,29 @@ def to_universal(source: Path, target: Path) -> None:
         )
 
 
+def partitioned_construction(spec: RunSpec, device: str) -> Any:
+    """ZeRO-3's zero.Init: every parameter is partitioned across the ranks as soon as its
+    module is built (DeepSpeedEngine's `fill` then sets the partitions' values)."""
+    deepspeed = _import_deepspeed(spec.parallelism.name, device)
+    config, _ = merge_user_config(spec)
+    deepspeed.init_distributed(dist_init_required=False)  # adopts torch's process group
+    return deepspeed.zero.Init(config_dict_or_path=config)
+
+
 class DeepSpeedEngine(Engine):
-    def __init__(self, spec: RunSpec, module: nn.Module, device: str, total_steps: int):
+    def __init__(
+        self,
+        spec: RunSpec,
+        module: nn.Module,
+        device: str,
+        total_steps: int,
+        fill: Fill | None = None,
+    ):
         name = spec.parallelism.name
         deepspeed = _import_deepspeed(name, device)
         config, _ = merge_user_config(spec)  # conflicts were rejected by the parent
+        if fill is not None:  # built partitioned (zero.Init): the values, before any copy
+            fill(module)
         optimizer = build_optimizer(spec.optimizer, module)
         scheduler = build_scheduler(spec.scheduler, optimizer, total_steps)
         try:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from runner import dist as rdist
-from runner.engines.base import Engine, local_grad_norm
+from runner.engines.base import Engine, Fill, local_grad_norm
 from runner.engines.optim import build_optimizer, build_scheduler
 from runner.engines.precision import DTYPES, grad_scaler
 from runner.models.blocks import find_blocks
@@ -40,7 +40,14 @@ ENGINE_FILE = "engine.pt"
 
 
 class FSDPEngine(Engine):
-    def __init__(self, spec: RunSpec, module: nn.Module, device: str, total_steps: int):
+    def __init__(
+        self,
+        spec: RunSpec,
+        module: nn.Module,
+        device: str,
+        total_steps: int,
+        fill: Fill | None = None,
+    ):
         from torch.distributed.fsdp import (
             CPUOffloadPolicy,
             FSDPModule,
@@ -63,6 +70,8 @@ class FSDPEngine(Engine):
         for block in self.blocks:
             fully_shard(block, **kwargs)
         fully_shard(module, **kwargs)
+        if fill is not None:  # built on the meta device: this rank's shards only, now
+            fill(module)
         for sharded in module.modules():
             if isinstance(sharded, FSDPModule):
                 sharded.set_force_sum_reduction_for_comms(True)

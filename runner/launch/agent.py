@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import hardware, heartbeat
+from runner.errors import describe
 from runner.launch import nodes, outcomes, rendezvous
 from runner.launch.forked_ranks import ForkServer, forked_ranks, modules_for
 from runner.launch.join import join_nodes
@@ -114,6 +115,7 @@ def _launch(node_dir: Path, spec: RunSpec, server: ForkServer | None) -> int:
     run_root = node_dir if spec.node_rank == 0 else node_dir.parent
     add_code_dirs(spec.code_dir)  # here, and for the ranks through PYTHONPATH
     from runner.launch.preflight import INVALID, component_problems  # imports torch
+    from runner.models.initial_weights import meta_init_applies, write_seed_weights
 
     problems = component_problems(spec)
     if problems:  # the parent reports them like its own checks, and no rank starts
@@ -130,6 +132,14 @@ def _launch(node_dir: Path, spec: RunSpec, server: ForkServer | None) -> int:
             write_outcome(RunDir(run_root), Status.FAILED, error)
             return 2
     run_dir = RunDir(run_root)
+    if meta_init_applies(spec):
+        try:
+            size = write_seed_weights(spec, run_dir.seed_weights)
+        except Exception as exc:
+            error = {"rank": None, "exitcode": 1, "message": f"initial weights: {describe(exc)}"}
+            write_outcome(run_dir, Status.FAILED, error)
+            return 1
+        log.info("runner: initial weights: %s (%.1f MB)", run_dir.seed_weights, size / 2**20)
     beats = heartbeat.create(spec.nproc)  # the ranks' heartbeats and the stop's control block
     os.environ[heartbeat.ENV] = str(beats)
     try:

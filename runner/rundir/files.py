@@ -68,6 +68,11 @@ class RunDir:
         return self.root / "checkpoints"
 
     @property
+    def seed_weights(self) -> Path:
+        """The initial weights a meta_init run's ranks fill their shards from."""
+        return self.root / "init" / "weights.safetensors"
+
+    @property
     def tracker_runs(self) -> Path:
         return self.root / TRACKER_RUNS
 

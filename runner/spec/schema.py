@@ -206,6 +206,7 @@ class Zero3Spec:
     offload_param: Literal["none", "cpu"] = "none"
     offload_optimizer: Literal["none", "cpu"] = "none"
     deepspeed_config: dict[str, Any] = field(default_factory=dict)
+    meta_init: bool = True  # no rank holds the whole model: built partitioned (zero.Init)
 
 
 DeepSpeedSpec = ZeroSpec | Zero3Spec
@@ -221,6 +222,7 @@ class FSDPSpec:
     reshard_after_forward: bool = True  # free gathered weights after forward (ZeRO-3-like)
     cpu_offload: bool = False  # parameters, gradients and optimizer state in CPU memory
     wrap: tuple[str, ...] = ()  # block classes to shard on their own; () = found automatically
+    meta_init: bool = True  # no rank holds the whole model: built on meta, shards filled in
     # HSDP: `replicate` groups of world/replicate ranks, each group holding a whole sharded
     # copy; null = nodes (shard within a node, replicate across nodes)
     replicate: int | None = _bound(None, min=1)

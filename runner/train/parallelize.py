@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from runner.engines import build_engine
-from runner.engines.base import Engine
+from runner.engines.base import Engine, Fill
 from runner.models.blocks import apply_activation_checkpointing
 from runner.spec import RunSpec
 from runner.train.compiling import CompileClock, compile_model
@@ -34,9 +34,12 @@ class Parallelized:
     compile_clock: CompileClock | None  # the seconds spent compiling (summary.json)
 
 
-def parallelize(module: nn.Module, spec: RunSpec, device: str, total_steps: int) -> Parallelized:
-    """`module` (built on `device` from the spec) in its distributed form, ready to train
-    for `total_steps` optimizer steps."""
+def parallelize(
+    module: nn.Module, spec: RunSpec, device: str, total_steps: int, fill: Fill | None = None
+) -> Parallelized:
+    """`module` (built on `device` from the spec, or without its weights: then `fill` fills
+    in this rank's shards once the engine sharded it) in its distributed form, ready to
+    train for `total_steps` optimizer steps."""
     if spec.checkpoint_every:
         apply_activation_checkpointing(module, spec.checkpoint_every)
     channels_last = spec.model.channels_last and torch.device(device).type == "cuda"
@@ -46,4 +49,5 @@ def parallelize(module: nn.Module, spec: RunSpec, device: str, total_steps: int)
     if spec.compile is not None:
         clock = CompileClock()
         log.info("compile: %s", compile_model(module, spec.compile))
-    return Parallelized(build_engine(spec, module, device, total_steps), channels_last, clock)
+    engine = build_engine(spec, module, device, total_steps, fill)
+    return Parallelized(engine, channels_last, clock)

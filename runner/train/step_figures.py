@@ -40,7 +40,11 @@ def flops_per_token(module: nn.Module) -> float:
     looked_up = {
         id(p) for m in module.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
     }
-    return 6.0 * sum(p.numel() for p in module.parameters() if id(p) not in looked_up)
+    return 6.0 * sum(
+        getattr(p, "ds_numel", p.numel())  # ZeRO-3 keeps the whole count beside its part
+        for p in module.parameters()
+        if id(p) not in looked_up
+    )
 
 
 def device_peak_flops(spec: RunSpec, device: str) -> float | None:

@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 from functools import partial
 from typing import Any, TextIO
 
-import numpy as np
 import torch
 
 from runner import dist as rdist
 from runner.components import instantiate
-from runner.data.datasets import build_datasets
 from runner.engines.precision import autocast
 from runner.heartbeat import Heartbeat, Phase
-from runner.models.builders import build_model
+from runner.models.initial_weights import seed_everything
 from runner.rundir.checkpoints import CheckpointStore
 from runner.rundir.files import RunDir
 from runner.rundir.summary import Status, record_attempt
@@ -41,15 +38,10 @@ from runner.train.nonfinite import NonFiniteGuard
 from runner.train.parallelize import parallelize
 from runner.train.progress import Progress
 from runner.train.rank_data import build_rank_data, with_warmup_steps
+from runner.train.sharded_init import build_for_rank
 from runner.train.step_figures import StepFigures, flops_per_token
 
 log = logging.getLogger(__name__)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 class Trainer:
@@ -67,9 +59,9 @@ class Trainer:
         self.rank, self.world = rdist.get_global_rank(), rdist.get_world_size()
         self.is_main = self.rank == 0
 
-        seed_everything(spec.seed)  # same on every rank: identical initial weights
-        data = build_datasets(spec.data)
-        module = build_model(spec.model, data.info).to(device)
+        # Seeded alike on every rank: identical initial weights (or, under meta_init, each
+        # rank's shards of them); the data is built first, as the seed weights were.
+        data, module, fill = build_for_rank(spec, device, run_dir.seed_weights)
         token_data = {"vocab_size", "block_size"} <= data.info.keys()
         flops = flops_per_token(module) if token_data else None  # before sharding: all of it
         self.loss_fn = instantiate(spec.loss.node, data.info)
@@ -78,7 +70,7 @@ class Trainer:
         }
         self.data = build_rank_data(spec, data, self.rank, self.world, self.device_type == "cuda")
         with_warmup = with_warmup_steps(spec, self.data.steps_per_epoch)
-        parallel = parallelize(module, with_warmup, device, self.data.total_steps)
+        parallel = parallelize(module, with_warmup, device, self.data.total_steps, fill)
         self.engine, self.channels_last = parallel.engine, parallel.channels_last
         self.compile_clock = parallel.compile_clock
         self.evaluator = Evaluator(

@@ -11,8 +11,8 @@ from runner.data.datasets import build_datasets
 from runner.data.sampler import GlobalBatchSampler
 from runner.engines.optim import build_optimizer, build_scheduler
 from runner.models import build_model
+from runner.models.initial_weights import seed_everything
 from runner.spec import RunSpec
-from runner.train.trainer import seed_everything
 from tests.conftest import FAST
 
 GLOBAL_BATCH = 84  # 1438 digits = 17 x 84 + 10: step 18 trains 10 samples, in uneven microbatches

@@ -12,8 +12,8 @@ from runner.data.datasets import build_datasets
 from runner.data.sampler import GlobalBatchSampler
 from runner.engines.optim import build_optimizer, build_scheduler
 from runner.models import build_model
+from runner.models.initial_weights import seed_everything
 from runner.spec import RunSpec
-from runner.train.trainer import seed_everything
 
 GLOBAL_BATCH = 12
 

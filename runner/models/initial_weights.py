@@ -1,0 +1,88 @@
+"""A run's initial weights: one seeded build, the same on every rank and at every layout.
+
+A rank that holds the whole model builds it from the seed (`build_data_and_model`). Under
+fsdp and zero3 with `parallelism.meta_init` no rank holds the whole model, so each node's
+launcher builds it once on the CPU, before any rank starts, in the same order (seed, data,
+model), and writes its tensors to the run directory (`write_seed_weights`): a seed
+checkpoint, as torchtitan makes one. Each rank then fills in only its own shards from that
+file, one tensor at a time (runner.train.sharded_init). The weights are those of a run
+that built the whole model on every rank, bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import socket
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from runner.data.datasets import build_datasets
+from runner.data.splits import Datasets
+from runner.models.builders import build_model
+from runner.spec import RunSpec
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_data_and_model(
+    spec: RunSpec, construction: AbstractContextManager | None = None
+) -> tuple[Datasets, nn.Module]:
+    """The data and the model, built from the seed in this order (the data may draw from
+    the same generators); the model under `construction` (the meta device, ZeRO-3's
+    partitioning) when given, else on the CPU."""
+    seed_everything(spec.seed)
+    data = build_datasets(spec.data)
+    with construction or contextlib.nullcontext():
+        module = build_model(spec.model, data.info)
+    return data, module
+
+
+def meta_init_applies(spec: RunSpec) -> bool:
+    """Whether the ranks build the model without its weights (fsdp, zero3 with meta_init)."""
+    return bool(getattr(spec.parallelism, "meta_init", False))
+
+
+def seed_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer (non-persistent ones too: a rank has no other source for
+    them), by the name the module gives it; a tensor shared under two names once."""
+    tensors = dict(module.named_parameters())
+    tensors.update(module.named_buffers())
+    return {name: t.detach().contiguous() for name, t in tensors.items()}
+
+
+def write_seed_weights(spec: RunSpec, path: Path) -> int:
+    """Build the model as a rank would and write its tensors to `path` (safetensors),
+    atomically: a reader sees the whole file or none. Returns the bytes written."""
+    from safetensors.torch import save_file
+
+    _, module = build_data_and_model(spec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{socket.gethostname()}-{os.getpid()}")
+    try:
+        save_file(seed_tensors(module), str(partial))
+        with open(partial, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, path)  # several nodes on one filesystem: the same bytes, any order
+    finally:
+        partial.unlink(missing_ok=True)
+    return path.stat().st_size
+
+
+@contextlib.contextmanager
+def seed_reader(path: Path) -> Iterator[object]:
+    """The seed file, memory-mapped: `.get_tensor(name)` reads one tensor."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        yield f

@@ -1,0 +1,117 @@
+"""How a rank builds its model: whole, or without its weights so that it only ever holds
+its own shards (fsdp and zero3 with `parallelism.meta_init`, the default there).
+
+- fsdp: the model is built on the meta device (shapes, no storage); FSDP2 shards it; then
+  each rank allocates its shards (`to_empty`) and copies its part of each tensor from the
+  run's seed weights (runner.models.initial_weights), one tensor at a time.
+- zero3: the model is built under DeepSpeed's `zero.Init`, which partitions each
+  parameter as soon as its module is built; each rank then copies its partition of each
+  parameter from the seed weights, before DeepSpeed makes its optimizer's copies.
+
+Either way the weights are those of a run that built the whole model on every rank.
+A model that cannot be built on the meta device (it reads a tensor's values while it is
+built, or keeps a tensor that is neither a parameter nor a buffer) is built whole instead,
+with a warning in the log that says why: it still trains, at the memory of a whole copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AbstractContextManager
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from runner import dist as rdist
+from runner.data.splits import Datasets
+from runner.engines.base import Fill
+from runner.errors import describe
+from runner.models.initial_weights import build_data_and_model, meta_init_applies, seed_reader
+from runner.spec import RunSpec
+
+log = logging.getLogger(__name__)
+
+WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.")  # names wrappers add to a path
+
+
+def build_for_rank(
+    spec: RunSpec, device: str, seed_weights: Path
+) -> tuple[Datasets, nn.Module, Fill | None]:
+    """The data, the model, and (when built without weights) how to fill in its shards."""
+    if meta_init_applies(spec):
+        construction = _construction(spec, device)
+        try:
+            data, module = build_data_and_model(spec, construction)
+            _check_no_stray_tensors(module)
+        except Exception as exc:
+            log.warning(
+                "meta_init: %s cannot be built without its weights (%s); every rank builds "
+                "the whole model instead",
+                spec.model.target,
+                describe(exc),
+            )
+        else:
+            zero3 = spec.parallelism.name == "zero3"
+            fill = _fill_partitions if zero3 else partial(_fill_shards, device=device)
+            log.info("meta_init: each rank holds only its shards from the start")
+            return data, module, partial(fill, path=seed_weights)
+    data, module = build_data_and_model(spec)
+    return data, module.to(device), None
+
+
+def _construction(spec: RunSpec, device: str) -> AbstractContextManager:
+    if spec.parallelism.name == "zero3":
+        from runner.engines.deepspeed import partitioned_construction
+
+        return partitioned_construction(spec, device)
+    return torch.device("meta")
+
+
+def _check_no_stray_tensors(module: nn.Module) -> None:
+    """A tensor kept as a plain attribute would stay on the meta device: refuse it."""
+    for name, sub in module.named_modules():
+        owned = {id(t) for t in (*sub.parameters(recurse=False), *sub.buffers(recurse=False))}
+        for attribute, value in vars(sub).items():
+            if isinstance(value, torch.Tensor) and value.is_meta and id(value) not in owned:
+                where = f"{name}.{attribute}" if name else attribute
+                raise ValueError(f"it keeps the tensor {where} outside its parameters and buffers")
+
+
+def seed_name(name: str) -> str:
+    """A tensor's name in the seed weights: the built model's, without wrappers' parts."""
+    for wrapper in WRAPPERS:
+        name = name.replace(wrapper, "")
+    return name
+
+
+def _fill_shards(module: nn.Module, path: Path, device: str) -> None:
+    """FSDP2: allocate this rank's shards and copy into each its part of the tensor."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    module.to_empty(device=device)
+    with torch.no_grad(), seed_reader(path) as seed:
+        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+            full = seed.get_tensor(seed_name(name)).to(device, tensor.dtype)
+            if isinstance(tensor, DTensor):  # this rank's part only, no communication
+                full = distribute_tensor(
+                    full, tensor.device_mesh, tensor.placements, src_data_rank=None
+                )
+            tensor.copy_(full)
+            del full
+
+
+def _fill_partitions(module: nn.Module, path: Path) -> None:
+    """ZeRO-3: copy into each parameter's partition (`ds_tensor`, this rank's equal part of
+    the flattened parameter, the last one padded) its part of the seed tensor."""
+    rank = rdist.get_global_rank()
+    with torch.no_grad(), seed_reader(path) as seed:
+        for name, param in module.named_parameters():
+            part = param.ds_tensor
+            flat = seed.get_tensor(seed_name(name)).reshape(-1)
+            piece = flat[rank * part.numel() : (rank + 1) * part.numel()]
+            part.zero_()
+            part[: piece.numel()].copy_(piece.to(part.device, part.dtype))
+            if param.numel():  # kept whole as well (DeepSpeed's persistent parameters)
+                param.data.copy_(flat.view(param.shape).to(param.device, param.dtype))
