@@ -20,12 +20,14 @@ from harness import RESULTS, Suite, run_suite
 from suites_gpu import auto_microbatch_suite, compile_suite, cuda_devices, gpu_suite
 from suites_memory import activation_suite, capacity_table, memory_gpt_suite, memory_suite
 from suites_speed import (
+    CHECKPOINT_BLOCKED,
     OVERHEAD_STEPS,
     READY,
     SWEEP_JOBS,
     SWEEP_STEPS,
     SWEEP_WALL,
     TRACKER_STEPS,
+    checkpoint_async_suite,
     grad_norm_suite,
     overhead_suite,
     scaling_suite,
@@ -60,6 +62,15 @@ SUITES = {
         "fp32, timed from outside",
         overhead_suite("mlp"),
         _overhead_how("mlp"),
+    ),
+    "checkpoint_async": (
+        "Training blocked per checkpoint, checkpoint.async against sync: a gpt of about 100 MB "
+        "of state (2 layers, 512 wide, 64-token blocks, AdamW fp32), nproc=2, global batch 8, "
+        "a checkpoint every 8 of 40 steps",
+        checkpoint_async_suite,
+        "the median over a run's checkpoints of the seconds its training waited "
+        "(summary.json checkpoint_blocked_s)",
+        (CHECKPOINT_BLOCKED,),
     ),
     "grad_norm": (
         "The cost of train/grad_norm without clipping: mlp, synthetic 3x32x32, nproc=2, "

@@ -16,8 +16,10 @@ from typing import Any
 
 from harness import (
     FIRST,
+    MB,
     REPO,
     RESNET,
+    STATE,
     STEP,
     Config,
     outside_plain,
@@ -131,6 +133,48 @@ def grad_norm_suite(_steps: int) -> list[Config]:
             name = f"runner log_grad_norm={on}, log_interval={interval}"
             measure = partial(outside_runner, batch=16, extra=extra)
             configs.append(overhead_config(name, measure, "mlp", base))
+    return configs
+
+
+CHECKPOINT_BLOCKED = "s blocked per checkpoint"
+# A gpt of about 100 MB of training state under ddp (6.4M parameters: fp32 weights, gradients
+# and AdamW's two moments), a checkpoint every 8 steps.
+GPT_100MB = (
+    "+recipe=gpt_text",
+    "model.n_layer=2",
+    "model.n_embd=512",
+    "model.n_head=8",
+    "data.block_size=64",
+    "global_batch_size=8",
+    "eval_interval=null",
+    "eval_batches=1",
+    "logger=[]",
+    "checkpoint.interval=8",
+)
+
+
+def checkpoint_async_suite(_steps: int) -> list[Config]:
+    """How long training waits per checkpoint, async against sync, for ddp and fsdp."""
+
+    def measure(*overrides: str) -> dict[str, float]:
+        with tempfile.TemporaryDirectory() as tmp:
+            run_dir = Path(tmp) / "run"
+            command = [venv_tool("runner"), *GPT_100MB, *overrides, "nproc=2", "max_steps=40"]
+            command += ["progress_bar=false", f"hydra.run.dir={run_dir}"]
+            run(command, thread_env(2), cwd=tmp)
+            summary = json.loads((run_dir / "summary.json").read_text())
+        return {
+            CHECKPOINT_BLOCKED: statistics.median(summary["checkpoint_blocked_s"]),
+            STATE: max(rank["total"] for rank in summary["state_bytes"]) / MB,
+        }
+
+    configs = []
+    for parallelism in ("ddp", "fsdp"):
+        sync = f"{parallelism}, checkpoint.async=false"
+        for mode in ("false", "true"):
+            name = f"{parallelism}, checkpoint.async={mode}"
+            overrides = (f"parallelism={parallelism}", f"checkpoint.async={mode}")
+            configs.append(Config(name, partial(measure, *overrides), sync))
     return configs
 
 

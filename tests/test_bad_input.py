@@ -78,6 +78,11 @@ CASES = [
         ["parallelism=fsdp", "parallelism.replicate=3"],
         "parallelism.replicate=3: must divide the world size nproc x nodes = 2; valid: 1, 2",
     ),
+    (
+        ["parallelism=zero2", "checkpoint.async=true"],
+        "checkpoint.async=true: parallelism=zero2 writes its checkpoints through DeepSpeed",
+    ),
+    (["checkpoint.async=maybe"], "checkpoint.async='maybe': expected true or false"),
     (["mfu.gpu=X900"], "mfu.gpu='X900': not a GPU runner knows the peak of; known: B200, H200"),
     (["mfu.gpu=V100", "precision=bf16"], "mfu.gpu='V100': V100 has no bf16 peak"),
     (["mfu.peak_tflops=0"], "mfu.peak_tflops=0: must be > 0"),

@@ -231,3 +231,34 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(cli, ddp_reference
     assert resumed.returncode == 0, resumed.output
     assert resumed.summary()["resumed_from"] == 4
     assert same_weights(ddp_reference.run_dir, resumed.run_dir)
+
+
+@pytest.mark.parametrize(("parallelism", "rank"), [("ddp", 0), ("fsdp", 1)])
+def test_an_async_checkpoint_killed_in_its_write_is_never_the_resume_point(
+    cli, reference_of, parallelism: str, rank: int
+) -> None:
+    """checkpoint.async: the state of step 6 is copied and its write started, then a writing
+    rank is SIGKILLed (ddp: rank 0 writes alone; fsdp: every rank writes its shards). The
+    checkpoint is never sealed; the restart resumes from step 4 and ends bit for bit on the
+    weights of the synchronous, uninterrupted run: the background write saves the same state."""
+    killed = cli(
+        *ARGS,
+        *ENGINE_ARGS[parallelism],
+        "checkpoint.async=true",
+        f"chaos.kill_rank={rank}",
+        "chaos.at_step=6",
+        "chaos.action=sigkill_in_checkpoint",
+        "max_restarts=1",
+    )
+    assert killed.returncode == 0, killed.output
+    summary = killed.summary()
+    assert summary["restarts"] == 1 and summary["resumed_from"] == 4
+    assert f"rank {rank} is killed while writing the checkpoint of step 6" in killed.rank_log(rank)
+    assert len(summary["checkpoint_blocked_s"]) == 4  # steps 6, 8, 10 and 12 of the restart
+    assert same_weights(reference_of(parallelism).run_dir, killed.run_dir)
+    checkpoints = killed.run_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "latest",
+        "step_00000010",
+        "step_00000012",
+    ]

@@ -18,6 +18,7 @@ import yaml
 
 from runner.cli.rerun import GROUPS  # the config groups, in conf/config.yaml's order
 from runner.spec import schema, tracker_specs
+from runner.spec.convert import config_key
 
 MARKER = "<!-- config-reference -->"
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,7 +187,7 @@ def _split_union(annotation: str) -> list[str]:
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
-    hints = {f.name: f for f in dataclasses.fields(cls)}
+    hints = {config_key(f.name): f for f in dataclasses.fields(cls)}
     own = {"target", "args"} if issubclass(cls, schema.Component) else set()
     return {k: v for k, v in hints.items() if k not in own}
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -196,6 +198,16 @@ class Engine(ABC):
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         """Write the training state and `client_state` into `directory`. Every rank calls it."""
 
+    can_save_async = False
+    """Whether save_checkpoint_async writes in the background (checkpoint.async)."""
+
+    def save_checkpoint_async(self, directory: Path, client_state: dict[str, Any]) -> Future:
+        """Copy the training state off the device now, write it in the background: the
+        future is done once this rank's files are written (its result raises the write's
+        error). Every rank calls it; the state is that of this moment, whatever training
+        does next."""
+        raise NotImplementedError(f"{type(self).__name__} writes checkpoints synchronously")
+
     @abstractmethod
     def load_checkpoint(self, directory: Path, reshard: Path | None = None) -> dict[str, Any]:
         """Restore the training state from `directory`; return the client state saved with it.
@@ -223,3 +235,25 @@ def local_grad_norm(params: list[torch.Tensor]) -> torch.Tensor | None:
         return None
     local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
     return torch.nn.utils.get_total_norm(local)
+
+
+_WRITER: ThreadPoolExecutor | None = None
+
+
+def background_writer() -> ThreadPoolExecutor:
+    """The one thread this process writes checkpoints in, one after the other."""
+    global _WRITER
+    if _WRITER is None:
+        _WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runner-checkpoint")
+    return _WRITER
+
+
+def copy_to_cpu(state: Any) -> Any:
+    """`state` with every tensor copied to CPU memory (a snapshot training cannot change)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: copy_to_cpu(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(copy_to_cpu(v) for v in state)
+    return copy.deepcopy(state)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from runner import dist as rdist
-from runner.engines.base import Engine, local_grad_norm
+from runner.engines.base import Engine, background_writer, copy_to_cpu, local_grad_norm
 from runner.engines.optim import build_optimizer, build_scheduler
 from runner.engines.precision import grad_scaler
 from runner.engines.shared_memory import SharedMemoryAllReduce, scaled_sum_hook
@@ -120,14 +121,28 @@ class DDPEngine(Engine):
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         if rdist.get_global_rank() != 0:
             return  # every rank holds the same state: one copy, independent of world size
-        state = {
+        torch.save(self._state(client_state), directory / STATE_FILE)
+
+    can_save_async = True
+
+    def save_checkpoint_async(self, directory: Path, client_state: dict[str, Any]) -> Future:
+        """Rank 0 copies the state to CPU memory now and a thread of its own writes it (no
+        collective runs there, so it cannot meet the training's); other ranks write nothing."""
+        if rdist.get_global_rank() != 0:
+            done: Future = Future()
+            done.set_result(None)
+            return done
+        snapshot = copy_to_cpu(self._state(client_state))
+        return background_writer().submit(torch.save, snapshot, directory / STATE_FILE)
+
+    def _state(self, client_state: dict[str, Any]) -> dict[str, Any]:
+        return {
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "client": client_state,
         }
-        torch.save(state, directory / STATE_FILE)
 
     def load_checkpoint(self, directory: Path, reshard: Path | None = None) -> dict[str, Any]:
         device = next(self.module.parameters()).device

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -130,11 +131,40 @@ class FSDPEngine(Engine):
 
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._sharded_state(), checkpoint_id=str(directory / DCP_DIR))
+        self._save_extra(directory, client_state)
+
+    can_save_async = True
+    _checkpoint_group: Any = None
+
+    def save_checkpoint_async(self, directory: Path, client_state: dict[str, Any]) -> Future:
+        """DCP's async_save: each rank's shards are copied to CPU memory now and written by
+        a thread, whose collectives (agreeing on the plan, the coordinator's metadata) run
+        on a gloo group of their own, so they never interleave with the training's."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        if self._checkpoint_group is None:  # every rank, at the same (first) save
+            self._checkpoint_group = dist.new_group(backend="gloo")
+        future = dcp.async_save(
+            self._sharded_state(),
+            checkpoint_id=str(directory / DCP_DIR),
+            process_group=self._checkpoint_group,
+            async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+        )
+        self._save_extra(directory, client_state)
+        return future
+
+    def _sharded_state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
-        dcp.save(state, checkpoint_id=str(directory / DCP_DIR))
+        return {"model": model_state, "optimizer": optimizer_state}
+
+    def _save_extra(self, directory: Path, client_state: dict[str, Any]) -> None:
+        """Rank 0: the schedule, the loss scaler and the client state (small; at once)."""
         if rdist.get_global_rank() == 0:
             extra = {
                 "scheduler": self.scheduler.state_dict(),

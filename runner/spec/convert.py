@@ -15,6 +15,7 @@ and valid values phrased as `key=value: ...`. Revisit if the schema outgrows thi
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import math
 import re
 import types
@@ -99,15 +100,16 @@ def _convert_dataclass(cls: type, data: Any, path: str, problems: list[str]) -> 
         problems.append(f"{path or 'config'}={data!r}: expected a mapping")
         return None
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {config_key(f.name): f for f in dataclasses.fields(cls)}
     for extra in sorted(set(data) - set(fields)):
         problems.append(
             f"{_key(path, str(extra))}: unknown key; valid keys here: {', '.join(sorted(fields))}"
         )
     values: dict[str, Any] = {}
-    for name, f in fields.items():
-        key = _key(path, name)
-        raw = data.get(name, _NOTHING)
+    for config_name, f in fields.items():
+        name = f.name
+        key = _key(path, config_name)
+        raw = data.get(config_name, _NOTHING)
         if raw is _NOTHING:
             continue  # the dataclass default applies
         before = len(problems)
@@ -286,6 +288,13 @@ def _check_bounds(limits: Mapping[str, float], value: Any) -> str | None:
     return None
 
 
+def config_key(field_name: str) -> str:
+    """A field's key in the config: its name, less the underscore that lets a Python keyword
+    be a field (checkpoint.async is the field `async_`)."""
+    bare = field_name.rstrip("_")
+    return bare if field_name.endswith("_") and keyword.iskeyword(bare) else field_name
+
+
 def to_dict(obj: Any) -> Any:
     """The plain-data form of a spec (enums as their values), fit for YAML."""
     if getattr(obj, "component", False) and not isinstance(obj, type):
@@ -296,7 +305,7 @@ def to_dict(obj: Any) -> Any:
             **{n: to_dict(getattr(obj, n)) for n in own},
         }
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {config_key(f.name): to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, Enum):
         return obj.value
     if isinstance(obj, (tuple, list)):

@@ -66,6 +66,7 @@ def resolve_spec(
     _check_deepspeed(spec, problems)
     _check_loggers(spec, problems)
     _check_mfu(spec, problems)
+    _check_async_checkpoints(spec, problems)
     _check_resume(spec, problems, Path(run_dir) if run_dir is not None else None)
     if problems:
         raise SpecError(problems)
@@ -287,6 +288,16 @@ def _check_loggers(spec: RunSpec, problems: list[str]) -> None:
                 f"logger={name}: needs the {module} package, which is not installed "
                 f"(pip install 'runner[{extra}]')"
             )
+
+
+def _check_async_checkpoints(spec: RunSpec, problems: list[str]) -> None:
+    name = spec.parallelism.name
+    if spec.checkpoint.async_ and name not in ("ddp", "fsdp"):
+        problems.append(
+            f"checkpoint.async=true: parallelism={name} writes its checkpoints through "
+            "DeepSpeed, which cannot write in the background; valid with ddp and fsdp, or "
+            "checkpoint.async=false"
+        )
 
 
 def _check_mfu(spec: RunSpec, problems: list[str]) -> None:

@@ -254,6 +254,8 @@ class PrecisionSpec:
 class CheckpointSpec:
     interval: int | None = _bound(None, min=1)
     keep: int = _bound(2, min=1)
+    # written in the background while training goes on (ddp, fsdp); `async` in the YAML
+    async_: bool = False
 
 
 @dataclass(frozen=True)
@@ -277,7 +279,9 @@ class ChaosSpec:
 
     kill_rank: int | None = _bound(None, min=0)
     at_step: int | None = _bound(None, min=1)
-    action: Literal["sigkill", "raise", "hang", "disk_full", "nan", "oom"] = "sigkill"
+    action: Literal[
+        "sigkill", "raise", "hang", "disk_full", "nan", "oom", "sigkill_in_checkpoint"
+    ] = "sigkill"
     oom_above: int = _bound(0, min=0)  # oom: raised from at_step on while microbatch > this
 
 

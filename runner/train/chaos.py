@@ -1,7 +1,8 @@
 """Fault injection for tests and drills: `chaos.kill_rank` fails at `chaos.at_step`
 (sigkill, raise), stops there for good (hang), its loss turns NaN there (nan), its
-checkpoint writes fail from that step on (disk_full), or its forward passes run out of
-memory from that step on while the microbatch is larger than `chaos.oom_above` (oom).
+checkpoint writes fail from that step on (disk_full), it dies while writing that step's
+checkpoint (sigkill_in_checkpoint), or its forward passes run out of memory from that step
+on while the microbatch is larger than `chaos.oom_above` (oom).
 
 Fires on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0), so a run
 with max_restarts >= 1 shows the restart path end to end.
@@ -25,7 +26,8 @@ from runner.train.microbatching import batch_size
 
 log = logging.getLogger(__name__)
 
-DELAYED = ("disk_full", "nan", "oom")  # actions that fire inside the step, not at its start
+# actions that fire inside the step, not at its start
+DELAYED = ("disk_full", "nan", "oom", "sigkill_in_checkpoint")
 
 
 class ChaosError(RuntimeError):
@@ -64,6 +66,16 @@ def maybe_fill_disk(chaos: ChaosSpec, rank: int, step: int, directory: Path) -> 
     path.write_bytes(b"\0" * 4096)
     log.warning(f"chaos: rank {rank}'s disk is full at step {step}")
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+def maybe_kill_in_checkpoint(chaos: ChaosSpec, rank: int, step: int) -> None:
+    """sigkill_in_checkpoint: this rank dies while its checkpoint of this step is being
+    written: its files begun (under checkpoint.async still in flight), the checkpoint not
+    sealed, so it must never become the resume point."""
+    hit = chaos.action == "sigkill_in_checkpoint" and chaos.kill_rank == rank
+    if hit and chaos.at_step == step and _first_attempt():
+        log.warning(f"chaos: rank {rank} is killed while writing the checkpoint of step {step}")
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def poisons_loss(chaos: ChaosSpec, rank: int, step: int) -> bool:

@@ -66,6 +66,22 @@ def save(
     extra: dict[str, Any] | None = None,
 ) -> None:
     """Write a checkpoint of `step` (every rank calls this); `extra` joins the client state."""
+    client = start(store, spec, step, samples, extra)
+    with failing_write(store, step):
+        chaos.maybe_fill_disk(spec.chaos, rdist.get_global_rank(), step, store.partial_dir(step))
+        engine.save_checkpoint(store.partial_dir(step), client)
+    chaos.maybe_kill_in_checkpoint(spec.chaos, rdist.get_global_rank(), step)
+    rdist.barrier()
+    if rdist.get_global_rank() == 0:
+        seal(store, engine, spec, client)
+    rdist.barrier()
+
+
+def start(
+    store: CheckpointStore, spec: RunSpec, step: int, samples: int, extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Every rank: the client state of a checkpoint of `step`, once rank 0 made its empty
+    partial directory."""
     client = {
         "step": step,
         "samples": samples,
@@ -77,22 +93,24 @@ def save(
     if rdist.get_global_rank() == 0:
         store.begin(step)
     rdist.barrier()
-    partial = store.partial_dir(step)
-    with _failing_write(store, step):
-        chaos.maybe_fill_disk(spec.chaos, rdist.get_global_rank(), step, partial)
-        engine.save_checkpoint(partial, client)
-    rdist.barrier()
-    if rdist.get_global_rank() == 0:
-        shapes = state_shapes(engine.module)
-        meta = checkpoint_meta(spec, step, samples, client["world_size"], shapes, "data" in client)
-        with _failing_write(store, step):
-            write_atomic(partial / META_FILE, json.dumps(meta, indent=1))
-            store.commit(step)
-    rdist.barrier()
+    return client
+
+
+def seal(store: CheckpointStore, engine: Engine, spec: RunSpec, client: dict[str, Any]) -> None:
+    """Rank 0, once every rank's files are written: the checkpoint's meta.json, then the
+    rename that makes it a finished checkpoint and the latest one."""
+    step = client["step"]
+    shapes = state_shapes(engine.module)
+    meta = checkpoint_meta(
+        spec, step, client["samples"], client["world_size"], shapes, "data" in client
+    )
+    with failing_write(store, step):
+        write_atomic(store.partial_dir(step) / META_FILE, json.dumps(meta, indent=1))
+        store.commit(step)
 
 
 @contextlib.contextmanager
-def _failing_write(store: CheckpointStore, step: int) -> Iterator[None]:
+def failing_write(store: CheckpointStore, step: int) -> Iterator[None]:
     """A write that fails (a full disk, EIO, a quota) ends with a message naming the path and
     the OS error; the half-written checkpoint is removed and never becomes latest."""
     try:

@@ -29,6 +29,7 @@ from runner.spec import RunSpec
 from runner.spec.convert import to_dict
 from runner.train import chaos, checkpointing
 from runner.train.batch_parts import logits_of, split, to_device
+from runner.train.checkpoint_writer import CheckpointWriter
 from runner.train.evaluation import Evaluator
 from runner.train.final_artifacts import write_final
 from runner.train.loss_reduction import PendingRecords
@@ -86,6 +87,7 @@ class Trainer:
         self.first_step_at: float | None = None  # wall clock, for time-to-first-step
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
+        self.writer = CheckpointWriter(self.store, self.engine, spec)  # at once, or async
         stream = self.data.train_loader if self.data.streaming else None
         client = checkpointing.resume(self.store, spec.resume, self.engine, stream)
         self.step, self.samples = client.get("step", 0), client.get("samples", 0)
@@ -146,6 +148,7 @@ class Trainer:
                 logged = evaluate or step % spec.log_interval == 0
                 loss_sum, items, norm = self.train_step(batch, n_global, step, logged)
                 self.heart.beat(Phase.STEP)
+                self.writer.poll()  # an asynchronous checkpoint sealed once written
                 if self.first_step_at is None:
                     self.first_step_at = time.time()
                 samples += n_global
@@ -182,9 +185,16 @@ class Trainer:
         extra = self.steps.checkpoint_state()
         if self.data.streaming:  # every rank's position in its part of the stream
             extra["data"] = rdist.all_gather_object(self.data.train_loader.state_dict())
-        checkpointing.save(self.store, self.engine, self.spec, step, samples, extra)
+        self.writer.save(step, samples, extra)
         self.heart.beat(Phase.STEP)
         self._pause(time.perf_counter() - started)
+
+    def _finish_writing(self) -> None:
+        """Wait for an asynchronous checkpoint still being written (the watchdog's checkpoint
+        time limit holds meanwhile)."""
+        self.heart.beat(Phase.SAVE)
+        self.writer.finish()
+        self.heart.beat(Phase.STEP)
 
     def _stop(self, step: int, samples: int, saved: bool, start_time: float) -> dict[str, Any]:
         """Stop after `step` as asked (SIGUSR1/SIGUSR2 to runner; SLURM's --signal): with a
@@ -192,6 +202,7 @@ class Trainer:
         writes summary.json: it knows why the run stopped."""
         if not saved:
             self._save(step, samples)
+        self._finish_writing()
         self.heart.beat(Phase.STOPPED, step)  # tells the agent how this rank ended
         self.progress.close()
         log.info("stopped after step %d as asked; checkpoint saved", step)
@@ -366,6 +377,7 @@ class Trainer:
 
     def _finish(self, start_time: float) -> dict[str, Any]:
         self.progress.close()
+        self._finish_writing()
         self.heart.beat(Phase.FINISH)
         self.guard.check_before_saving(self.engine.module, self.data.total_steps)
         summary = write_final(
@@ -378,6 +390,7 @@ class Trainer:
             resumed_from=self.resumed_from,
             first_step_at=self.first_step_at,
             compile_s=round(self.compile_clock.seconds, 3) if self.compile_clock else None,
+            checkpoint_blocked_s=[round(s, 4) for s in self.writer.blocked_s],
             **self.steps.summary(),
         )
         self.metrics.close(outcome=summary)
