@@ -29,6 +29,7 @@ from suites_speed import (
     TRACKER_STEPS,
     checkpoint_async_suite,
     grad_norm_suite,
+    mfu_cpu_suite,
     overhead_suite,
     scaling_suite,
     start_methods_suite,
@@ -71,6 +72,15 @@ SUITES = {
         "the median over a run's checkpoints of the seconds its training waited "
         "(summary.json checkpoint_blocked_s)",
         (CHECKPOINT_BLOCKED,),
+    ),
+    "mfu_cpu": (
+        "tokens/s and MFU on the CPU: the gpt_text recipe's gpt (4 layers, 128 wide, 128-token "
+        "blocks, global batch 32), nproc=2 (a core each), fp32, against a declared peak of "
+        "0.083 TFLOP/s per rank (mfu.peak_tflops: 32 fp32 FLOP per cycle, two 256-bit FMA "
+        "pipes, at 2.6 GHz); ratios against ddp",
+        mfu_cpu_suite,
+        "the medians of the run's own records after step 30 (throughput/tokens_per_sec, "
+        "throughput/mfu)",
     ),
     "grad_norm": (
         "The cost of train/grad_norm without clipping: mlp, synthetic 3x32x32, nproc=2, "

@@ -178,6 +178,35 @@ def checkpoint_async_suite(_steps: int) -> list[Config]:
     return configs
 
 
+TOKENS_PER_S, MFU = "tokens/s", "MFU %"
+CPU_PEAK_TFLOPS = 0.083  # declared, per rank: 1 core x 32 fp32 FLOP/cycle (2 FMA x 8) x 2.6 GHz
+
+
+def mfu_cpu_suite(_steps: int) -> list[Config]:
+    """tokens/s and MFU from the run's own records (their second half) on the gpt_text
+    recipe's model, against a declared CPU peak, for ddp and fsdp."""
+
+    def measure(*overrides: str) -> dict[str, float]:
+        with tempfile.TemporaryDirectory() as tmp:
+            run_dir = Path(tmp) / "run"
+            command = [venv_tool("runner"), "+recipe=gpt_text", *overrides, "max_steps=60"]
+            command += ["eval_interval=null", "eval_batches=1", "log_interval=5", "logger=[]"]
+            command += [f"mfu.peak_tflops={CPU_PEAK_TFLOPS}", "progress_bar=false"]
+            command += [f"hydra.run.dir={run_dir}"]
+            run(command, thread_env(2), cwd=tmp)
+            lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        records = [r for r in map(json.loads, lines) if r["step"] > 30]
+        return {
+            TOKENS_PER_S: statistics.median(r["throughput/tokens_per_sec"] for r in records),
+            MFU: 100 * statistics.median(r["throughput/mfu"] for r in records),
+        }
+
+    return [
+        Config(f"runner gpt parallelism={p}", partial(measure, f"parallelism={p}"))
+        for p in ("ddp", "fsdp")
+    ]
+
+
 def startup_suite(_steps: int) -> list[Config]:
     """B2 alone, for both models: forked ranks (the default), spawned ranks (every rank
     imports torch itself, as before the fork server), and the launcher not prestarted."""

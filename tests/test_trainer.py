@@ -60,11 +60,11 @@ def build(tmp_path: Path, *overrides: str) -> Trainer:
 
 def poisoned_step(trainer: Trainer, batch: list, n: int, step: int) -> None:
     """A step whose loss is NaN, as chaos.action=nan makes it (the fault hook's switch)."""
-    trainer.faults.poison = True
+    trainer.faults.factor = float("nan")
     try:
         trainer.train_step(batch, n, step=step)
     finally:
-        trainer.faults.poison = False
+        trainer.faults.factor = 1.0
 
 
 def test_a_skipped_step_leaves_weights_optimizer_and_schedule_alone(
@@ -126,7 +126,7 @@ def test_skip_and_clipping_still_read_the_gradient_norm(
         trainer = build(tmp_path, *overrides)
         batch = [next(iter(trainer.data.train_loader))]
         for microbatch in batch:
-            trainer.engine.backward(trainer.forward_loss(microbatch[0])[0])
+            trainer.engine.backward(trainer.passes.loss(microbatch[0])[0])
         norm = trainer.engine.prepare_step(norm_wanted=trainer.guard.mode == "skip")
         assert (norm is not None) == wanted, overrides
         trainer.engine.skip_step()

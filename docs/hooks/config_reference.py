@@ -54,6 +54,7 @@ TOP_NESTED = {
     "watchdog": schema.WatchdogSpec,
     "chaos": schema.ChaosSpec,
     "mfu": schema.MfuSpec,
+    "loss_spike": schema.LossSpikeSpec,
 }
 
 

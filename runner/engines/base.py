@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -257,3 +258,12 @@ def copy_to_cpu(state: Any) -> Any:
     if isinstance(state, (list, tuple)):
         return type(state)(copy_to_cpu(v) for v in state)
     return copy.deepcopy(state)
+
+
+def save_durably(obj: Any, path: Path) -> None:
+    """torch.save, then fsync: a checkpoint is sealed only once its bytes are on disk (DCP
+    syncs its files too), so a crash of the machine cannot leave a sealed checkpoint empty."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())

@@ -15,7 +15,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from runner import dist as rdist
-from runner.engines.base import Engine, background_writer, copy_to_cpu, local_grad_norm
+from runner.engines.base import (
+    Engine,
+    background_writer,
+    copy_to_cpu,
+    local_grad_norm,
+    save_durably,
+)
 from runner.engines.optim import build_optimizer, build_scheduler
 from runner.engines.precision import grad_scaler
 from runner.engines.shared_memory import SharedMemoryAllReduce, scaled_sum_hook
@@ -121,7 +127,7 @@ class DDPEngine(Engine):
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         if rdist.get_global_rank() != 0:
             return  # every rank holds the same state: one copy, independent of world size
-        torch.save(self._state(client_state), directory / STATE_FILE)
+        save_durably(self._state(client_state), directory / STATE_FILE)
 
     can_save_async = True
 
@@ -133,7 +139,7 @@ class DDPEngine(Engine):
             done.set_result(None)
             return done
         snapshot = copy_to_cpu(self._state(client_state))
-        return background_writer().submit(torch.save, snapshot, directory / STATE_FILE)
+        return background_writer().submit(save_durably, snapshot, directory / STATE_FILE)
 
     def _state(self, client_state: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -280,7 +280,7 @@ class ChaosSpec:
     kill_rank: int | None = _bound(None, min=0)
     at_step: int | None = _bound(None, min=1)
     action: Literal[
-        "sigkill", "raise", "hang", "disk_full", "nan", "oom", "sigkill_in_checkpoint"
+        "sigkill", "raise", "hang", "disk_full", "nan", "oom", "sigkill_in_checkpoint", "spike"
     ] = "sigkill"
     oom_above: int = _bound(0, min=0)  # oom: raised from at_step on while microbatch > this
 
@@ -297,6 +297,18 @@ class CompileSpec:
     backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
     per_block: bool | None = None
     fullgraph: bool = False
+
+
+@dataclass(frozen=True)
+class LossSpikeSpec:
+    """A step's loss over `factor` x the mean of the `window` steps before it is a spike;
+    `patience` spikes in a row set off `action`: log it, stop the run, or roll back to the
+    last checkpoint before them and skip their batches."""
+
+    window: int = _bound(100, min=2)
+    factor: float = _bound(2.0, gt=1.0)
+    patience: int = _bound(2, min=1)
+    action: Literal["none", "log", "stop", "rollback"] = "log"
 
 
 @dataclass(frozen=True)
@@ -331,6 +343,7 @@ class RunSpec:
     chaos: ChaosSpec = field(default_factory=ChaosSpec)
     compile: CompileSpec | None = None  # null: eager (the YAML's compile: false|true|{...})
     mfu: MfuSpec = field(default_factory=MfuSpec)
+    loss_spike: LossSpikeSpec = field(default_factory=LossSpikeSpec)
 
     nproc: int | Literal["auto"] = _bound(1, min=1)
     nodes: int | Literal["auto"] = _bound(1, min=1)

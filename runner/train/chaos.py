@@ -1,5 +1,6 @@
 """Fault injection for tests and drills: `chaos.kill_rank` fails at `chaos.at_step`
-(sigkill, raise), stops there for good (hang), its loss turns NaN there (nan), its
+(sigkill, raise), stops there for good (hang), its loss turns NaN there (nan) or 100
+times larger (spike), its
 checkpoint writes fail from that step on (disk_full), it dies while writing that step's
 checkpoint (sigkill_in_checkpoint), or its forward passes run out of memory from that step
 on while the microbatch is larger than `chaos.oom_above` (oom).
@@ -27,7 +28,7 @@ from runner.train.microbatching import batch_size
 log = logging.getLogger(__name__)
 
 # actions that fire inside the step, not at its start
-DELAYED = ("disk_full", "nan", "oom", "sigkill_in_checkpoint")
+DELAYED = ("disk_full", "nan", "oom", "sigkill_in_checkpoint", "spike")
 
 
 class ChaosError(RuntimeError):
@@ -78,13 +79,19 @@ def maybe_kill_in_checkpoint(chaos: ChaosSpec, rank: int, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def poisons_loss(chaos: ChaosSpec, rank: int, step: int) -> bool:
-    """nan: this rank's loss becomes NaN at this step."""
-    hit = chaos.action == "nan" and chaos.kill_rank == rank and chaos.at_step == step
-    if hit and _first_attempt():
+SPIKE = 100.0  # chaos spike: the loss (and so the gradient) of the step times this
+
+
+def loss_factor(chaos: ChaosSpec, rank: int, step: int) -> float:
+    """nan: this rank's loss becomes NaN at this step; spike: it is multiplied by SPIKE."""
+    hit = chaos.action in ("nan", "spike") and chaos.kill_rank == rank and chaos.at_step == step
+    if not (hit and _first_attempt()):
+        return 1.0
+    if chaos.action == "nan":
         log.warning(f"chaos: rank {rank}'s loss becomes NaN at step {step}")
-        return True
-    return False
+        return float("nan")
+    log.warning(f"chaos: rank {rank}'s loss is multiplied by {SPIKE:g} at step {step}")
+    return SPIKE
 
 
 def maybe_run_out_of_memory(chaos: ChaosSpec, rank: int, step: int, samples: int) -> None:
@@ -107,14 +114,14 @@ class Faults:
     - `step_started(step)`: sigkill, raise and hang fire here; nan arms the step's loss;
     - `forward(batch)`: the microbatch a training forward pass is about to run (oom reads
       its size in a hook on the model's first block, where FSDP has gathered it);
-    - `loss(loss)`: the loss of every microbatch of an armed step turns NaN.
+    - `loss(loss)`: the loss of every microbatch of an armed step turns NaN (or 100x).
 
     (disk_full fires in the checkpoint's write: runner.train.checkpointing.)"""
 
     def __init__(self, chaos: ChaosSpec, rank: int, module: torch.nn.Module):
         self.chaos, self.rank = chaos, rank
         self.step, self.batch = 0, None
-        self.poison = False  # this step's loss turns NaN (chaos.action=nan)
+        self.factor = 1.0  # this step's loss is multiplied by it (chaos.action=nan, spike)
         if chaos.action == "oom" and chaos.kill_rank == rank:
             where = (find_blocks(module) or [module])[0]
             where.register_forward_pre_hook(torch.compiler.disable(self._out_of_memory))
@@ -122,13 +129,13 @@ class Faults:
     def step_started(self, step: int) -> None:
         self.step = step
         maybe_fail(self.chaos, self.rank, step)
-        self.poison = poisons_loss(self.chaos, self.rank, step)
+        self.factor = loss_factor(self.chaos, self.rank, step)
 
     def forward(self, batch: object) -> None:
         self.batch = batch
 
     def loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss * float("nan") if self.poison else loss
+        return loss if self.factor == 1.0 else loss * self.factor
 
     def _out_of_memory(self, module: torch.nn.Module, _: object) -> None:
         if module.training and self.batch is not None:

@@ -22,6 +22,7 @@ from typing import Any
 from runner import dist as rdist
 from runner.engines.base import Engine
 from runner.errors import describe
+from runner.heartbeat import Heartbeat, Phase
 from runner.rundir.checkpoints import CheckpointStore
 from runner.spec import RunSpec
 from runner.train import chaos, checkpointing
@@ -30,8 +31,8 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointWriter:
-    def __init__(self, store: CheckpointStore, engine: Engine, spec: RunSpec):
-        self.store, self.engine, self.spec = store, engine, spec
+    def __init__(self, store: CheckpointStore, engine: Engine, spec: RunSpec, heart: Heartbeat):
+        self.store, self.engine, self.spec, self.heart = store, engine, spec, heart
         self.background = spec.checkpoint.async_
         self.rank = rdist.get_global_rank()
         self.blocked_s: list[float] = []  # how long training waited, per checkpoint
@@ -61,9 +62,12 @@ class CheckpointWriter:
             self._complete()
 
     def finish(self) -> None:
-        """Wait for the checkpoint in flight (every rank its own write) and seal it."""
+        """Wait for the checkpoint in flight (every rank its own write) and seal it; the
+        watchdog's checkpoint time limit holds meanwhile."""
         if self._future is not None:
+            self.heart.beat(Phase.SAVE)
             self._complete()
+            self.heart.beat(Phase.STEP)
 
     def _complete(self) -> None:
         assert self._future is not None and self._client is not None

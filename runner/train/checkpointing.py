@@ -187,10 +187,27 @@ def resume(store: CheckpointStore, resume: str | None, engine: Engine, stream: A
     start = find_resume_point(store, resume)
     if start is None:
         return {}
-    client = load(start, engine, store)
+    client = restore(start, engine, store, stream)
+    log.info("resumed from %s (step %d)", start, client["step"])
+    return client
+
+
+def restore(path: Path, engine: Engine, store: CheckpointStore, stream: Any) -> dict:
+    """Every rank: the engine, the RNG streams and a stream's position from `path`."""
+    client = load(path, engine, store)
     if stream is not None and "data" in client:
         stream.load_state_dict(client["data"][rdist.get_global_rank()])
     elif stream is not None:  # written with other data: a position means nothing here
         log.info("the checkpoint holds no stream position: the stream starts over")
-    log.info("resumed from %s (step %d)", start, client["step"])
     return client
+
+
+def newest_before(store: CheckpointStore, step: int) -> Path | None:
+    """The newest finished checkpoint of a step before `step` (rank 0 looks, every rank
+    gets its answer)."""
+    found = None
+    if rdist.get_global_rank() == 0:
+        earlier = [p for p in store.finished() if step_of(p) < step]
+        found = str(earlier[-1]) if earlier else None
+    found = rdist.broadcast_object(found)
+    return Path(found) if found else None

@@ -31,13 +31,16 @@ def write_final(
     spec: RunSpec,
     engine: Engine,
     records: list[dict[str, Any]],
+    build_peak_rss: int,
     **facts: Any,
 ) -> dict[str, Any]:
     """Every rank: gather the weights and each rank's memory; rank 0: write model.pt, then
     summary.json with `facts` (start_time, restarts, resumed_from, first_step_at,
-    compile_s, the microbatching keys). Returns the summary (empty on other ranks)."""
+    compile_s, the microbatching keys). `build_peak_rss`: this rank's peak before its first
+    step (building, sharding, loading). Returns the summary (empty on other ranks)."""
     weights = engine.full_state_dict()
-    per_rank = rdist.all_gather_object((engine.state_bytes(), peak_rss_bytes()))
+    memory = (engine.state_bytes(), peak_rss_bytes(), build_peak_rss)
+    per_rank = rdist.all_gather_object(memory)
     if rdist.get_global_rank() != 0:
         return {}
     buffer = io.BytesIO()
@@ -49,8 +52,9 @@ def write_final(
         rdist.get_world_size(),
         start_time,
         records,
-        state_bytes=[state for state, _ in per_rank],
-        peak_rss_bytes=[rss for _, rss in per_rank],
+        state_bytes=[state for state, _, _ in per_rank],
+        peak_rss_bytes=[rss for _, rss, _ in per_rank],
+        build_peak_rss_bytes=[built for _, _, built in per_rank],
         nodes=spec.nodes,
         nproc=spec.nproc,
         device=spec.device,

@@ -44,7 +44,9 @@ class PendingRecords:
         figures: StepFigures,
     ):
         self.guard, self.world, self.rank, self.figures = guard, world_size, rank, figures
-        self.records: list[tuple[dict[str, Any], torch.Tensor, Any, float, Sums]] = []
+        self.losses: list[tuple[int, torch.Tensor, Any]] = []  # (step, loss sum, items)
+        self.records: list[tuple[dict[str, Any], float, Sums]] = []
+        self.reduced: list[tuple[int, float]] = []  # the last reduction's (step, loss)
         self.wanted = 1  # the first record is reduced at once: the run shows it has started
         self._since = time.perf_counter()
         self._paused = 0.0
@@ -60,12 +62,22 @@ class PendingRecords:
         """A log step's record, less its train/loss (this rank's loss sum, on the device,
         over the global batch's `items`) and the figures `sums` bring (over `elapsed`
         seconds of training)."""
-        self.records.append((record, loss_sum, items, elapsed, sums))
+        self.add_loss(record["step"], loss_sum, items)
+        self.records.append((record, elapsed, sums))
+
+    def add_loss(self, step: int, loss_sum: torch.Tensor, items: Any) -> None:
+        """A step's loss without a record (the loss-spike watch reads every step's)."""
+        self.losses.append((step, loss_sum, items))
 
     @property
     def due(self) -> bool:
         """Whether enough records are pending to reduce them now (the same on every rank)."""
         return len(self.records) >= self.wanted
+
+    def clear(self) -> None:
+        """Forget what is pending (a rollback: those steps are trained again)."""
+        self.losses.clear()
+        self.records.clear()
 
     def pause(self, seconds: float) -> None:
         """Leave time that is not training (evaluation, checkpoints) out of the estimate."""
@@ -73,36 +85,46 @@ class PendingRecords:
 
     def reduce(self) -> tuple[list[dict[str, Any]], NonFiniteError | None]:
         """Every rank: the pending records with their loss, and the guard's error if a rank
-        noted a non-finite value (then only the records of the steps before it)."""
-        if not self.records:
+        noted a non-finite value (then only the records of the steps before it). Every
+        pending step's loss is in `reduced` afterwards."""
+        self.reduced = []
+        if not self.losses:
             return [], None
-        count = len(self.records)
+        steps, count = len(self.losses), len(self.records)
         elapsed = time.perf_counter() - self._since - self._paused
-        device = self.records[0][1].device
-        # On the device: each record's loss and gradient-norm share; from the host, in one
-        # copy: each record's tokens, the seconds, and this rank's peak memory in its slot.
+        device = self.losses[0][1].device
+        # On the device: each step's loss, each record's gradient-norm share; from the host,
+        # in one copy: each record's tokens, the seconds, and this rank's peak memory in its
+        # slot.
         on_device = torch.stack(
-            [_scalar(x, device) for _, loss, _, _, (_, norm) in self.records for x in (loss, norm)]
+            [_scalar(loss, device) for _, loss, _ in self.losses]
+            + [_scalar(norm, device) for _, _, (_, norm) in self.records]
         )
         memory = [0.0] * self.world
         memory[self.rank] = self.figures.peak_memory_mb()
-        tokens = [t for *_, (t, _) in self.records]
+        tokens = [t for _, _, (t, _) in self.records]
         from_host = torch.tensor([*tokens, elapsed, *memory], dtype=torch.float64)
         values = torch.cat([on_device, from_host.to(device)])
         reduced, error = self.guard.reduce_with(values)
         host = reduced.tolist()
         peak_mb = max(host[-self.world :])
+        loss_of = {}
+        for (step, _, items), total in zip(self.losses, host, strict=False):
+            if error is None or step < error.step:
+                loss_of[step] = total / float(items)
+                self.reduced.append((step, loss_of[step]))
         done = []
-        for i, (record, _, items, seconds, _) in enumerate(self.records):
-            if error is not None and record["step"] >= error.step:
+        for i, (record, seconds, _) in enumerate(self.records):
+            if record["step"] not in loss_of:
                 break
-            total, norm_square = host[2 * i : 2 * i + 2]
-            record["train/loss"] = total / float(items)
-            self.figures.complete(record, seconds, (host[2 * count + i], norm_square), peak_mb)
+            record["train/loss"] = loss_of[record["step"]]
+            sums = (host[steps + count + i], host[steps + i])  # its tokens, its norm share
+            self.figures.complete(record, seconds, sums, peak_mb)
             done.append(record)
-        if error is None:
-            per_record = host[3 * count] / self.world / count
+        if error is None and count:
+            per_record = host[steps + 2 * count] / self.world / count
             self.wanted = max(1, min(MOST_PENDING, int(FLUSH_S / max(per_record, 1e-9))))
+        self.losses.clear()
         self.records.clear()
         self._since, self._paused = time.perf_counter(), 0.0
         return done, error

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from runner.rundir.files import RunDir, read_jsonl, write_atomic
@@ -46,6 +47,16 @@ class MetricsLog:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
         self.trackers.log(record)
+
+    def rewind(self, step: int) -> None:
+        """After a rollback to `step`: metrics.jsonl keeps the records up to it (the trackers
+        have the later ones already, and get the retrained steps again)."""
+        self.records = [r for r in self.records if r["step"] <= step]
+        if self._file is not None:
+            self._file.close()
+            path = Path(self._file.name)
+            write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
+            self._file = open(path, "a", buffering=1)  # noqa: SIM115
 
     def close(self, timeout: float = 60.0, outcome: dict[str, Any] | None = None) -> None:
         """Close metrics.jsonl, and the trackers once they have what was queued (waiting up

@@ -6,14 +6,15 @@ from typing import Any, TextIO
 
 
 def _fmt(record: dict[str, Any]) -> str:
-    parts = [f"loss {record['train/loss']:.4f}", f"lr {record['lr']:.2e}"]
+    loss = record["train/loss"]
+    parts = [f"loss {loss:.4f}" if loss is not None else "batch skipped", f"lr {record['lr']:.2e}"]
     if "val/accuracy" in record:
         parts.append(f"val_acc {record['val/accuracy']:.4f}")
     if "train/grad_norm" in record:
         parts.append(f"grad_norm {record['train/grad_norm']:.3g}")
     if "throughput/tokens_per_sec" in record:
         parts.append(f"{record['throughput/tokens_per_sec']:,.0f} tokens/s")
-    else:
+    elif "throughput/samples_per_sec" in record:
         parts.append(f"{record['throughput/samples_per_sec']:.0f} samples/s")
     if "throughput/mfu" in record:
         parts.append(f"MFU {100 * record['throughput/mfu']:.1f}%")

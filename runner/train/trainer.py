@@ -19,7 +19,6 @@ import torch
 
 from runner import dist as rdist
 from runner.components import instantiate
-from runner.engines.precision import autocast
 from runner.heartbeat import Heartbeat, Phase
 from runner.models.initial_weights import seed_everything
 from runner.rundir.checkpoints import CheckpointStore
@@ -28,11 +27,13 @@ from runner.rundir.summary import Status, record_attempt
 from runner.spec import RunSpec
 from runner.spec.convert import to_dict
 from runner.train import chaos, checkpointing
-from runner.train.batch_parts import logits_of, split, to_device
 from runner.train.checkpoint_writer import CheckpointWriter
 from runner.train.evaluation import Evaluator
-from runner.train.final_artifacts import write_final
+from runner.train.final_artifacts import peak_rss_bytes, write_final
+from runner.train.loss_items import check_items, global_items
+from runner.train.loss_pass import LossPass
 from runner.train.loss_reduction import PendingRecords
+from runner.train.loss_spikes import LossSpikes, RollBack
 from runner.train.metrics_file import MetricsLog
 from runner.train.microbatching import microbatch_steps
 from runner.train.nonfinite import NonFiniteGuard
@@ -56,7 +57,6 @@ class Trainer:
     ):
         self.spec, self.run_dir, self.device = spec, run_dir, device
         self.heart = heart or Heartbeat(None, 0, 0, 0)  # beats for the agent's hang watchdog
-        self.device_type = torch.device(device).type
         self.rank, self.world = rdist.get_global_rank(), rdist.get_world_size()
         self.is_main = self.rank == 0
 
@@ -69,7 +69,8 @@ class Trainer:
         metrics = {
             n: _on_device(instantiate(m.node, data.info), device) for n, m in spec.metrics.items()
         }
-        self.data = build_rank_data(spec, data, self.rank, self.world, self.device_type == "cuda")
+        cuda = torch.device(device).type == "cuda"
+        self.data = build_rank_data(spec, data, self.rank, self.world, cuda)
         with_warmup = with_warmup_steps(spec, self.data.steps_per_epoch)
         parallel = parallelize(module, with_warmup, device, self.data.total_steps, fill)
         self.engine, self.channels_last = parallel.engine, parallel.channels_last
@@ -87,11 +88,12 @@ class Trainer:
         self.first_step_at: float | None = None  # wall clock, for time-to-first-step
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
-        self.writer = CheckpointWriter(self.store, self.engine, spec)  # at once, or async
+        self.writer = CheckpointWriter(self.store, self.engine, spec, self.heart)  # or async
         stream = self.data.train_loader if self.data.streaming else None
         client = checkpointing.resume(self.store, spec.resume, self.engine, stream)
         self.step, self.samples = client.get("step", 0), client.get("samples", 0)
         self.resumed_from: int | None = client.get("step")
+        self.spikes = LossSpikes(spec.loss_spike, client.get("skipped_batches", ()))
         self.figures = StepFigures(spec, device, self.samples, flops, self.world)
         # log records awaiting their loss and the other figures that need every rank
         self.pending = PendingRecords(self.guard, self.world, self.rank, self.figures)
@@ -100,15 +102,25 @@ class Trainer:
         )
         self.stand_in: Any = None  # the latest training microbatch (Evaluator.evaluate)
         self.faults = chaos.Faults(spec.chaos, self.rank, self.engine.module)  # chaos.*
-        self.heart.beat(Phase.START, self.step)  # where this attempt starts (a stop needs it)
-        if self.is_main:
-            record_attempt(run_dir, self.attempt, self.resumed_from)
-        config = to_dict(spec) if self.is_main else None
-        self.metrics = MetricsLog(
-            run_dir, enabled=self.is_main, keep_until=self.step, loggers=spec.logger, config=config
+        self.passes = LossPass(
+            spec, self.engine, self.loss_fn, device, self.channels_last, self.faults
         )
-        show = self.is_main and spec.progress_bar
-        self.progress = Progress(self.data.total_steps, terminal, enabled=show, initial=self.step)
+        self.heart.beat(Phase.START, self.step)  # where this attempt starts (a stop needs it)
+        self.metrics, self.progress = self._reporting(terminal)
+        self.build_peak_rss = peak_rss_bytes()  # built, sharded, loaded: before any step
+
+    def _reporting(self, terminal: TextIO | None) -> tuple[MetricsLog, Progress]:
+        """Rank 0: this attempt in the run's history, metrics.jsonl and the trackers from
+        this step on, the progress bar."""
+        spec, main = self.spec, self.is_main
+        if main:
+            record_attempt(self.run_dir, self.attempt, self.resumed_from)
+        config = to_dict(spec) if main else None
+        metrics = MetricsLog(
+            self.run_dir, enabled=main, keep_until=self.step, loggers=spec.logger, config=config
+        )
+        show = main and spec.progress_bar
+        return metrics, Progress(self.data.total_steps, terminal, enabled=show, initial=self.step)
 
     # ------------------------------------------------------------------ the loop
 
@@ -133,49 +145,67 @@ class Trainer:
             epoch, offset = divmod(step, self.data.steps_per_epoch)
             self.data.sampler.set_epoch(epoch, offset)
             microbatches = iter(self.data.train_loader)
-            for step_in_epoch in range(offset, self.data.steps_per_epoch):
-                step += 1
-                self.faults.step_started(step)
-                n_global = self.data.sampler.global_count(step_in_epoch)
-                lr = self.engine.lr
-                waited = time.perf_counter()
-                batch = [next(microbatches) for _ in range(self.data.sampler.grad_accum)]
-                self.figures.waited(time.perf_counter() - waited)
-                self.stand_in = batch[0][0]  # a placeholder for an evaluation that has none
-                self.heart.beat(Phase.BATCH, step)
-                last = step == self.data.total_steps
-                evaluate = last or self._is_eval_step(step)
-                logged = evaluate or step % spec.log_interval == 0
-                loss_sum, items, norm = self.train_step(batch, n_global, step, logged)
-                self.heart.beat(Phase.STEP)
-                self.writer.poll()  # an asynchronous checkpoint sealed once written
-                if self.first_step_at is None:
-                    self.first_step_at = time.time()
-                samples += n_global
-                self.progress.advance()
+            try:
+                for step_in_epoch in range(offset, self.data.steps_per_epoch):
+                    step += 1
+                    self.faults.step_started(step)
+                    n_global = self.data.sampler.global_count(step_in_epoch)
+                    lr = self.engine.lr
+                    waited = time.perf_counter()
+                    batch = [next(microbatches) for _ in range(self.data.sampler.grad_accum)]
+                    self.figures.waited(time.perf_counter() - waited)
+                    self.stand_in = batch[0][0]  # a placeholder for an evaluation that has none
+                    self.heart.beat(Phase.BATCH, step)
+                    last = step == self.data.total_steps
+                    evaluate = last or self._is_eval_step(step)
+                    logged = evaluate or step % spec.log_interval == 0
+                    loss_sum, items, norm = self.train_step(batch, n_global, step, logged)
+                    self.heart.beat(Phase.STEP)
+                    self.writer.poll()  # an asynchronous checkpoint sealed once written
+                    if self.first_step_at is None:
+                        self.first_step_at = time.time()
+                    samples += n_global
+                    self.progress.advance()
 
-                if logged:
-                    record, elapsed, tokens = self._train_record(step, samples, lr)
-                    self.pending.add(record, loss_sum, items, elapsed, (tokens, norm))
-                    if evaluate:  # its record waits for the evaluation's metrics
-                        *earlier, record = self._reduce_pending()
-                        for done in earlier:
-                            self._log(done)
-                        started = time.perf_counter()
-                        record.update(self.evaluate())
-                        self.heart.beat(Phase.STEP)
-                        self._pause(time.perf_counter() - started)
-                        self._log(record)
-                    elif self.pending.due:
-                        self._log_pending()
-                saved = last or bool(interval and step % interval == 0)
-                if saved:
-                    self._save(step, samples)
-                if last:
-                    break
-                if self.heart.stop_after(step):  # a graceful stop: every rank stops here
-                    return self._stop(step, samples, saved, start_time)
+                    if loss_sum is None:  # a batch skipped after a loss spike's rollback
+                        self._skipped_record(step, samples, lr, evaluate)
+                    elif logged:
+                        record, elapsed, tokens = self._train_record(step, samples, lr)
+                        self.pending.add(record, loss_sum, items, elapsed, (tokens, norm))
+                        if evaluate:  # its record waits for the evaluation's metrics
+                            *earlier, record = self._reduce_pending()
+                            for done in earlier:
+                                self._log(done)
+                            self._log(record | self._timed_evaluation())
+                        elif self.pending.due:
+                            self._log_pending()
+                    elif self.spikes.on:  # the watch reads every step's loss
+                        self.pending.add_loss(step, loss_sum, items)
+                    saved = last or bool(interval and step % interval == 0)
+                    if saved:
+                        self._save(step, samples)
+                    if last:
+                        break
+                    if self.heart.stop_after(step):  # a graceful stop: every rank stops here
+                        return self._stop(step, samples, saved, start_time)
+            except RollBack as back:  # a loss spike: to a checkpoint before it
+                step, samples = self._roll_back(back)
         return self._finish(start_time)
+
+    def _timed_evaluation(self) -> dict[str, float]:
+        started = time.perf_counter()
+        metrics = self.evaluate()
+        self.heart.beat(Phase.STEP)
+        self._pause(time.perf_counter() - started)
+        return metrics
+
+    def _skipped_record(self, step: int, samples: int, lr: float, evaluate: bool) -> None:
+        """A skipped batch's step has no loss: a record only for its evaluation."""
+        if evaluate:
+            for done in self._reduce_pending():
+                self._log(done)
+            base = {"step": step, "samples": samples, "train/loss": None, "lr": lr}
+            self._log(base | {"train/skipped_batch": True} | self._timed_evaluation())
 
     def _save(self, step: int, samples: int) -> None:
         self._log_pending()  # a restart from this checkpoint keeps the records up to it
@@ -183,18 +213,12 @@ class Trainer:
         self.heart.beat(Phase.SAVE)
         self.guard.check_before_saving(self.engine.module, step)
         extra = self.steps.checkpoint_state()
+        extra["skipped_batches"] = sorted(self.spikes.skipped)
         if self.data.streaming:  # every rank's position in its part of the stream
             extra["data"] = rdist.all_gather_object(self.data.train_loader.state_dict())
         self.writer.save(step, samples, extra)
         self.heart.beat(Phase.STEP)
         self._pause(time.perf_counter() - started)
-
-    def _finish_writing(self) -> None:
-        """Wait for an asynchronous checkpoint still being written (the watchdog's checkpoint
-        time limit holds meanwhile)."""
-        self.heart.beat(Phase.SAVE)
-        self.writer.finish()
-        self.heart.beat(Phase.STEP)
 
     def _stop(self, step: int, samples: int, saved: bool, start_time: float) -> dict[str, Any]:
         """Stop after `step` as asked (SIGUSR1/SIGUSR2 to runner; SLURM's --signal): with a
@@ -202,7 +226,7 @@ class Trainer:
         writes summary.json: it knows why the run stopped."""
         if not saved:
             self._save(step, samples)
-        self._finish_writing()
+        self.writer.finish()
         self.heart.beat(Phase.STOPPED, step)  # tells the agent how this rank ended
         self.progress.close()
         log.info("stopped after step %d as asked; checkpoint saved", step)
@@ -225,18 +249,21 @@ class Trainer:
         Returns this rank's loss sum, the items of the whole global batch, and on a `logged`
         step this rank's share of the gradient norm's square (Engine.grad_norm_share;
         negative where not measured)."""
-        items = self._global_items(microbatches, n_global)
+        if step in self.spikes.skipped:  # after a loss spike's rollback: not trained on
+            self.engine.skip_step()
+            return None, 0, -1.0
+        items = global_items(self.loss_fn, microbatches, n_global, self.device)
         weight = self.world / items  # DDP averages over ranks; this makes it a mean over items
         loss_sum: Any = None  # this rank's summed loss, a tensor from the first microbatch on
         microbatches = self.steps.start(microbatches)
         if self.engine.needs_warm_up and not self.steps.cuts:
-            self.engine.warm_up(lambda: self._warm_up_pass(microbatches[0]))
+            self.engine.warm_up(lambda: self.passes.warm_up(microbatches[0]))
         i = 0
         while i < len(microbatches):
             batch, real = microbatches[i][:2]
             with self.engine.microbatch(i, len(microbatches)):
                 done = self.steps.run(
-                    partial(self._forward, batch, real),
+                    partial(self.passes.train, batch, real),
                     lambda loss: self.engine.backward(loss * weight),
                     self.engine.backward_communicates,
                 )
@@ -248,7 +275,7 @@ class Trainer:
                 continue
             loss, count, targets = done
             if self.check_items and real:
-                self._check_items(count, targets)
+                check_items(self.loss_fn, self.spec.loss.target, count, targets)
             if real:
                 self.figures.add_tokens(targets)
             loss = loss.detach().float()
@@ -264,54 +291,6 @@ class Trainer:
             self.engine.step()
             self.guard.after_step(self.engine.nonfinite_skips, step)
         return loss_sum, items, share
-
-    def _forward(self, batch: Any, real: bool) -> tuple[torch.Tensor, Any, Any]:
-        """One training microbatch's forward pass: (loss, items, targets)."""
-        args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
-        self.faults.forward(batch)
-        loss, count = self._loss(args, kwargs, targets, real)
-        return self.faults.loss(loss), count, targets
-
-    def _warm_up_pass(self, microbatch: tuple[Any, bool]) -> None:
-        """A forward and backward pass whose gradients are discarded (Engine.warm_up)."""
-        loss, _ = self.forward_loss(*microbatch[:2])
-        (loss * 0.0).backward()
-
-    def forward_loss(self, batch: Any, real: bool = True) -> tuple[torch.Tensor, Any]:
-        """One microbatch's forward pass and its loss: (summed loss, items)."""
-        args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
-        return self._loss(args, kwargs, targets, real)
-
-    def _loss(self, args: Any, kwargs: Any, targets: Any, real: bool) -> tuple[torch.Tensor, Any]:
-        with autocast(self.spec.precision, self.device_type):
-            outputs = self.engine.model(*args, **kwargs)
-        loss, count = self.loss_fn(logits_of(outputs), targets)
-        if not real:  # a placeholder: runs for the collectives, counts nothing
-            loss = loss * 0.0
-        return loss, count
-
-    def _global_items(self, microbatches: list[tuple[Any, bool]], n_global: int) -> Any:
-        """Samples in the global batch, or, for a loss that counts its own items (tokens),
-        those of every microbatch on every rank, counted before any forward pass."""
-        count = getattr(self.loss_fn, "count", None)
-        if count is None:
-            return n_global
-        local = sum(count(split(batch)[2]) for batch, real in microbatches if real)
-        total = torch.as_tensor(local, dtype=torch.float64).to(self.device)
-        return rdist.all_reduce(total).float()
-
-    def _check_items(self, count: Any, targets: Any) -> None:
-        """On the first step only (it syncs with the host): the loss's item count agrees
-        with the one the step was weighted by."""
-        expected = self.loss_fn.count(targets) if hasattr(self.loss_fn, "count") else len(targets)
-        if int(count) != int(expected):
-            raise ValueError(
-                f"loss._target_={self.spec.loss.target}: returned {int(count)} items for a "
-                f"microbatch of {int(expected)} "
-                + ("(its count(targets))" if hasattr(self.loss_fn, "count") else "samples")
-                + "; a loss whose items are not samples (tokens) needs a count(targets) method "
-                "so every split of the batch is weighted alike"
-            )
 
     def evaluate(self) -> dict[str, float]:
         """val/loss and val/<metric> over every rank's share of the validation set."""
@@ -348,13 +327,30 @@ class Trainer:
     def _reduce_pending(self) -> list[dict[str, Any]]:
         """Every rank: the pending records with their loss (the only host sync of a step
         under nonfinite=stop). If a rank noted a non-finite value, the records before it
-        are logged and the run stops."""
+        are logged and the run stops; a loss spike is acted on (loss_spike) once the
+        records are logged."""
         done, error = self.pending.reduce()
-        if error is not None:
+        spike = self.spikes.check(self.pending.reduced) if error is None else None
+        if error is not None or spike is not None:
             for record in done:
                 self._log(record)
+        if error is not None:
             raise error
+        if spike is not None:
+            self.spikes.act(spike, self.writer, self.store)  # may roll back: RollBack
         return done
+
+    def _roll_back(self, back: RollBack) -> tuple[int, int]:
+        """Every rank: the state of the checkpoint before the spike; its batches skipped on
+        the way forward again. Returns the step and sample count to go on from."""
+        self.heart.beat(Phase.SAVE)
+        stream = self.data.train_loader if self.data.streaming else None
+        client = checkpointing.restore(back.checkpoint, self.engine, self.store, stream)
+        self.heart.beat(Phase.STEP)
+        self.spikes.rolled_back(back, client["step"])
+        self.pending.clear()
+        self.metrics.rewind(client["step"])
+        return client["step"], client["samples"]
 
     def _log_pending(self) -> None:
         for record in self._reduce_pending():
@@ -377,7 +373,7 @@ class Trainer:
 
     def _finish(self, start_time: float) -> dict[str, Any]:
         self.progress.close()
-        self._finish_writing()
+        self.writer.finish()
         self.heart.beat(Phase.FINISH)
         self.guard.check_before_saving(self.engine.module, self.data.total_steps)
         summary = write_final(
@@ -385,12 +381,14 @@ class Trainer:
             self.spec,
             self.engine,
             self.metrics.records,
+            self.build_peak_rss,
             start_time=start_time,
             restarts=self.attempt,
             resumed_from=self.resumed_from,
             first_step_at=self.first_step_at,
             compile_s=round(self.compile_clock.seconds, 3) if self.compile_clock else None,
             checkpoint_blocked_s=[round(s, 4) for s in self.writer.blocked_s],
+            loss_spike_rollbacks=self.spikes.rollbacks,
             **self.steps.summary(),
         )
         self.metrics.close(outcome=summary)

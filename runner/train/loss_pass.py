@@ -1,0 +1,55 @@
+"""One microbatch's forward pass and its loss, as the training step and DDP's warm-up pass
+run it: on the device (channels_last where asked), under the precision's autocast, with
+the fault-injection hooks of chaos.*."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from runner.engines.base import Engine
+from runner.engines.precision import autocast
+from runner.spec import RunSpec
+from runner.train.batch_parts import logits_of, split, to_device
+from runner.train.chaos import Faults
+
+
+class LossPass:
+    def __init__(
+        self,
+        spec: RunSpec,
+        engine: Engine,
+        loss_fn: Any,
+        device: str,
+        channels_last: bool,
+        faults: Faults,
+    ):
+        self.spec, self.engine, self.loss_fn, self.faults = spec, engine, loss_fn, faults
+        self.device, self.channels_last = device, channels_last
+        self.device_type = torch.device(device).type
+
+    def train(self, batch: Any, real: bool) -> tuple[torch.Tensor, Any, Any]:
+        """A training microbatch: (loss, items, targets)."""
+        args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
+        self.faults.forward(batch)
+        loss, count = self._loss(args, kwargs, targets, real)
+        return self.faults.loss(loss), count, targets
+
+    def loss(self, batch: Any, real: bool = True) -> tuple[torch.Tensor, Any]:
+        """(summed loss, items) of one microbatch."""
+        args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
+        return self._loss(args, kwargs, targets, real)
+
+    def warm_up(self, microbatch: tuple[Any, bool]) -> None:
+        """A forward and backward pass whose gradients are discarded (Engine.warm_up)."""
+        loss, _ = self.loss(*microbatch[:2])
+        (loss * 0.0).backward()
+
+    def _loss(self, args: Any, kwargs: Any, targets: Any, real: bool) -> tuple[torch.Tensor, Any]:
+        with autocast(self.spec.precision, self.device_type):
+            outputs = self.engine.model(*args, **kwargs)
+        loss, count = self.loss_fn(logits_of(outputs), targets)
+        if not real:  # a placeholder: runs for the collectives, counts nothing
+            loss = loss * 0.0
+        return loss, count

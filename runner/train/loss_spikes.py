@@ -1,0 +1,142 @@
+"""Loss spikes, in the manner of LLM Foundry's KillLossSpike and of the rollback-and-skip
+practice of large pretraining runs (PaLM restarted from a checkpoint before a spike and
+skipped the batches around it).
+
+Every step's loss (the whole global batch's, reduced with the log records about once a
+second, so the same on every rank) is compared with the mean of the `window` steps before
+it. A loss over `factor` times that mean is a spike; spikes do not join the mean.
+`patience` spikes in a row set off the action:
+
+- log: a warning in rank 0's log, naming the steps;
+- stop: the run ends (LossSpikeError), naming the steps;
+- rollback: every rank restores the newest checkpoint written before the first of those
+  steps, and on the way forward again skips their batches (drawn, not trained on; the
+  optimizer does not step). Without such a checkpoint the run stops as with `stop`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.rundir.checkpoints import CheckpointStore
+from runner.spec.schema import LossSpikeSpec
+from runner.train import checkpointing
+from runner.train.checkpoint_writer import CheckpointWriter
+
+log = logging.getLogger(__name__)
+
+
+class LossSpikeError(RuntimeError):
+    """A loss spike ended the run (loss_spike.action=stop, or rollback with nothing to
+    roll back to)."""
+
+
+@dataclass
+class Spike:
+    steps: list[int]  # the steps whose loss spiked, in a row
+    loss: float  # the highest of their losses
+    mean: float  # the mean of the window before them
+
+    def describe(self) -> str:
+        first, last = self.steps[0], self.steps[-1]
+        where = f"step {first}" if first == last else f"steps {first}-{last}"
+        return (
+            f"loss spike at {where}: loss {self.loss:.4g} is {self.loss / self.mean:.1f}x the "
+            f"mean {self.mean:.4g} of the steps before"
+        )
+
+
+class RollBack(Exception):  # noqa: N818 (control flow, not an error)
+    """Raised inside the training loop to go back to `checkpoint` (the loop catches it)."""
+
+    def __init__(self, checkpoint: Path, spike: Spike):
+        super().__init__(f"roll back to {checkpoint}")
+        self.checkpoint, self.spike = checkpoint, spike
+
+
+class SpikeWatch:
+    def __init__(self, spec: LossSpikeSpec):
+        self.spec = spec
+        self.window: deque[tuple[int, float]] = deque(maxlen=spec.window)
+        self.spiking: list[tuple[int, float]] = []
+
+    @property
+    def on(self) -> bool:
+        return self.spec.action != "none"
+
+    def observe(self, step: int, loss: float) -> Spike | None:
+        """The next step's loss; a Spike once `patience` of them in a row are spikes."""
+        if len(self.window) == self.spec.window:
+            mean = sum(value for _, value in self.window) / len(self.window)
+            if loss > self.spec.factor * mean:
+                self.spiking.append((step, loss))
+                if len(self.spiking) < self.spec.patience:
+                    return None
+                spike = Spike([s for s, _ in self.spiking], max(v for _, v in self.spiking), mean)
+                self.spiking = []
+                return spike
+        self.spiking = []
+        self.window.append((step, loss))
+        return None
+
+    def rewind(self, step: int) -> None:
+        """After a rollback to `step`: forget what came after it."""
+        kept = [(s, v) for s, v in self.window if s <= step]
+        self.window = deque(kept, maxlen=self.spec.window)
+        self.spiking = []
+
+
+class LossSpikes:
+    """The watch, its action, and what rollbacks leave behind: the batches to skip."""
+
+    def __init__(self, spec: LossSpikeSpec, skipped: Iterable[int] = ()):
+        self.spec = spec
+        self.watch = SpikeWatch(spec)
+        self.skipped: set[int] = set(skipped)  # steps whose batches are not trained on
+        self.rollbacks: list[dict[str, Any]] = []  # summary.json loss_spike_rollbacks
+
+    @property
+    def on(self) -> bool:
+        return self.watch.on
+
+    def check(self, reduced: list[tuple[int, float]]) -> Spike | None:
+        """The first spike among these steps' losses (in step order), if any."""
+        for step, loss in reduced if self.on else ():
+            spike = self.watch.observe(step, loss)
+            if spike is not None:
+                return spike
+        return None
+
+    def act(self, spike: Spike, writer: CheckpointWriter, store: CheckpointStore) -> None:
+        """Every rank alike: log the spike; for stop raise LossSpikeError, for rollback
+        RollBack to the newest checkpoint before it (LossSpikeError without one)."""
+        action = self.spec.action
+        log.warning("%s (loss_spike.action=%s)", spike.describe(), action)
+        if action == "log":
+            return
+        if action == "rollback":
+            writer.finish()  # an asynchronous checkpoint still being written counts
+            target = checkpointing.newest_before(store, spike.steps[0])
+            if target is not None:
+                raise RollBack(target, spike)
+            raise LossSpikeError(
+                f"{spike.describe()}; no checkpoint before step {spike.steps[0]} to roll "
+                "back to (loss_spike.action=rollback): set checkpoint.interval"
+            )
+        raise LossSpikeError(f"{spike.describe()} (loss_spike.action=stop)")
+
+    def rolled_back(self, back: RollBack, step: int) -> None:
+        """The run is at `step` again: skip the spike's batches, forget the later losses."""
+        steps = back.spike.steps
+        self.skipped.update(steps)
+        self.watch.rewind(step)
+        self.rollbacks.append({"steps": steps, "to_step": step})
+        what = f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(map(str, steps))}"
+        log.warning(
+            "rolled back to %s (step %d); skipping the batch of %s", back.checkpoint, step, what
+        )
