@@ -32,6 +32,7 @@ from suites_speed import (
     mfu_cpu_suite,
     overhead_suite,
     scaling_suite,
+    sharded_step_suite,
     start_methods_suite,
     startup_suite,
     sweep_suite,
@@ -73,11 +74,18 @@ SUITES = {
         "(summary.json checkpoint_blocked_s)",
         (CHECKPOINT_BLOCKED,),
     ),
+    "sharded_step": (
+        "Per-step time of the sharded engines: runner's fsdp, zero2 and zero3 against a plain "
+        "torchrun script of each (FSDP2 fully_shard per block; deepspeed.initialize, ZeRO "
+        "stage 2 or 3), gpt (4 layers, 256 wide, 128-token blocks), nproc=2, global batch 16, "
+        "AdamW, fp32",
+        sharded_step_suite,
+    ),
     "mfu_cpu": (
         "tokens/s and MFU on the CPU: the gpt_text recipe's gpt (4 layers, 128 wide, 128-token "
-        "blocks, global batch 32), nproc=2 (a core each), fp32, against a declared peak of "
-        "0.083 TFLOP/s per rank (mfu.peak_tflops: 32 fp32 FLOP per cycle, two 256-bit FMA "
-        "pipes, at 2.6 GHz); ratios against ddp",
+        "blocks, global batch 32), nproc=2 (a core each), fp32; the declared peak "
+        "(mfu.peak_tflops) is one core's fp32 rate on a 2048 x 2048 matmul, measured first "
+        "(the suite's log prints it); ratios against ddp",
         mfu_cpu_suite,
         "the medians of the run's own records after step 30 (throughput/tokens_per_sec, "
         "throughput/mfu)",

@@ -19,8 +19,10 @@ from harness import (
     MB,
     REPO,
     RESNET,
+    SPS,
     STATE,
     STEP,
+    WARMUP,
     Config,
     outside_plain,
     outside_runner,
@@ -179,19 +181,33 @@ def checkpoint_async_suite(_steps: int) -> list[Config]:
 
 
 TOKENS_PER_S, MFU = "tokens/s", "MFU %"
-CPU_PEAK_TFLOPS = 0.083  # declared, per rank: 1 core x 32 fp32 FLOP/cycle (2 FMA x 8) x 2.6 GHz
+SGEMM = (
+    "import time, torch; torch.set_num_threads(1); a = torch.randn(2048, 2048); "
+    "[a @ a for _ in range(3)]; t = time.perf_counter(); [a @ a for _ in range(20)]; "
+    "print(2 * 2048**3 * 20 / (time.perf_counter() - t) / 1e12)"
+)
+
+
+def cpu_peak_tflops() -> float:
+    """One core's fp32 matmul rate (a 2048 x 2048 sgemm, one thread, best of 3 runs): the
+    peak the mfu_cpu suite declares, as no table knows a CPU's."""
+    command = [sys.executable, "-c", SGEMM]
+    return max(float(run(command, thread_env(1)).strip()) for _ in range(3))
 
 
 def mfu_cpu_suite(_steps: int) -> list[Config]:
     """tokens/s and MFU from the run's own records (their second half) on the gpt_text
-    recipe's model, against a declared CPU peak, for ddp and fsdp."""
+    recipe's model, against one core's measured sgemm rate as the declared peak (each rank
+    has a core), for ddp and fsdp."""
+    peak = cpu_peak_tflops()
+    print(f"  declared peak: {peak:.4f} TFLOP/s per rank (sgemm, one core)", file=sys.stderr)
 
     def measure(*overrides: str) -> dict[str, float]:
         with tempfile.TemporaryDirectory() as tmp:
             run_dir = Path(tmp) / "run"
             command = [venv_tool("runner"), "+recipe=gpt_text", *overrides, "max_steps=60"]
             command += ["eval_interval=null", "eval_batches=1", "log_interval=5", "logger=[]"]
-            command += [f"mfu.peak_tflops={CPU_PEAK_TFLOPS}", "progress_bar=false"]
+            command += [f"mfu.peak_tflops={peak:.4f}", "progress_bar=false"]
             command += [f"hydra.run.dir={run_dir}"]
             run(command, thread_env(2), cwd=tmp)
             lines = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -199,12 +215,55 @@ def mfu_cpu_suite(_steps: int) -> list[Config]:
         return {
             TOKENS_PER_S: statistics.median(r["throughput/tokens_per_sec"] for r in records),
             MFU: 100 * statistics.median(r["throughput/mfu"] for r in records),
+            "declared peak TFLOP/s per rank": peak,
         }
 
     return [
         Config(f"runner gpt parallelism={p}", partial(measure, f"parallelism={p}"))
         for p in ("ddp", "fsdp")
     ]
+
+
+# The sharded engines' per-step time: runner's gpt (4 layers, 256 wide, 128-token blocks),
+# global batch 16, fp32, AdamW, no clipping, on both sides.
+GPT_SHARDED = (
+    "+recipe=gpt_text",
+    "model.n_embd=256",
+    "data.block_size=128",
+    "global_batch_size=16",
+    "grad_clip_norm=null",
+    "scheduler=constant",
+    "optimizer.lr=3e-4",
+    "eval_interval=null",
+    "eval_batches=1",
+    "logger=[]",
+)
+
+
+def run_plain_sharded(engine: str, steps: int) -> dict[str, float]:
+    command = [venv_tool("torchrun"), "--standalone", "--nproc-per-node=2"]
+    command += [str(REPO / "benchmarks" / "plain_sharded.py"), f"--engine={engine}"]
+    command += [f"--steps={steps}", f"--warmup={WARMUP}", "--global-batch-size=16"]
+    result = json.loads(run(command, thread_env(2)).strip().splitlines()[-1])
+    return {STEP: result["sec_per_step"], SPS: 16 / result["sec_per_step"]}
+
+
+def sharded_step_suite(steps: int) -> list[Config]:
+    """runner's fsdp, zero2 and zero3 against the plain script of each (FSDP2's fully_shard
+    per block; deepspeed.initialize), the same gpt, tokens and optimizer."""
+    configs = []
+    for engine in ("fsdp", "zero2", "zero3"):
+        plain = f"torchrun + plain {'FSDP2' if engine == 'fsdp' else 'DeepSpeed ' + engine}"
+        runner = (*GPT_SHARDED, f"parallelism={engine}")
+        configs += [
+            Config(plain, partial(run_plain_sharded, engine, steps), plain),
+            Config(
+                f"runner parallelism={engine}",
+                partial(run_runner, *runner, nproc=2, steps=steps),
+                plain,
+            ),
+        ]
+    return configs
 
 
 def startup_suite(_steps: int) -> list[Config]:

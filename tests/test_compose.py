@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from runner.spec import RunSpec, SyncStrategy, load_spec, resolve_spec, save_spec
+from runner.spec import RunSpec, SyncStrategy, load_spec, resolve_spec, save_spec, to_dict
 from tests.conftest import CONF_DIR
 from tests.helpers.config import compose_config
 
@@ -135,3 +135,17 @@ def test_command_line_beats_the_recipe() -> None:
     assert config["parallelism"]["name"] == "zero2" and config["nproc"] == 8
     assert config["model"]["_target_"].endswith(".resnet50")  # the rest of the recipe applies
     assert config["optimizer"]["momentum"] == 0.875
+
+
+def test_fsdp_keeps_a_copy_per_node_unless_told() -> None:
+    """parallelism.replicate=null resolves to nodes (HSDP across nodes, FSDP on one), and the
+    spec written to the run directory says what ran; checkpoint.async is `async` in YAML."""
+    one = resolve_spec(compose_config(["parallelism=fsdp", "nproc=4"]))
+    assert one.parallelism.replicate == 1
+    two = ["parallelism=fsdp", "nproc=4", "nodes=2", "master_port=29500"]
+    assert resolve_spec(compose_config(two)).parallelism.replicate == 2
+    told = resolve_spec(compose_config([*two, "parallelism.replicate=1"]))
+    assert told.parallelism.replicate == 1
+    spec = resolve_spec(compose_config(["checkpoint.async=true"]))
+    assert spec.checkpoint.async_ and to_dict(spec)["checkpoint"]["async"] is True
+    assert resolve_spec(to_dict(spec)) == spec

@@ -17,8 +17,8 @@ from torch.nn.parallel import DistributedDataParallel
 from runner import dist as rdist
 from runner.engines.base import (
     Engine,
+    Snapshot,
     background_writer,
-    copy_to_cpu,
     local_grad_norm,
     save_durably,
 )
@@ -130,6 +130,7 @@ class DDPEngine(Engine):
         save_durably(self._state(client_state), directory / STATE_FILE)
 
     can_save_async = True
+    _snapshot: Snapshot | None = None
 
     def save_checkpoint_async(self, directory: Path, client_state: dict[str, Any]) -> Future:
         """Rank 0 copies the state to CPU memory now and a thread of its own writes it (no
@@ -138,7 +139,9 @@ class DDPEngine(Engine):
             done: Future = Future()
             done.set_result(None)
             return done
-        snapshot = copy_to_cpu(self._state(client_state))
+        if self._snapshot is None:
+            self._snapshot = Snapshot()
+        snapshot = self._snapshot.take(self._state(client_state))
         return background_writer().submit(save_durably, snapshot, directory / STATE_FILE)
 
     def _state(self, client_state: dict[str, Any]) -> dict[str, Any]:

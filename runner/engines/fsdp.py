@@ -77,6 +77,7 @@ class FSDPEngine(Engine):
             if isinstance(sharded, FSDPModule):
                 sharded.set_force_sum_reduction_for_comms(True)
         self.module = self.model = module
+        self.device_type = torch.device(device).type
         self.replicas = options.replicas
         if self.replicas > 1:
             shards = rdist.get_world_size() // self.replicas
@@ -137,6 +138,7 @@ class FSDPEngine(Engine):
 
     can_save_async = True
     _checkpoint_group: Any = None
+    _stager: Any = None
 
     def save_checkpoint_async(self, directory: Path, client_state: dict[str, Any]) -> Future:
         """DCP's async_save: each rank's shards are copied to CPU memory now and written by
@@ -148,11 +150,13 @@ class FSDPEngine(Engine):
 
         if self._checkpoint_group is None:  # every rank, at the same (first) save
             self._checkpoint_group = dist.new_group(backend="gloo")
+            self._stager = _shared_memory_stager(self.device_type)
         future = dcp.async_save(
             self._sharded_state(),
             checkpoint_id=str(directory / DCP_DIR),
             process_group=self._checkpoint_group,
             async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+            async_stager=self._stager,
         )
         self._save_extra(directory, client_state)
         return future
@@ -203,3 +207,13 @@ def device_mesh(device_type: str, replicate: int) -> Any:
         return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
     shape = (replicate, world // replicate)
     return init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard"))
+
+
+def _shared_memory_stager(device_type: str) -> Any:
+    """The copy an asynchronous save writes from: in shared memory, which the background
+    process reads without another copy, kept from one checkpoint to the next (pinned for
+    the copy off a GPU)."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    cuda = device_type == "cuda"
+    return DefaultStager(StagingOptions(cuda, True, False, cuda))

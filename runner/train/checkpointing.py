@@ -81,8 +81,11 @@ def start(
     store: CheckpointStore, spec: RunSpec, step: int, samples: int, extra: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Every rank: the client state of a checkpoint of `step`, once rank 0 made its empty
-    partial directory."""
-    client = {
+    partial directory (before the gather of every rank's RNG streams, a collective no rank
+    leaves before rank 0 joined it: no barrier of its own)."""
+    if rdist.get_global_rank() == 0:
+        store.begin(step)
+    return {
         "step": step,
         "samples": samples,
         "world_size": rdist.get_world_size(),
@@ -90,10 +93,6 @@ def start(
         "rng": rdist.all_gather_object(rng_state()),
         **(extra or {}),
     }
-    if rdist.get_global_rank() == 0:
-        store.begin(step)
-    rdist.barrier()
-    return client
 
 
 def seal(store: CheckpointStore, engine: Engine, spec: RunSpec, client: dict[str, Any]) -> None:

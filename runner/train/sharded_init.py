@@ -17,6 +17,7 @@ with a warning in the log that says why: it still trains, at the memory of a who
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
@@ -87,31 +88,35 @@ def seed_name(name: str) -> str:
 
 
 def _fill_shards(module: nn.Module, path: Path, device: str) -> None:
-    """FSDP2: allocate this rank's shards and copy into each its part of the tensor."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    """FSDP2: allocate this rank's shards and read into each its rows of the tensor (FSDP2
+    shards dim 0, so a shard is one byte range of the file)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     module.to_empty(device=device)
     with torch.no_grad(), seed_reader(path) as seed:
         for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
-            full = seed.get_tensor(seed_name(name)).to(device, tensor.dtype)
-            if isinstance(tensor, DTensor):  # this rank's part only, no communication
-                full = distribute_tensor(
-                    full, tensor.device_mesh, tensor.placements, src_data_rank=None
-                )
-            tensor.copy_(full)
-            del full
+            key = seed_name(name)
+            if not isinstance(tensor, DTensor):
+                tensor.copy_(seed.read(key).view(tensor.shape))
+                continue
+            shape, offset = compute_local_shape_and_global_offset(
+                tensor.shape, tensor.device_mesh, tensor.placements
+            )
+            row = math.prod(tensor.shape[1:])
+            part = seed.read(key, offset[0] * row, math.prod(shape)).view(shape)
+            tensor.to_local().copy_(part)
 
 
 def _fill_partitions(module: nn.Module, path: Path) -> None:
-    """ZeRO-3: copy into each parameter's partition (`ds_tensor`, this rank's equal part of
-    the flattened parameter, the last one padded) its part of the seed tensor."""
+    """ZeRO-3: read into each parameter's partition (`ds_tensor`, this rank's equal part of
+    the flattened parameter, the last one padded) its byte range of the seed tensor."""
     rank = rdist.get_global_rank()
     with torch.no_grad(), seed_reader(path) as seed:
         for name, param in module.named_parameters():
-            part = param.ds_tensor
-            flat = seed.get_tensor(seed_name(name)).reshape(-1)
-            piece = flat[rank * part.numel() : (rank + 1) * part.numel()]
+            part, key = param.ds_tensor, seed_name(name)
+            piece = seed.read(key, rank * part.numel(), part.numel())
             part.zero_()
-            part[: piece.numel()].copy_(piece.to(part.device, part.dtype))
+            part[: piece.numel()].copy_(piece)
             if param.numel():  # kept whole as well (DeepSpeed's persistent parameters)
-                param.data.copy_(flat.view(param.shape).to(param.device, param.dtype))
+                param.data.copy_(seed.read(key).view(param.shape))
