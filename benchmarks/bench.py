@@ -21,11 +21,13 @@ from suites_gpu import auto_microbatch_suite, compile_suite, cuda_devices, gpu_s
 from suites_memory import activation_suite, capacity_table, memory_gpt_suite, memory_suite
 from suites_speed import (
     CHECKPOINT_BLOCKED,
+    MFU,
     OVERHEAD_STEPS,
     READY,
     SWEEP_JOBS,
     SWEEP_STEPS,
     SWEEP_WALL,
+    TOKENS_PER_S,
     TRACKER_STEPS,
     checkpoint_async_suite,
     grad_norm_suite,
@@ -89,6 +91,7 @@ SUITES = {
         mfu_cpu_suite,
         "the medians of the run's own records after step 30 (throughput/tokens_per_sec, "
         "throughput/mfu)",
+        (TOKENS_PER_S, MFU),
     ),
     "grad_norm": (
         "The cost of train/grad_norm without clipping: mlp, synthetic 3x32x32, nproc=2, "

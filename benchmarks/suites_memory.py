@@ -114,6 +114,7 @@ def gpt_parameters(
 
 
 PEAK, BUILT = "peak RSS MB/rank", "build peak RSS MB/rank"
+PEAK_0, PEAK_OTHERS = "peak RSS MB, rank 0", "peak RSS MB, ranks but 0"  # 0 writes model.pt
 
 
 def measure_state(*overrides: str) -> dict[str, float]:
@@ -127,6 +128,8 @@ def measure_state(*overrides: str) -> dict[str, float]:
     return {
         STATE: max(rank["total"] for rank in summary["state_bytes"]) / MB,
         PEAK: max(summary["peak_rss_bytes"]) / MB,
+        PEAK_0: summary["peak_rss_bytes"][0] / MB,
+        PEAK_OTHERS: max(summary["peak_rss_bytes"][1:]) / MB,
         BUILT: max(summary["build_peak_rss_bytes"]) / MB,
     }
 
@@ -145,12 +148,14 @@ def capacity_table(_reps: int, _steps: int) -> str:
         "budget. 4Ψ: the whole model's fp32 parameters; state: what a rank holds of "
         "parameters, gradients and AdamW's two moments (summary.json state_bytes; ZeRO-3's "
         "16Ψ/N); built: the peak RSS before the first step (building, sharding, loading; "
-        "summary.json build_peak_rss_bytes); trained: the peak RSS of the whole run. A rank "
-        "that imported torch and joined its process group holds about 450-600 MB before any "
-        "model.",
+        "summary.json build_peak_rss_bytes); trained: the peak RSS of the whole run, of rank "
+        "0 (which also gathers the whole model at the end, to write model.pt) and of the "
+        "other rank. A rank that imported torch and joined its process group holds about "
+        "450-600 MB before any model.",
         "",
         "| ranks build | layers | parameters (M) | 4Ψ MB | state MB/rank | built: peak RSS MB/rank "
-        "| trained: peak RSS MB/rank | trained - state MB | next depth's peak RSS MB |",
+        "| trained: peak RSS MB, rank 0 / rank 1 | rank 1's peak - state MB | "
+        "next depth's peak RSS MB |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, overrides in CAPACITY_RUNS.items():
@@ -172,9 +177,10 @@ def capacity_table(_reps: int, _steps: int) -> str:
             continue
         n_layer, result = fits
         params = gpt_parameters(n_layer)
-        peak, state = result[PEAK], result[STATE]
+        peak, others, state = result[PEAK_0], result[PEAK_OTHERS], result[STATE]
         lines.append(
             f"| {label} | {n_layer} | {params / 1e6:.1f} | {4 * params / MB:.0f} | {state:.0f} "
-            f"| {result[BUILT]:.0f} | {peak:.0f} | {peak - state:.0f} | {beyond} |"
+            f"| {result[BUILT]:.0f} | {peak:.0f} / {others:.0f} | {others - state:.0f} "
+            f"| {beyond} |"
         )
     return "\n".join(lines) + "\n"

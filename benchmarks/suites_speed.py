@@ -215,7 +215,7 @@ def mfu_cpu_suite(_steps: int) -> list[Config]:
         return {
             TOKENS_PER_S: statistics.median(r["throughput/tokens_per_sec"] for r in records),
             MFU: 100 * statistics.median(r["throughput/mfu"] for r in records),
-            "declared peak TFLOP/s per rank": peak,
+            "declared peak GFLOP/s per rank": 1000 * peak,
         }
 
     return [
@@ -232,7 +232,6 @@ GPT_SHARDED = (
     "data.block_size=128",
     "global_batch_size=16",
     "grad_clip_norm=null",
-    "scheduler=constant",
     "optimizer.lr=3e-4",
     "eval_interval=null",
     "eval_batches=1",
