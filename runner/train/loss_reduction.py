@@ -96,10 +96,9 @@ class PendingRecords:
         # On the device: each step's loss, each record's gradient-norm share; from the host,
         # in one copy: each record's tokens, the seconds, and this rank's peak memory in its
         # slot.
-        on_device = torch.stack(
-            [_scalar(loss, device) for _, loss, _ in self.losses]
-            + [_scalar(norm, device) for _, _, (_, norm) in self.records]
-        )
+        losses = torch.stack([loss.reshape(()) for _, loss, _ in self.losses]).double()
+        norms = [_scalar(norm, device) for _, _, (_, norm) in self.records]
+        on_device = torch.cat([losses, torch.stack(norms)]) if norms else losses
         memory = [0.0] * self.world
         memory[self.rank] = self.figures.peak_memory_mb()
         tokens = [t for _, _, (t, _) in self.records]

@@ -63,6 +63,7 @@ class SpikeWatch:
     def __init__(self, spec: LossSpikeSpec):
         self.spec = spec
         self.window: deque[tuple[int, float]] = deque(maxlen=spec.window)
+        self.total = 0.0  # of the window's losses, kept as they come and go
         self.spiking: list[tuple[int, float]] = []
 
     @property
@@ -72,7 +73,7 @@ class SpikeWatch:
     def observe(self, step: int, loss: float) -> Spike | None:
         """The next step's loss; a Spike once `patience` of them in a row are spikes."""
         if len(self.window) == self.spec.window:
-            mean = sum(value for _, value in self.window) / len(self.window)
+            mean = self.total / len(self.window)
             if loss > self.spec.factor * mean:
                 self.spiking.append((step, loss))
                 if len(self.spiking) < self.spec.patience:
@@ -81,13 +82,17 @@ class SpikeWatch:
                 self.spiking = []
                 return spike
         self.spiking = []
+        if len(self.window) == self.spec.window:
+            self.total -= self.window[0][1]
         self.window.append((step, loss))
+        self.total += loss
         return None
 
     def rewind(self, step: int) -> None:
         """After a rollback to `step`: forget what came after it."""
         kept = [(s, v) for s, v in self.window if s <= step]
         self.window = deque(kept, maxlen=self.spec.window)
+        self.total = sum(v for _, v in kept)
         self.spiking = []
 
 
