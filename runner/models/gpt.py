@@ -88,12 +88,9 @@ class GPT(nn.Module):
         only look up), plus attention's scores and weighted sum, 2 x 2 x block_size x n_embd
         per layer forward, x3 with backward (the causal mask's skipped half counted, as
         PaLM's appendix does)."""
+        from runner.models.shapes import multiplying_parameters
 
-        def numel(p: nn.Parameter) -> int:  # ZeRO-3 keeps the whole count beside its part
-            return getattr(p, "ds_numel", p.numel())
-
-        embeddings = numel(self.wte.weight) + numel(self.wpe.weight)
-        dense = sum(numel(p) for p in self.parameters()) - embeddings
+        dense = multiplying_parameters(self)
         return 6.0 * dense + 12.0 * self.n_layer * self.n_embd * self.block_size
 
     @staticmethod

@@ -25,6 +25,18 @@ def state_shapes(module: nn.Module) -> list[tuple[str, list[int]]]:
     return [(name, list(value.shape)) for name, value in module.state_dict().items()]
 
 
+def multiplying_parameters(module: nn.Module) -> int:
+    """How many parameters take part in matrix products (FLOPs per token: 6 each): all but
+    the nn.Embedding tables, which only look up. A ZeRO-3 parameter counts whole (its
+    `ds_numel`), not the part this rank holds."""
+    looked_up = {
+        id(p) for m in module.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
+    }
+    return sum(
+        getattr(p, "ds_numel", p.numel()) for p in module.parameters() if id(p) not in looked_up
+    )
+
+
 def configured_state_shapes(spec: RunSpec) -> list[tuple[str, list[int]]]:
     import torch
 

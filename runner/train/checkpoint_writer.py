@@ -42,7 +42,8 @@ class CheckpointWriter:
     def save(self, step: int, samples: int, extra: dict[str, Any]) -> None:
         """Every rank: a checkpoint of `step`, written now or started in the background."""
         started = time.perf_counter()
-        self.finish()  # the one before, first
+        if self._future is not None:  # the one before, first (the caller beat Phase.SAVE)
+            self._complete()
         if not self.background:
             checkpointing.save(self.store, self.engine, self.spec, step, samples, extra)
         else:

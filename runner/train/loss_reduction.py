@@ -123,8 +123,7 @@ class PendingRecords:
         if error is None and count:
             per_record = host[steps + 2 * count] / self.world / count
             self.wanted = max(1, min(MOST_PENDING, int(FLUSH_S / max(per_record, 1e-9))))
-        self.losses.clear()
-        self.records.clear()
+        self.clear()
         self._since, self._paused = time.perf_counter(), 0.0
         return done, error
 

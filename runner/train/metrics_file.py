@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 from runner.rundir.files import RunDir, read_jsonl, write_atomic
@@ -30,12 +29,11 @@ class MetricsLog:
     ):
         self.records: list[dict[str, Any]] = []
         self._file = None
+        self._path = run_dir.metrics
         self.trackers = Trackers([])
         if enabled:
-            path = run_dir.metrics
-            self.records = [r for r in read_jsonl(path) if r.get("step", 0) <= keep_until]
-            write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
-            self._file = open(path, "a", buffering=1)  # noqa: SIM115
+            kept = [r for r in read_jsonl(self._path) if r.get("step", 0) <= keep_until]
+            self._keep(kept)
             if loggers is not None:
                 self.trackers = build_trackers(
                     loggers, config or {}, run_dir, self.records, keep_until
@@ -51,12 +49,15 @@ class MetricsLog:
     def rewind(self, step: int) -> None:
         """After a rollback to `step`: metrics.jsonl keeps the records up to it (the trackers
         have the later ones already, and get the retrained steps again)."""
-        self.records = [r for r in self.records if r["step"] <= step]
         if self._file is not None:
             self._file.close()
-            path = Path(self._file.name)
-            write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
-            self._file = open(path, "a", buffering=1)  # noqa: SIM115
+            self._keep([r for r in self.records if r["step"] <= step])
+
+    def _keep(self, records: list[dict[str, Any]]) -> None:
+        """metrics.jsonl holds `records` and nothing else, open for more."""
+        self.records = records
+        write_atomic(self._path, "".join(json.dumps(r) + "\n" for r in records))
+        self._file = open(self._path, "a", buffering=1)  # noqa: SIM115
 
     def close(self, timeout: float = 60.0, outcome: dict[str, Any] | None = None) -> None:
         """Close metrics.jsonl, and the trackers once they have what was queued (waiting up

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import resource
 import time
 from functools import partial
 from typing import Any
@@ -23,7 +22,9 @@ import torch
 from torch import nn
 
 from runner.hardware import peak_tflops
+from runner.models.shapes import multiplying_parameters
 from runner.spec import RunSpec
+from runner.train.final_artifacts import peak_rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +38,7 @@ def flops_per_token(module: nn.Module) -> float:
     own = getattr(module, "flops_per_token", None)
     if callable(own):
         return float(own())
-    looked_up = {
-        id(p) for m in module.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
-    }
-    return 6.0 * sum(
-        getattr(p, "ds_numel", p.numel())  # ZeRO-3 keeps the whole count beside its part
-        for p in module.parameters()
-        if id(p) not in looked_up
-    )
+    return 6.0 * multiplying_parameters(module)
 
 
 def device_peak_flops(spec: RunSpec, device: str) -> float | None:
@@ -68,7 +62,7 @@ def peak_memory_mb(device: str) -> float:
     """This rank's peak memory so far: CUDA's most allocated, or the process's peak RSS."""
     if torch.device(device).type == "cuda":
         return torch.cuda.max_memory_allocated(torch.device(device)) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_bytes() / 2**20
 
 
 class StepFigures:
