@@ -8,6 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,18 @@ from runner.engines.optim import optimizer_state_bytes
 Fill = Callable[[nn.Module], None]
 """Fills in a rank's shards of a model built without its weights, once the engine sharded
 it and before it builds the optimizer (runner.train.sharded_init)."""
+
+
+@dataclass(frozen=True)
+class FinalTensor:
+    """One tensor of model.pt: its name, shape and dtype, known on every rank before any
+    value moves, and how to get its whole value: every rank calls `gather` (a collective
+    where the tensor is sharded), in the same order; rank 0 writes what it returns."""
+
+    name: str
+    shape: torch.Size
+    dtype: torch.dtype
+    gather: Callable[[], torch.Tensor]
 
 
 class Engine(ABC):
@@ -192,8 +205,10 @@ class Engine(ABC):
         return {**state, "total": sum(state.values())}
 
     @abstractmethod
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Consolidated model weights on rank 0 (None elsewhere). Every rank must call it."""
+    def final_tensors(self) -> list[FinalTensor]:
+        """model.pt's tensors, in state_dict order, under the plain model's names: one
+        consolidated fp32 `state_dict` whatever the parallelism, gathered one tensor at a
+        time (runner.train.weights_file). Every rank calls it."""
 
     @abstractmethod
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from runner import dist as rdist
 from runner.engines.base import (
     Engine,
+    FinalTensor,
     Snapshot,
     background_writer,
     local_grad_norm,
@@ -119,10 +120,11 @@ class DDPEngine(Engine):
             return None if self.scaler else norm
         return local_grad_norm(self.params) if norm_wanted and not self.scaler else None
 
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        if rdist.get_global_rank() != 0:
-            return None
-        return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+    def final_tensors(self) -> list[FinalTensor]:
+        return [
+            FinalTensor(name, value.shape, value.dtype, value.detach)
+            for name, value in self.module.state_dict().items()
+        ]
 
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         if rdist.get_global_rank() != 0:

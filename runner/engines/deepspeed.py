@@ -13,6 +13,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 
 from runner import dist as rdist
-from runner.engines.base import Engine, Fill
+from runner.engines.base import Engine, Fill, FinalTensor
 from runner.engines.optim import build_optimizer, build_scheduler
 from runner.processes import keep_extensions_in_environment
 from runner.spec import Precision, RunSpec
@@ -169,20 +170,25 @@ class DeepSpeedEngine(Engine):
         finally:
             config.load_universal_checkpoint = False
 
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The fp32 weights on rank 0. ZeRO 1/2 hold the full 16- or 32-bit weights on every
-        rank but partition the fp32 masters; ZeRO-3 partitions every parameter. Whatever is
-        partitioned is gathered (a collective per parameter)."""
+    def final_tensors(self) -> list[FinalTensor]:
+        """The fp32 weights. ZeRO 1/2 hold the full 16- or 32-bit weights on every rank but
+        partition the fp32 masters; ZeRO-3 partitions every parameter. Whatever is
+        partitioned is gathered when its turn comes (a collective per parameter)."""
         from deepspeed.utils import safe_get_full_fp32_param
 
-        state = dict(self.module.state_dict())
-        if self.stage == 3 or not self.full_precision:
-            for name, param in self.module.named_parameters(remove_duplicate=False):
-                if name in state:
-                    state[name] = safe_get_full_fp32_param(param)
-        if rdist.get_global_rank() != 0:
-            return None
-        return {
-            k: v.detach().float().cpu().clone() if v.is_floating_point() else v.cpu()
-            for k, v in state.items()
-        }
+        partitioned = self.stage == 3 or not self.full_precision
+        params = dict(self.module.named_parameters(remove_duplicate=False))
+
+        def whole(name: str, value: torch.Tensor) -> Callable[[], torch.Tensor]:
+            def gather() -> torch.Tensor:
+                whole = safe_get_full_fp32_param(params[name]) if name in params else value
+                return whole.detach()
+
+            return gather if partitioned else value.detach
+
+        tensors = []
+        for name, value in self.module.state_dict().items():
+            shape = getattr(params.get(name), "ds_shape", value.shape)  # ZeRO-3: the whole
+            dtype = torch.float32 if value.is_floating_point() else value.dtype
+            tensors.append(FinalTensor(name, torch.Size(shape), dtype, whole(name, value)))
+        return tensors

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -28,7 +29,7 @@ import torch
 from torch import nn
 
 from runner import dist as rdist
-from runner.engines.base import Engine, Fill, local_grad_norm
+from runner.engines.base import Engine, Fill, FinalTensor, local_grad_norm
 from runner.engines.optim import build_optimizer, build_scheduler
 from runner.engines.precision import DTYPES, grad_scaler
 from runner.models.blocks import find_blocks
@@ -121,14 +122,28 @@ class FSDPEngine(Engine):
             norm = local_grad_norm(self.params)
         return None if self.scaler else norm  # under fp16 the scaler owns overflow
 
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    def final_tensors(self) -> list[FinalTensor]:
+        """The sharded state_dict under the plain model's names; each DTensor is gathered
+        whole when its turn comes (an all-gather over the mesh, from the mesh's device
+        where the shards are offloaded to the CPU)."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+        from torch.distributed.tensor import DTensor
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(self.module, options=options)  # a collective
-        if rdist.get_global_rank() != 0:
-            return None
-        return {k: v.detach().clone() for k, v in state.items()}
+        def whole(value: torch.Tensor) -> Callable[[], torch.Tensor]:
+            def gather() -> torch.Tensor:
+                if not isinstance(value, DTensor):
+                    return value.detach()
+                on_mesh = value
+                if value.device.type != value.device_mesh.device_type:
+                    on_mesh = value.to(value.device_mesh.device_type)
+                return on_mesh.full_tensor()
+
+            return gather
+
+        return [
+            FinalTensor(name, value.shape, value.dtype, whole(value))
+            for name, value in get_model_state_dict(self.module).items()
+        ]
 
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp

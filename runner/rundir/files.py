@@ -79,15 +79,23 @@ class RunDir:
 
 def write_atomic(path: Path, data: bytes | str) -> None:
     """Write `data` to `path` so that `path` is either the old file or the whole new one."""
+    with replacing(path) as tmp, open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary path beside `path` to write the new file into; once the block ends, the
+    file is fsynced and renamed to `path`, so `path` is either the old file or the whole
+    new one. A failed block (a full disk, EIO) leaves no temporary behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
+        yield tmp
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # a full disk, EIO: no half-written temporary left behind
+    except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise

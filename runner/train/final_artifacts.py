@@ -2,23 +2,21 @@
 rank has checked its weights and told its memory.
 
 model.pt is one plain fp32 `state_dict`, whatever the parallelism (gathered from ZeRO's
-partitions and FSDP's shards). summary.json comes last: a run with a `completed` summary
-has all its artifacts.
+partitions and FSDP's shards one tensor at a time: runner.train.weights_file).
+summary.json comes last: a run with a `completed` summary has all its artifacts.
 """
 
 from __future__ import annotations
 
-import io
 import resource
 from typing import Any
 
-import torch
-
 from runner import dist as rdist
 from runner.engines.base import Engine
-from runner.rundir.files import RunDir, write_atomic
+from runner.rundir.files import RunDir
 from runner.rundir.summary import Status, attempts, build_summary, history, write_summary
 from runner.spec import RunSpec
+from runner.train.weights_file import write_weights
 
 
 def peak_rss_bytes() -> int:
@@ -38,14 +36,11 @@ def write_final(
     summary.json with `facts` (start_time, restarts, resumed_from, first_step_at,
     compile_s, the microbatching keys). `build_peak_rss`: this rank's peak before its first
     step (building, sharding, loading). Returns the summary (empty on other ranks)."""
-    weights = engine.full_state_dict()
+    write_weights(run_dir.model, engine.final_tensors())
     memory = (engine.state_bytes(), peak_rss_bytes(), build_peak_rss)
     per_rank = rdist.all_gather_object(memory)
     if rdist.get_global_rank() != 0:
         return {}
-    buffer = io.BytesIO()
-    torch.save(weights, buffer)
-    write_atomic(run_dir.model, buffer.getvalue())
     start_time = facts.pop("start_time")
     summary = build_summary(
         Status.COMPLETED,
