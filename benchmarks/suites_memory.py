@@ -96,12 +96,16 @@ GPT_CAPACITY = [
     "grad_clip_norm=null",
     "logger=[]",
 ]
-CAPACITY_RUNS = {  # the table's rows: parallelism and how its ranks build the model
-    "ddp": ("parallelism=ddp",),
-    "zero3, meta_init": ("parallelism=zero3",),
-    "zero3, whole model built first": ("parallelism=zero3", "parallelism.meta_init=false"),
-    "fsdp, meta_init": ("parallelism=fsdp",),
-    "fsdp, whole model built first": ("parallelism=fsdp", "parallelism.meta_init=false"),
+LEAN_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}  # glibc: every block >= 1 MB its own map
+CAPACITY_RUNS = {  # the table's rows: parallelism, how its ranks build the model, environment
+    "ddp": (("parallelism=ddp",), {}),
+    "zero3, meta_init": (("parallelism=zero3",), {}),
+    "zero3, whole model built first": (("parallelism=zero3", "parallelism.meta_init=false"), {}),
+    "fsdp, meta_init": (("parallelism=fsdp",), {}),
+    "fsdp, whole model built first": (("parallelism=fsdp", "parallelism.meta_init=false"), {}),
+    "ddp, MALLOC_MMAP_THRESHOLD_=1MB": (("parallelism=ddp",), LEAN_MALLOC),
+    "zero3, meta_init, MALLOC_MMAP_THRESHOLD_=1MB": (("parallelism=zero3",), LEAN_MALLOC),
+    "fsdp, meta_init, MALLOC_MMAP_THRESHOLD_=1MB": (("parallelism=fsdp",), LEAN_MALLOC),
 }
 
 
@@ -117,13 +121,13 @@ PEAK, BUILT = "peak RSS MB/rank", "build peak RSS MB/rank"
 PEAK_0, PEAK_OTHERS = "peak RSS MB, rank 0", "peak RSS MB, ranks but 0"  # 0 writes model.pt
 
 
-def measure_state(*overrides: str) -> dict[str, float]:
+def measure_state(*overrides: str, env: dict[str, str] | None = None) -> dict[str, float]:
     """A short 2-rank run (3 steps): the largest rank's state and peak RSS, in MB."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         command = [venv_tool("runner"), *overrides, "nproc=2", "max_steps=3", "log_interval=1"]
         command += ["progress_bar=false", f"hydra.run.dir={run_dir}"]
-        run(command, thread_env(2), cwd=tmp)
+        run(command, {**thread_env(2), **(env or {})}, cwd=tmp)
         summary = json.loads((run_dir / "summary.json").read_text())
     return {
         STATE: max(rank["total"] for rank in summary["state_bytes"]) / MB,
@@ -151,18 +155,24 @@ def capacity_table(_reps: int, _steps: int) -> str:
         "summary.json build_peak_rss_bytes); trained: the peak RSS of the whole run, of rank "
         "0 (which also gathers the whole model at the end, to write model.pt) and of the "
         "other rank. A rank that imported torch and joined its process group holds about "
-        "450-600 MB before any model.",
+        "450-600 MB before any model (DeepSpeed's ranks about 730 MB). 16Ψ: the whole model's "
+        "training state (fp32 parameters, gradients, AdamW's two moments), which ddp holds on "
+        "every rank. MALLOC_MMAP_THRESHOLD_=1MB: glibc maps every block of 1 MB or more on its "
+        "own and returns it when freed, instead of keeping freed memory in its heap (the "
+        "default; measured at about 1.3x the step time of the sharded_step gpt).",
         "",
-        "| ranks build | layers | parameters (M) | 4Ψ MB | state MB/rank | built: peak RSS MB/rank "
+        "| ranks build | layers | parameters (M) | 4Ψ MB | 16Ψ MB | state MB/rank | "
+        "built: peak RSS MB/rank "
         "| trained: peak RSS MB, rank 0 / rank 1 | rank 1's peak - state MB | "
         "next depth's peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, overrides in CAPACITY_RUNS.items():
+    for label, (overrides, env) in CAPACITY_RUNS.items():
         fits, over = None, None
         for n_layer in CAPACITY_LAYERS:
             try:
-                result = measure_state(*GPT_CAPACITY, *overrides, f"model.n_layer={n_layer}")
+                depth = f"model.n_layer={n_layer}"
+                result = measure_state(*GPT_CAPACITY, *overrides, depth, env=env)
             except SystemExit:  # the run failed (out of memory): the one before is the last
                 over = {PEAK: float("nan")}
                 break
@@ -173,13 +183,14 @@ def capacity_table(_reps: int, _steps: int) -> str:
             fits = (n_layer, result)
         beyond = f"{over[PEAK]:.0f}" if over else "(ladder ends)"
         if fits is None:
-            lines.append(f"| {label} | none | | | | | | | {beyond} |")
+            lines.append(f"| {label} | none | | | | | | | | {beyond} |")
             continue
         n_layer, result = fits
         params = gpt_parameters(n_layer)
         peak, others, state = result[PEAK_0], result[PEAK_OTHERS], result[STATE]
         lines.append(
-            f"| {label} | {n_layer} | {params / 1e6:.1f} | {4 * params / MB:.0f} | {state:.0f} "
+            f"| {label} | {n_layer} | {params / 1e6:.1f} | {4 * params / MB:.0f} "
+            f"| {16 * params / MB:.0f} | {state:.0f} "
             f"| {result[BUILT]:.0f} | {peak:.0f} / {others:.0f} | {others - state:.0f} "
             f"| {beyond} |"
         )
