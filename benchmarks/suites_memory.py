@@ -153,13 +153,13 @@ def capacity_table(_reps: int, _steps: int) -> str:
         "parameters, gradients and AdamW's two moments (summary.json state_bytes; ZeRO-3's "
         "16Ψ/N); built: the peak RSS before the first step (building, sharding, loading; "
         "summary.json build_peak_rss_bytes); trained: the peak RSS of the whole run, of rank "
-        "0 (which also gathers the whole model at the end, to write model.pt) and of the "
+        "0 (which also writes model.pt at the end, one gathered tensor at a time) and of the "
         "other rank. A rank that imported torch and joined its process group holds about "
         "450-600 MB before any model (DeepSpeed's ranks about 730 MB). 16Ψ: the whole model's "
         "training state (fp32 parameters, gradients, AdamW's two moments), which ddp holds on "
         "every rank. MALLOC_MMAP_THRESHOLD_=1MB: glibc maps every block of 1 MB or more on its "
         "own and returns it when freed, instead of keeping freed memory in its heap (the "
-        "default; measured at about 1.3x the step time of the sharded_step gpt).",
+        "default), paying for it in page faults on every step.",
         "",
         "| ranks build | layers | parameters (M) | 4Ψ MB | 16Ψ MB | state MB/rank | "
         "built: peak RSS MB/rank "

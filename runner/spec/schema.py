@@ -201,7 +201,7 @@ class Zero3Spec:
     # Not DeepSpeed's own defaults (5e8, 1e9): with those a rank holds every gathered
     # parameter from forward to backward, and a bucket that fills with every gradient, each
     # a whole copy of a model below 0.5B parameters (measured: same step time either way).
-    reduce_bucket_size: int = _bound(50_000_000, min=1)
+    reduce_bucket_size: int = _bound(5_000_000, min=1)
     prefetch_bucket_size: int = _bound(50_000_000, min=0)
     param_persistence_threshold: int = _bound(100_000, min=0)
     max_live_parameters: int = _bound(1_000_000_000, min=1)
