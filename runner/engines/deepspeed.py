@@ -13,8 +13,8 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from contextlib import AbstractContextManager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -178,17 +178,12 @@ class DeepSpeedEngine(Engine):
 
         partitioned = self.stage == 3 or not self.full_precision
         params = dict(self.module.named_parameters(remove_duplicate=False))
-
-        def whole(name: str, value: torch.Tensor) -> Callable[[], torch.Tensor]:
-            def gather() -> torch.Tensor:
-                whole = safe_get_full_fp32_param(params[name]) if name in params else value
-                return whole.detach()
-
-            return gather if partitioned else value.detach
-
         tensors = []
         for name, value in self.module.state_dict().items():
             shape = getattr(params.get(name), "ds_shape", value.shape)  # ZeRO-3: the whole
             dtype = torch.float32 if value.is_floating_point() else value.dtype
-            tensors.append(FinalTensor(name, torch.Size(shape), dtype, whole(name, value)))
+            gather = value.detach
+            if partitioned and name in params:
+                gather = partial(safe_get_full_fp32_param, params[name])
+            tensors.append(FinalTensor(name, torch.Size(shape), dtype, gather))
         return tensors

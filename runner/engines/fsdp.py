@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -124,24 +124,11 @@ class FSDPEngine(Engine):
 
     def final_tensors(self) -> list[FinalTensor]:
         """The sharded state_dict under the plain model's names; each DTensor is gathered
-        whole when its turn comes (an all-gather over the mesh, from the mesh's device
-        where the shards are offloaded to the CPU)."""
+        whole when its turn comes."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
-        from torch.distributed.tensor import DTensor
-
-        def whole(value: torch.Tensor) -> Callable[[], torch.Tensor]:
-            def gather() -> torch.Tensor:
-                if not isinstance(value, DTensor):
-                    return value.detach()
-                on_mesh = value
-                if value.device.type != value.device_mesh.device_type:
-                    on_mesh = value.to(value.device_mesh.device_type)
-                return on_mesh.full_tensor()
-
-            return gather
 
         return [
-            FinalTensor(name, value.shape, value.dtype, whole(value))
+            FinalTensor(name, value.shape, value.dtype, partial(gathered, value))
             for name, value in get_model_state_dict(self.module).items()
         ]
 
@@ -232,3 +219,15 @@ def _shared_memory_stager(device_type: str) -> Any:
 
     cuda = device_type == "cuda"
     return DefaultStager(StagingOptions(cuda, True, False, cuda))
+
+
+def gathered(value: torch.Tensor) -> torch.Tensor:
+    """A DTensor whole: an all-gather over its mesh, from the mesh's device where the shards
+    are offloaded to the CPU. A plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(value, DTensor):
+        return value.detach()
+    if value.device.type != value.device_mesh.device_type:
+        value = value.to(value.device_mesh.device_type)
+    return value.full_tensor()

@@ -21,6 +21,7 @@ import zipfile
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -30,6 +31,7 @@ from runner.rundir.files import replacing
 
 LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # a zip's local file header (30 bytes)
 CENTRAL_HEADER = struct.Struct("<4s4B4HL2L5H2L")  # a central directory entry (46 bytes)
+CENTRAL_SIGNATURE = b"PK\x01\x02"
 CRC_AT_LOCAL, CRC_AT_CENTRAL = 14, 16  # where each header holds its record's CRC-32
 
 
@@ -41,54 +43,55 @@ def write_weights(path: Path, tensors: Sequence[FinalTensor]) -> None:
             entry.gather()
         return
     with replacing(path) as tmp:
-        offsets = lay_out(tmp, tensors)
+        records, directory = lay_out(tmp, tensors)
         crcs = []
         with open(tmp, "r+b") as f:
-            for entry, offset in zip(tensors, offsets, strict=True):
+            for entry, record in zip(tensors, records, strict=True):
                 data = _bytes(entry)
-                f.seek(offset)
+                f.seek(_data_offset(f, record))
                 f.write(data)
                 crcs.append(zlib.crc32(data))
                 del data
-            _set_crcs(f, tmp, crcs)
+            _set_crcs(f, records, directory, crcs)
 
 
-def lay_out(path: Path, tensors: Sequence[FinalTensor]) -> list[int]:
-    """Write the archive with every record reserved; return each tensor's record offset."""
+def lay_out(path: Path, tensors: Sequence[FinalTensor]) -> tuple[list[zipfile.ZipInfo], int]:
+    """Write the archive with every record reserved; return each tensor's record and where
+    the archive's central directory starts."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
         skeleton = {t.name: torch.empty(t.shape, dtype=t.dtype) for t in tensors}
     with torch.serialization.skip_data(materialize_fake_tensors=True):
         torch.save(skeleton, path)
-    with zipfile.ZipFile(path) as archive, open(path, "rb") as f:
-        records = {
+    with zipfile.ZipFile(path) as archive:
+        records = {  # torch.save numbers storages data/0, data/1, ... in the order it meets them
             int(info.filename.rsplit("/", 1)[1]): info
             for info in archive.infolist()
             if info.filename.rsplit("/", 2)[-2:-1] == ["data"]
         }
-        if sorted(records) != list(range(len(tensors))):
+        directory = archive.start_dir
+    if sorted(records) != list(range(len(tensors))):
+        raise RuntimeError(
+            f"model.pt: torch.save laid out {len(records)} tensor records for "
+            f"{len(tensors)} tensors"
+        )
+    for key, entry in enumerate(tensors):
+        nbytes = entry.shape.numel() * entry.dtype.itemsize
+        if records[key].file_size != nbytes:
             raise RuntimeError(
-                f"model.pt: torch.save laid out {len(records)} tensor records for "
-                f"{len(tensors)} tensors"
+                f"model.pt: record {key} holds {records[key].file_size} bytes, {entry.name} "
+                f"{nbytes}"
             )
-        offsets = []
-        for key, entry in enumerate(tensors):
-            info = records[key]  # torch.save numbers storages in the order it meets them
-            if info.file_size != _nbytes(entry):
-                raise RuntimeError(
-                    f"model.pt: record {key} holds {info.file_size} bytes, {entry.name} "
-                    f"{_nbytes(entry)}"
-                )
-            f.seek(info.header_offset)
-            fields = LOCAL_HEADER.unpack(f.read(LOCAL_HEADER.size))
-            name_length, extra_length = fields[-2], fields[-1]
-            offsets.append(info.header_offset + LOCAL_HEADER.size + name_length + extra_length)
-    return offsets
+    return [records[key] for key in range(len(tensors))], directory
 
 
-def _nbytes(entry: FinalTensor) -> int:
-    return entry.shape.numel() * entry.dtype.itemsize
+def _data_offset(f: BinaryIO, record: zipfile.ZipInfo) -> int:
+    """Where the record's bytes start: after its local header, name and extra field."""
+    f.seek(record.header_offset)
+    fields = LOCAL_HEADER.unpack(f.read(LOCAL_HEADER.size))
+    name_length, extra_length = fields[-2], fields[-1]
+    return record.header_offset + LOCAL_HEADER.size + name_length + extra_length
 
 
 def _bytes(entry: FinalTensor) -> memoryview:
@@ -101,28 +104,22 @@ def _bytes(entry: FinalTensor) -> memoryview:
     return memoryview(value.reshape(-1).view(torch.uint8).numpy())
 
 
-def _set_crcs(f, path: Path, crcs: list[int]) -> None:
+def _set_crcs(f: BinaryIO, records: list[zipfile.ZipInfo], directory: int, crcs: list[int]) -> None:
     """Put each tensor record's CRC-32 into its local header and its central directory
     entry (skip_data leaves them 0), so that the archive checks out whole."""
-    with zipfile.ZipFile(path) as archive:
-        infos = archive.infolist()
-        directory = archive.start_dir
-    keys = {
-        info.filename: int(info.filename.rsplit("/", 1)[1])
-        for info in infos
-        if info.filename.rsplit("/", 2)[-2:-1] == ["data"]
-    }
-    for info in infos:
-        if info.filename in keys:
-            f.seek(info.header_offset + CRC_AT_LOCAL)
-            f.write(struct.pack("<L", crcs[keys[info.filename]]))
+    crc_of = {record.filename: crc for record, crc in zip(records, crcs, strict=True)}
+    for record in records:
+        f.seek(record.header_offset + CRC_AT_LOCAL)
+        f.write(struct.pack("<L", crc_of[record.filename]))
     position = directory
-    for _ in infos:
+    while True:
         f.seek(position)
         fields = CENTRAL_HEADER.unpack(f.read(CENTRAL_HEADER.size))
+        if fields[0] != CENTRAL_SIGNATURE:  # past the last entry: the directory's end record
+            return
         name_length, extra_length, comment_length = fields[12], fields[13], fields[14]
         name = f.read(name_length).decode()
-        if name in keys:
+        if name in crc_of:
             f.seek(position + CRC_AT_CENTRAL)
-            f.write(struct.pack("<L", crcs[keys[name]]))
+            f.write(struct.pack("<L", crc_of[name]))
         position += CENTRAL_HEADER.size + name_length + extra_length + comment_length
