@@ -221,13 +221,15 @@ def _launch_config(spec: RunSpec, run_dir: RunDir) -> Any:
 
 def _settle(link: nodes.NodeLink | None, watchdog: Watchdog | None) -> None:
     """The ranks are gone: stop watching them and the other nodes, and let no late signal
-    cut the summary short (the parent still kills us if we overstay)."""
-    if watchdog is not None:
-        watchdog.stop()
+    cut the summary short (the parent still kills us if we overstay). Signals first: the
+    link's watcher stops this agent with SIGTERM when another node's part ends, and it may
+    do so while the watchdog is being stopped, after our own ranks failed."""
     if link is not None:
-        link.stop_watching()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
+        link.stop_watching()
+    if watchdog is not None:
+        watchdog.stop()
 
 
 def _import_torch() -> None:

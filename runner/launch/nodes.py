@@ -42,7 +42,10 @@ from runner.rundir.files import read_json
 
 JOIN_TIMEOUT_S = 900  # how long a node waits for the others to show up
 POLL_S = 0.2
-COLLECT_S = 3.0  # how long a failed agent waits for a better root cause from another node
+# How long a failed agent waits for a better root cause from another node: only a node
+# that has gone silent makes it wait this long (a busy node can take seconds to see its
+# rank die; 3 s once named the consequence instead of the cause).
+COLLECT_S = 10.0
 LINGER_S = 5.0  # how long node 0 keeps the store up so that the others learn of a failure
 REFUSAL_READ_S = 5.0  # how long node 0 keeps the store up for the others to read a refusal
 LOST_S = 3.0  # a node that cannot reach node 0's store this long stops its ranks
@@ -295,8 +298,9 @@ class NodeLink:
             self.store.add(_FAILED, 1)
 
     def remote_failures(self, wait_s: float) -> list[RankFailure]:
-        """Failures other nodes published, waiting up to `wait_s` for the first one. A node
-        other than 0 is done with the store afterwards."""
+        """Failures other nodes published, waiting up to `wait_s` for the first one or for
+        every other node to have said how it ended. A node other than 0 is done with the
+        store afterwards."""
         deadline = time.monotonic() + wait_s
         failures: list[RankFailure] = []
         while not self._left:
@@ -305,7 +309,8 @@ class NodeLink:
             except Exception:  # node 0's agent is gone
                 break
             failures = [n.failure for n in notices if n.failure is not None]
-            if failures or time.monotonic() >= deadline:
+            everyone = len(notices) == self.nodes - 1
+            if failures or everyone or time.monotonic() >= deadline:
                 break
             time.sleep(POLL_S)
         self._leave(self.store)
