@@ -82,9 +82,12 @@ def activation_suite(steps: int) -> list[Config]:
     ]
 
 
-BUDGET_MB = 2048  # per rank: peak resident memory (torch itself, about 450 MB, included)
+# Per rank: peak resident memory (torch itself, about 450 MB, included). Large enough that
+# a rank's fixed cost (torch, DeepSpeed, the allocator's heap) is not most of it: sharding
+# over 2 ranks halves 16Ψ at best, so a small budget leaves nothing for the model to gain.
+BUDGET_MB = 3072
 CAPACITY_WIDTH = 1024
-CAPACITY_LAYERS = (2, 4, 6, 8, 10, 12, 14, 16)
+CAPACITY_LAYERS = (4, 8, 12, 16, 20, 24)
 GPT_CAPACITY = [
     "+recipe=gpt_text",
     f"model.n_embd={CAPACITY_WIDTH}",

@@ -156,7 +156,7 @@ CASES = [
             "+parallelism.deepspeed_config.zero_optimization.stage3_prefetch_bucket_size=10",
         ],
         "zero_optimization.stage3_prefetch_bucket_size=10: conflicts with "
-        "parallelism.prefetch_bucket_size=50000000",
+        "parallelism.prefetch_bucket_size=0",
     ),
     (
         ["parallelism=zero2", "+parallelism.deepspeed_config.train_batch_size=128"],

@@ -174,8 +174,10 @@ class Engine(ABC):
         """Measure the gradients held now (during the first step only); keep the largest."""
         if self._grads_noted:
             return
-        grads = [t.grad for t in self._held_parameters() if t.grad is not None]
-        self._grad_bytes = max(self._grad_bytes or 0, storage_bytes(grads))
+        self._grad_bytes = max(self._grad_bytes or 0, storage_bytes(self._held_grads()))
+
+    def _held_grads(self) -> list[torch.Tensor]:
+        return [t.grad for t in self._held_parameters() if t.grad is not None]
 
     def _held_parameters(self) -> list[torch.Tensor]:
         """The model's parameters and, when they are other tensors (ZeRO's fp32 master

@@ -74,6 +74,23 @@ def partitioned_construction(spec: RunSpec, device: str) -> Any:
     return deepspeed.zero.Init(config_dict_or_path=config)
 
 
+def share_master_partitions(zero3: Any) -> None:
+    """Let ZeRO-3's fp32 master partitions be the parameters' own partitions where those are
+    fp32 already (an fp32 run without optimizer offload): one copy of the partition fewer,
+    4 bytes per parameter over the ranks. DeepSpeed means to do this itself, but its test
+    compares a tensor's device with a device name (`tensor.device == "cpu"`), which is never
+    true, so it keeps a second copy. Done before the first step: the optimizer has no state
+    for the masters yet, and DeepSpeed finds them by index, never by identity."""
+    flats, masters = zero3.fp16_partitioned_groups_flat, zero3.fp32_partitioned_groups_flat
+    if zero3.offload_optimizer or zero3.optimizer.state:
+        return
+    for i, (flat, master) in enumerate(zip(flats, masters, strict=True)):
+        if flat is None or (flat.dtype, flat.device) != (master.dtype, master.device):
+            continue
+        flat.ds_id, flat.requires_grad = master.ds_id, master.requires_grad
+        masters[i] = flat  # the step updates the partition in place; the copy back is a no-op
+
+
 class DeepSpeedEngine(Engine):
     def __init__(
         self,
@@ -103,10 +120,23 @@ class DeepSpeedEngine(Engine):
                 f"parallelism={name}: DeepSpeed failed to initialise: {type(exc).__name__}: {exc}"
             ) from exc
         self.module = self.model.module
-        self.watch_state(optimizer)  # ZeRO steps our optimizer on its own partitions
         self.stage = spec.parallelism.stage
+        if self.stage == 3:
+            share_master_partitions(self.model.optimizer)
+        self.watch_state(optimizer)  # ZeRO steps our optimizer on its own partitions
         self.full_precision = spec.precision.name is Precision.FP32
         self.fp16 = spec.precision.name is Precision.FP16
+
+    def _held_parameters(self) -> list[torch.Tensor]:
+        # ZeRO-3's optimizer holds its fp32 masters in its param_groups only while it steps.
+        masters = getattr(self.model.optimizer, "fp32_partitioned_groups_flat", [])
+        return [*super()._held_parameters(), *masters]
+
+    def _held_grads(self) -> list[torch.Tensor]:
+        # ZeRO-3 reduces into one buffer of gradient partitions, and steps each sub-group of
+        # its partition on a flat copy of that sub-group's part of it.
+        buffer = getattr(self.model.optimizer, "grad_partitions_flat_buffer", None)
+        return [*super()._held_grads(), *([] if buffer is None else [buffer])]
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
         # Said each time: with grad_accum=auto the count changes within a step.

@@ -57,6 +57,7 @@ for _key, _field in {
     "stage3_param_persistence_threshold": "param_persistence_threshold",
     "stage3_max_live_parameters": "max_live_parameters",
     "stage3_max_reuse_distance": "max_reuse_distance",
+    "sub_group_size": "sub_group_size",
     "offload_param": "offload_param",
 }.items():
     OWNED[f"zero_optimization.{_key}"] = (
@@ -111,6 +112,7 @@ def _zero_section(zero: Any) -> dict[str, Any]:
             stage3_param_persistence_threshold=zero.param_persistence_threshold,
             stage3_max_live_parameters=zero.max_live_parameters,
             stage3_max_reuse_distance=zero.max_reuse_distance,
+            sub_group_size=zero.sub_group_size,
         )
         if zero.offload_param == "cpu":
             section["offload_param"] = {"device": "cpu"}

@@ -70,5 +70,8 @@ def train_plain(spec: RunSpec, naive_microbatches: int = 1) -> dict[str, torch.T
 
 
 # The small models' parameters are all under DeepSpeed's persistence threshold (1e5
-# elements), which would keep every one whole on every rank: partition them all.
-ENGINE_OPTIONS = {"zero3": ["parallelism.param_persistence_threshold=0"]}
+# elements), which would keep every one whole on every rank: partition them all, and step
+# them in several sub-groups (one per 2000 elements or so), as a large model's are.
+ENGINE_OPTIONS = {
+    "zero3": ["parallelism.param_persistence_threshold=0", "parallelism.sub_group_size=2000"]
+}
