@@ -30,6 +30,7 @@ from runner.train import chaos, checkpointing
 from runner.train.checkpoint_writer import CheckpointWriter
 from runner.train.evaluation import Evaluator
 from runner.train.final_artifacts import peak_rss_bytes, write_final
+from runner.train.heap import give_back_freed_memory
 from runner.train.loss_items import check_items, global_items
 from runner.train.loss_pass import LossPass
 from runner.train.loss_reduction import PendingRecords
@@ -63,6 +64,7 @@ class Trainer:
         # Seeded alike on every rank: identical initial weights (or, under meta_init, each
         # rank's shards of them); the data is built first, as the seed weights were.
         data, module, fill = build_for_rank(spec, device, run_dir.seed_weights)
+        give_back_freed_memory()  # what building freed (zero.Init builds each module whole)
         token_data = {"vocab_size", "block_size"} <= data.info.keys()
         flops = flops_per_token(module) if token_data else None  # before sharding: all of it
         self.loss_fn = instantiate(spec.loss.node, data.info)
@@ -74,6 +76,7 @@ class Trainer:
         with_warmup = with_warmup_steps(spec, self.data.steps_per_epoch)
         parallel = parallelize(module, with_warmup, device, self.data.total_steps, fill)
         self.engine, self.channels_last = parallel.engine, parallel.channels_last
+        give_back_freed_memory()  # and what sharding freed, before the first step
         self.compile_clock = parallel.compile_clock
         self.evaluator = Evaluator(
             spec, self.engine, self.loss_fn, metrics, self.data.val_loader, device,
