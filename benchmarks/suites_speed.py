@@ -262,6 +262,22 @@ def sharded_step_suite(steps: int) -> list[Config]:
                 plain,
             ),
         ]
+    # runner's zero3 defaults hold no gathered copy from forward to backward, so each module
+    # is gathered again in backward; with DeepSpeed's (prefetch 5e7, reuse distance 1e9) a
+    # model this small stays gathered, as in the plain script.
+    deepspeeds = (
+        "parallelism.prefetch_bucket_size=50000000",
+        "parallelism.max_reuse_distance=1000000000",
+    )
+    configs.append(
+        Config(
+            "runner parallelism=zero3, DeepSpeed's prefetch and reuse distance",
+            partial(
+                run_runner, *GPT_SHARDED, "parallelism=zero3", *deepspeeds, nproc=2, steps=steps
+            ),
+            "torchrun + plain DeepSpeed zero3",
+        )
+    )
     return configs
 
 
