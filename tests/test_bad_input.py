@@ -46,6 +46,10 @@ CASES = [
     ),
     (["data=cifar10", "data.root=/tmp"], "data=cifar10 needs the python-pickle files"),
     (
+        ["init_from.path=/no/weights.pt"],
+        "init_from.path='/no/weights.pt': no such file or directory; give a model.pt",
+    ),
+    (
         ["data=text", f"data.root={CONF}", "data.pattern=*.md"],
         f"data.root='{CONF}': no file matches data.pattern='*.md'",
     ),

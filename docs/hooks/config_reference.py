@@ -55,6 +55,7 @@ TOP_NESTED = {
     "chaos": schema.ChaosSpec,
     "mfu": schema.MfuSpec,
     "loss_spike": schema.LossSpikeSpec,
+    "init_from": schema.InitFromSpec,
 }
 
 

@@ -256,6 +256,20 @@ def _user_config_argv(directory: str) -> list[str]:
     return [f"--config-dir={directory}"]
 
 
+SHORTHANDS = {"init_from": "init_from.path"}  # `key=VALUE` for the main key of a group of keys
+
+
+def expand_shorthands(args: list[str]) -> list[str]:
+    """`init_from=PATH` is `init_from.path=PATH` (a whole `init_from={...}` stays as it is)."""
+    expanded = []
+    for arg in args:
+        key, equals, value = arg.partition("=")
+        if equals and key in SHORTHANDS and not value.startswith("{"):
+            arg = f"{SHORTHANDS[key]}={value}"
+        expanded.append(arg)
+    return expanded
+
+
 def main() -> None:
     """Console entry point: `runner [overrides]`, `runner rerun RUN_DIR [overrides]`, or
     `runner prepare [overrides]` (runner.cli.prepare)."""
@@ -271,6 +285,7 @@ def main() -> None:
         ):
             user = _user_config_argv(os.environ[USER_CONFIG_ENV])
             sys.argv = [sys.argv[0], *user, *sys.argv[1:]]
+    sys.argv = [sys.argv[0], *expand_shorthands(sys.argv[1:])]
     app = hydra.main(version_base="1.3", config_path=_conf_dir(), config_name="config")(task)
     user_wants_hydra_errors = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Hydra prints composition errors itself and exits 1, unless HYDRA_FULL_ERROR asks it to

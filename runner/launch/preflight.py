@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from runner import components
@@ -73,6 +74,8 @@ def component_problems(spec: RunSpec) -> list[str]:
     wrap = getattr(spec.parallelism, "wrap", ())
     if (spec.checkpoint_every or wrap) and not found:
         found += _block_problems(spec, provided())
+    if spec.init_from.path is not None and not found:
+        found += _init_from_problems(spec, provided())
     return found
 
 
@@ -143,4 +146,31 @@ def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
             f"activation_checkpointing={spec.activation_checkpointing}: {type(model).__name__} "
             "has no blocks (a ModuleList of modules of one class) to checkpoint; valid here: none"
         )
+    return found
+
+
+def _init_from_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
+    """The pretrained weights' file: readable, and its names and shapes those of the model
+    (built on the meta device: shapes only)."""
+    import torch
+
+    from runner.models.pretrained import loaded_tensors, match
+    from runner.models.tensor_files import WeightsFileError, tensor_file
+
+    path = spec.init_from.path
+    if info is None:
+        return []
+    try:
+        with tensor_file(Path(path)) as file:
+            try:
+                with torch.device("meta"):
+                    model = build_model(spec.model, info)
+            except Exception:  # it reads values while it is built: the whole model, then
+                model = build_model(spec.model, info)
+            matching = match(file, loaded_tensors(model), spec.init_from)
+    except WeightsFileError as exc:
+        return [f"init_from.path={path}: {exc}"]
+    found = matching.problems(spec.init_from)
+    if not found:
+        log.info("runner: init_from: %s (%s)", path, matching.summary())
     return found

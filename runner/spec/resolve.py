@@ -52,6 +52,7 @@ def resolve_spec(
     spec = _resolve_nodes(spec, problems, os.environ if environ is None else environ)
     spec = resolve_data_paths(spec, problems)
     spec = _resolve_code_dirs(spec, problems)
+    spec = _resolve_init_from(spec, problems)
     spec = _resolve_trackers(spec)
     if problems:  # the checks below need a resolved nproc and device
         raise SpecError(problems)
@@ -173,6 +174,22 @@ def _resolve_code_dirs(spec: RunSpec, problems: list[str]) -> RunSpec:
             problems.append(f"code_dir={directory!r}: directory does not exist")
         resolved.append(str(path))
     return dataclasses.replace(spec, code_dir=tuple(resolved))
+
+
+def _resolve_init_from(spec: RunSpec, problems: list[str]) -> RunSpec:
+    """init_from.path made absolute, so every node and rank reads the same file; what it
+    holds is checked by the agent, which can read it (runner.launch.preflight)."""
+    given = spec.init_from.path
+    if given is None:
+        return spec
+    path = Path(given).expanduser().resolve()
+    if not path.exists():
+        problems.append(
+            f"init_from.path={given!r}: no such file or directory; give a model.pt, a "
+            ".safetensors file, a sharded safetensors directory or a Hugging Face model "
+            "directory (local: runner downloads nothing)"
+        )
+    return dataclasses.replace(spec, init_from=dataclasses.replace(spec.init_from, path=str(path)))
 
 
 def _check_sizes(spec: RunSpec, problems: list[str]) -> None:

@@ -325,6 +325,18 @@ class MfuSpec:
     gpu: str | None = None
 
 
+@dataclass(frozen=True)
+class InitFromSpec:
+    """Pretrained weights the run starts from (runner.models.pretrained): `path` a model.pt,
+    a .safetensors file, a sharded safetensors directory with its index, or a local Hugging
+    Face model directory; the file's names lose `strip_prefix` and gain `prefix`."""
+
+    path: str | None = None
+    strict: bool = True  # missing or unexpected names are an error (else logged)
+    prefix: str = ""
+    strip_prefix: str = ""
+
+
 # ------------------------------------------------------------------------------- run
 
 
@@ -349,6 +361,7 @@ class RunSpec:
     compile: CompileSpec | None = None  # null: eager (the YAML's compile: false|true|{...})
     mfu: MfuSpec = field(default_factory=MfuSpec)
     loss_spike: LossSpikeSpec = field(default_factory=LossSpikeSpec)
+    init_from: InitFromSpec = field(default_factory=InitFromSpec)
 
     nproc: int | Literal["auto"] = _bound(1, min=1)
     nodes: int | Literal["auto"] = _bound(1, min=1)

@@ -16,9 +16,12 @@ with a warning in the log that says why: it still trains, at the memory of a who
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -29,7 +32,9 @@ from runner import dist as rdist
 from runner.data.splits import Datasets
 from runner.engines.base import Fill
 from runner.errors import describe
-from runner.models.initial_weights import build_data_and_model, meta_init_applies, seed_reader
+from runner.models.initial_weights import build_data_and_model, meta_init_applies
+from runner.models.pretrained import Matching, load_into, loaded_tensors, match
+from runner.models.tensor_files import TensorFile, tensor_file
 from runner.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -57,9 +62,53 @@ def build_for_rank(
             zero3 = spec.parallelism.name == "zero3"
             fill = _fill_partitions if zero3 else partial(_fill_shards, device=device)
             log.info("meta_init: each rank holds only its shards from the start")
-            return data, module, partial(fill, path=seed_weights)
+            sources = InitialWeights(seed_weights, spec.init_from.path, _pretrained(spec, module))
+            return data, module, partial(fill, weights=sources)
     data, module = build_data_and_model(spec)
+    if spec.init_from.path is not None:
+        with tensor_file(Path(spec.init_from.path)) as file:
+            load_into(module, file, _matching(spec, module, file))
     return data, module.to(device), None
+
+
+@dataclass
+class InitialWeights:
+    """Where each tensor's first values come from: the pretrained file (`init_from`) for
+    the tensors it matched, else the run's seed weights."""
+
+    seed: Path
+    pretrained: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)  # model name -> pretrained name
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[Callable[..., torch.Tensor]]:
+        """read(name, start=0, count=None): elements of a tensor, flattened, from its file."""
+        pretrained = tensor_file(Path(self.pretrained)) if self.sources else None
+        with tensor_file(self.seed) as seed, pretrained or contextlib.nullcontext() as file:
+
+            def read(name: str, start: int = 0, count: int | None = None) -> torch.Tensor:
+                source = self.sources.get(name)
+                if source is None:
+                    return seed.read(name, start, count)
+                return file.read(source, start, count)
+
+            yield read
+
+
+def _pretrained(spec: RunSpec, module: nn.Module) -> dict[str, str]:
+    if spec.init_from.path is None:
+        return {}
+    with tensor_file(Path(spec.init_from.path)) as file:
+        return _matching(spec, module, file).sources
+
+
+def _matching(spec: RunSpec, module: nn.Module, file: TensorFile) -> Matching:
+    matching = match(file, loaded_tensors(module), spec.init_from)
+    problems = matching.problems(spec.init_from)
+    if problems:  # the launcher checked the same file; it changed since
+        raise ValueError("; ".join(problems))
+    log.info("init_from: %s (%s)", spec.init_from.path, matching.summary())
+    return matching
 
 
 def _construction(spec: RunSpec, device: str) -> AbstractContextManager:
@@ -87,36 +136,36 @@ def seed_name(name: str) -> str:
     return name
 
 
-def _fill_shards(module: nn.Module, path: Path, device: str) -> None:
+def _fill_shards(module: nn.Module, weights: InitialWeights, device: str) -> None:
     """FSDP2: allocate this rank's shards and read into each its rows of the tensor (FSDP2
     shards dim 0, so a shard is one byte range of the file)."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     module.to_empty(device=device)
-    with torch.no_grad(), seed_reader(path) as seed:
+    with torch.no_grad(), weights.reader() as read:
         for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
             key = seed_name(name)
             if not isinstance(tensor, DTensor):
-                tensor.copy_(seed.read(key).view(tensor.shape))
+                tensor.copy_(read(key).view(tensor.shape))
                 continue
             shape, offset = compute_local_shape_and_global_offset(
                 tensor.shape, tensor.device_mesh, tensor.placements
             )
             row = math.prod(tensor.shape[1:])
-            part = seed.read(key, offset[0] * row, math.prod(shape)).view(shape)
+            part = read(key, offset[0] * row, math.prod(shape)).view(shape)
             tensor.to_local().copy_(part)
 
 
-def _fill_partitions(module: nn.Module, path: Path) -> None:
+def _fill_partitions(module: nn.Module, weights: InitialWeights) -> None:
     """ZeRO-3: read into each parameter's partition (`ds_tensor`, this rank's equal part of
     the flattened parameter, the last one padded) its byte range of the seed tensor."""
     rank = rdist.get_global_rank()
-    with torch.no_grad(), seed_reader(path) as seed:
+    with torch.no_grad(), weights.reader() as read:
         for name, param in module.named_parameters():
             part, key = param.ds_tensor, seed_name(name)
-            piece = seed.read(key, rank * part.numel(), part.numel())
+            piece = read(key, rank * part.numel(), part.numel())
             part.zero_()
             part[: piece.numel()].copy_(piece)
             if param.numel():  # kept whole as well (DeepSpeed's persistent parameters)
-                param.data.copy_(seed.read(key).view(param.shape))
+                param.data.copy_(read(key).view(param.shape))
