@@ -15,6 +15,7 @@ from runner.cli.main import expand_shorthands
 from runner.models.pretrained import loaded_tensors, match
 from runner.models.tensor_files import WeightsFileError, open_tensor_file, tensor_file
 from runner.spec.schema import InitFromSpec
+from tests.helpers.hugging_face import GPT2, gpt2_args, text_corpus
 
 TENSORS = {
     "embed.weight": torch.randn(6, 4),
@@ -153,23 +154,10 @@ def test_init_from_path_is_the_groups_shorthand() -> None:
 
 # ----------------------------------------------------------------- runs (slow)
 
-GPT2 = {"vocab_size": 256, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 2}
-
-
-def _gpt2_args(corpus: Path) -> list[str]:
-    args = ["model=custom", "model._target_=transformers.GPT2LMHeadModel"]
-    args += ["+model.config._target_=transformers.GPT2Config"]
-    args += [f"+model.config.{k}={v}" for k, v in GPT2.items()]
-    args += ["data=text", f"data.root={corpus}", "data.block_size=32", "data.min_length=8"]
-    return args + ["loss=causal_lm", "metrics=language_model", "global_batch_size=8"]
-
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
-    folder = tmp_path / "corpus"
-    folder.mkdir()
-    (folder / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 200)
-    return folder
+    return text_corpus(tmp_path)
 
 
 @pytest.mark.slow
@@ -185,7 +173,7 @@ def test_a_run_starts_from_a_saved_hugging_face_model(
     saved = GPT2LMHeadModel(GPT2Config(**GPT2))
     saved.save_pretrained(tmp_path / "hf")  # model.safetensors, the tied head left out
     result = cli(
-        *_gpt2_args(corpus),
+        *gpt2_args(corpus),
         f"parallelism={parallelism}",
         "init_from=hf",  # relative: to where runner starts (the test's directory)
         "optimizer.lr=1e-30",

@@ -39,6 +39,7 @@ SHARED_PACKAGES = {"rundir"}  # the run directory's files, read and written by e
 MAY_IMPORT: dict[str, set[str]] = {
     "cli": {"spec", SHARED},
     "launch": {"models", "data", "spec", SHARED},
+    "export": {"models", "data", "spec", SHARED},  # `runner export`: a process of its own
     "train": {"engines", "models", "data", "spec", SHARED},
     "engines": {"models", "data", "spec", SHARED},
     "models": {"data", "spec", SHARED},
@@ -52,6 +53,8 @@ MAY_IMPORT: dict[str, set[str]] = {
 # (else in a `python -m runner.models.shapes` child).
 LAZY_EXCEPTIONS: dict[str, set[str]] = {
     "runner.spec.resume_check": {"runner.models.shapes"},
+    # `runner export` runs no training: the console script hands it over before anything else
+    "runner.cli.entry": {"runner.export.command"},
 }
 
 HEAVY = ("torch", "torchvision", "deepspeed", "sklearn")

@@ -11,6 +11,10 @@ import sys
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["export"]:  # no run: no agent to prestart, no Hydra
+        from runner.export.command import main as export_main
+
+        sys.exit(export_main(sys.argv[2:]))
     from runner.cli import supervise
     from runner.processes import keep_extensions_in_environment
 
