@@ -6,15 +6,20 @@ with Hydra's `_partial_`, `_args_` and nested `_target_` nodes. Values the run k
 when its signature names them and the config leaves them unset, so a user never repeats them.
 
 `problems()` checks a node without calling anything: every `_target_` imports, is callable,
-and its arguments bind to its signature. The agent runs it before any rank starts (the
-parent never imports user code).
+its arguments bind to its signature, and each value fits its annotation where that is a
+scalar type, a Literal, an Enum, a union or a list of these. The agent runs it before any
+rank starts (the parent never imports user code).
 """
 
 from __future__ import annotations
 
+import collections.abc
 import difflib
+import enum
 import importlib
 import inspect
+import types
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -132,6 +137,13 @@ def _check(key: str, node: Mapping[str, Any], provided: Any, found: list[str]) -
                     f"{key}.{name}: unexpected argument of {path}"
                     + (f"; did you mean {hint[0]}?" if hint else f"; it takes {', '.join(named)}")
                 )
+    hints = _type_hints(target)
+    for name, value in args.items():
+        if name in hints and name in params and not _is_component(value):
+            expected = _mismatch(hints[name], value, params[name].default)
+            if expected is not None:
+                where = f"as {path} annotates it"
+                found.append(f"{key}.{name}={value!r}: expected {expected} ({where})")
     by_position = [
         n for n, p in params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ][: len(positional)]
@@ -155,3 +167,71 @@ def _check(key: str, node: Mapping[str, Any], provided: Any, found: list[str]) -
     missing = [n for n in missing if n not in provided]
     for name in missing:
         found.append(f"{key}.{name}: missing; {path} needs it (set +{key}.{name}=...)")
+
+
+def _is_component(value: Any) -> bool:
+    return isinstance(value, Mapping) and TARGET in value
+
+
+def _type_hints(target: Any) -> dict[str, Any]:
+    """The target's argument annotations, resolved; none where they cannot be."""
+    function = target.__init__ if inspect.isclass(target) else target
+    try:
+        return typing.get_type_hints(function)
+    except Exception:  # a name it cannot resolve, a forward reference: nothing to check
+        return {}
+
+
+def _mismatch(annotation: Any, value: Any, default: Any) -> str | None:
+    """What `annotation` expects, when `value` cannot be of it; None when it can (or when
+    the annotation is one runner does not judge)."""
+    if value is None and default is None:
+        return None  # `x: int = None`: None is what the author passes too
+    return None if _fits(annotation, value) is not False else _describe(annotation)
+
+
+def _fits(annotation: Any, value: Any) -> bool | None:
+    """True or False where the annotation is a scalar type, a Literal, an Enum, a union or
+    a list or tuple of these; None (cannot tell) for anything else."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        results = [_fits(a, value) for a in args]
+        return True if True in results else (None if None in results else False)
+    if annotation is type(None):
+        return value is None
+    if origin is typing.Literal:
+        return value in args
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation is str:  # a number is a string too, written plainly
+        return isinstance(value, str | int | float) and not isinstance(value, bool)
+    if inspect.isclass(annotation) and issubclass(annotation, enum.Enum):
+        return value in annotation.__members__ or value in {m.value for m in annotation}
+    if origin in (list, tuple, collections.abc.Sequence):
+        if not isinstance(value, list | tuple):
+            return False
+        items = args[:1] if origin is not tuple or args[-1:] == (...,) else args
+        if not items:
+            return True
+        if origin is tuple and args[-1:] != (...,) and len(args) != len(value):
+            return False
+        results = [_fits(items[min(i, len(items) - 1)], v) for i, v in enumerate(value)]
+        return False if False in results else (None if None in results else True)
+    return None
+
+
+def _describe(annotation: Any) -> str:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _describe(a) for a in args)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if inspect.isclass(annotation) and issubclass(annotation, enum.Enum):
+        return "one of " + ", ".join(repr(m.value) for m in annotation)
+    if origin in (list, tuple, collections.abc.Sequence) and args:
+        return f"a list of {_describe(args[0])}"
+    return getattr(annotation, "__name__", str(annotation))

@@ -348,11 +348,26 @@ COMPONENT_CASES = [
             "model.out_features: missing; torch.nn.Linear needs it (set +model.out_features=...)",
         ],
     ),
+    (
+        [
+            "model=custom",
+            "model._target_=torch.nn.Linear",
+            "+model.in_features=abc",
+            "+model.out_features=2",
+            "+model.bias=maybe",
+        ],
+        [
+            "model.in_features='abc': expected int (as torch.nn.Linear annotates it)",
+            "model.bias='maybe': expected bool (as torch.nn.Linear annotates it)",
+        ],
+    ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("overrides", "expected"), COMPONENT_CASES, ids=["bind and import", "missing and twice"]
+    ("overrides", "expected"),
+    COMPONENT_CASES,
+    ids=["bind and import", "missing and twice", "types"],
 )
 @pytest.mark.slow
 def test_components_are_checked_before_any_rank_starts(

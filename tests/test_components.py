@@ -4,8 +4,11 @@ from its config class (no download), and torchmetrics metrics."""
 
 from __future__ import annotations
 
+import enum
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -208,3 +211,42 @@ def test_instantiate_passes_what_the_target_takes_of_the_provided_values() -> No
     assert made == {"a": 1}  # Counter(**kwargs) names none of them: nothing injected
     linear = instantiate({"_target_": "torch.nn.Linear"}, {"in_features": 4, "out_features": 2})
     assert tuple(linear.weight.shape) == (2, 4)
+
+
+class Mode(enum.Enum):
+    FAST = "fast"
+    SLOW = "slow"
+
+
+def annotated(
+    width: int,
+    rate: float = 0.1,
+    name: str = "net",
+    bias: bool = True,
+    kind: Literal["conv", "dense"] = "dense",
+    mode: Mode = Mode.FAST,
+    sizes: Sequence[int] = (8,),
+    depth: int | None = None,
+    sloppy: int = None,  # type: ignore[assignment]  # None is what its author passes
+    free=None,
+) -> None:
+    raise AssertionError("never called")
+
+
+def test_values_are_checked_against_their_annotations_all_at_once() -> None:
+    node = {"_target_": f"{__name__}.annotated"}
+    good = {"width": 3, "rate": 1, "name": 7, "bias": False, "kind": "conv", "mode": "slow",
+            "sizes": [1, 2], "depth": None, "sloppy": None, "free": {"a": 1}}  # fmt: skip
+    assert problems("model", {**node, **good}) == []
+    bad = {"width": "abc", "rate": "fast", "bias": "yes", "kind": "rnn", "mode": "FASTER",
+           "sizes": [1, "two"], "depth": 2.5}  # fmt: skip
+    where = f"(as {__name__}.annotated annotates it)"
+    assert problems("model", {**node, **bad}) == [
+        f"model.width='abc': expected int {where}",
+        f"model.rate='fast': expected float {where}",
+        f"model.bias='yes': expected bool {where}",
+        f"model.kind='rnn': expected one of 'conv', 'dense' {where}",
+        f"model.mode='FASTER': expected one of 'fast', 'slow' {where}",
+        f"model.sizes=[1, 'two']: expected a list of int {where}",
+        f"model.depth=2.5: expected int or null {where}",
+    ]
