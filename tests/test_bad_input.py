@@ -46,6 +46,11 @@ CASES = [
     ),
     (["data=cifar10", "data.root=/tmp"], "data=cifar10 needs the python-pickle files"),
     (
+        ["sweep.metric=val/f1"],
+        "sweep.metric='val/f1': not a value this run reports; valid: auto, val/loss, "
+        "val/accuracy, train/loss",
+    ),
+    (
         ["init_from.path=/no/weights.pt"],
         "init_from.path='/no/weights.pt': no such file or directory; give a model.pt",
     ),

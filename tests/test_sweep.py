@@ -126,3 +126,22 @@ def test_optuna_maximises_the_returned_validation_accuracy(tmp_path: Path) -> No
     result = yaml.safe_load((root / "optimization_results.yaml").read_text())
     assert len(accuracies) == 2 and not any(math.isnan(a) for a in accuracies)
     assert result["best_value"] == pytest.approx(max(accuracies))
+
+
+def test_an_optuna_sweep_the_wrong_way_round_stops_before_any_job(tmp_path: Path) -> None:
+    """The mlp's sweep.metric is val/accuracy (to maximize): minimizing it is refused."""
+    proc, root = sweep(
+        tmp_path,
+        *TINY,
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.direction=minimize",
+        "optimizer.lr=interval(0.0001,0.01)",
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert (
+        "hydra.sweeper.direction=minimize: each job returns its final val/accuracy "
+        "(sweep.metric), which is to maximize (sweep.direction)" in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
+    assert not any(root.glob("*/model.pt")) and not any(root.glob("*/logs"))

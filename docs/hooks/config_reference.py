@@ -56,6 +56,7 @@ TOP_NESTED = {
     "mfu": schema.MfuSpec,
     "loss_spike": schema.LossSpikeSpec,
     "init_from": schema.InitFromSpec,
+    "sweep": schema.SweepSpec,
 }
 
 

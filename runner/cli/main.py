@@ -110,6 +110,13 @@ def _run(cfg: DictConfig) -> float | None:
         _update_sweep_table(hydra_cfg)
         return math.nan
 
+    if in_sweep:
+        wrong_direction = sweeper_problem(hydra_cfg.sweeper, spec)
+        if wrong_direction:  # every job would be scored the wrong way round: stop the sweep
+            log.error("%s", problems_text([wrong_direction]))
+            _discard(run_dir.root)
+            _discard(Path(hydra_cfg.sweep.dir), frozenset({"multirun.yaml"}))
+            sys.exit(INVALID_CONFIG)
     add_code_dirs([os.getcwd(), *spec.code_dir])
     if spec.node_rank > 0:
         return _run_other_node(spec, run_dir, start_time)
@@ -135,7 +142,21 @@ def _run(cfg: DictConfig) -> float | None:
     _update_sweep_table(hydra_cfg)
     # The job's value for sweepers such as Optuna (which maximise or minimise it); NaN marks
     # a job that failed, which Optuna records as a failed trial.
-    return summary.get("final", {}).get("val/accuracy", math.nan)
+    return summary.get("final", {}).get(spec.sweep.metric, math.nan)
+
+
+def sweeper_problem(sweeper: Any, spec: RunSpec) -> str | None:
+    """An Optuna sweep that optimizes the other way from sweep.direction."""
+    direction = sweeper.get("direction") if hasattr(sweeper, "get") else None
+    if not isinstance(direction, str) or "optuna" not in str(sweeper.get("_target_", "")):
+        return None  # no direction to agree with (several objectives: the user's own)
+    if direction.lower() == spec.sweep.direction:
+        return None
+    return (
+        f"hydra.sweeper.direction={direction}: each job returns its final {spec.sweep.metric} "
+        f"(sweep.metric), which is to {spec.sweep.direction} (sweep.direction); set "
+        f"hydra.sweeper.direction={spec.sweep.direction}, or sweep.direction to say otherwise"
+    )
 
 
 def _file_run(spec: RunSpec, run_dir: RunDir, sweep_dir: str | None) -> None:
@@ -211,7 +232,7 @@ def _run_other_node(spec: RunSpec, run_dir: RunDir, start_time: float) -> float 
         continue_after_stop(end.asked, end.asked_handler, spec.node_rank, after)
     if code != 0 and HydraConfig.get().mode != RunMode.MULTIRUN:
         sys.exit(code)
-    return final_summary.get("final", {}).get("val/accuracy", math.nan)
+    return final_summary.get("final", {}).get(spec.sweep.metric, math.nan)
 
 
 def _update_sweep_table(hydra_cfg: Any) -> None:

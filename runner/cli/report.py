@@ -19,7 +19,15 @@ import yaml
 from runner.nested import flatten
 from runner.rundir.files import read_json, read_jsonl
 
-METRICS = ("val/accuracy", "val/loss", "train/loss")
+METRICS = ("val/accuracy", "val/loss", "train/loss")  # runs from before sweep.metric
+
+
+def metric_columns(configs: list[dict[str, Any]]) -> list[str]:
+    """The final values to show: each run's sweep.metric first (what the sweep compares),
+    then val/loss and train/loss."""
+    chosen = [c.get("sweep.metric") for c in configs]
+    headline = [str(m) for m in chosen if m and m != "auto"] or [METRICS[0]]  # auto: unresolved
+    return list(dict.fromkeys([*headline, "val/loss", "train/loss"]))
 REPORT_PNG = "report.png"
 
 
@@ -90,6 +98,7 @@ def rows(runs: list[Path], base: Path) -> tuple[list[str], list[dict[str, Any]]]
     """(columns, one row per run) for the comparison table."""
     configs = [run_config(run) for run in runs]
     keys = differing_keys(runs, configs) if len(runs) > 1 else []
+    metrics = metric_columns(configs)
     table = []
     for run, config in zip(runs, configs, strict=True):
         summary = read_json(run / "summary.json") or {}
@@ -100,9 +109,9 @@ def rows(runs: list[Path], base: Path) -> tuple[list[str], list[dict[str, Any]]]
             steps=summary.get("steps", ""),
             wall_time_s=summary.get("wall_time_s", ""),
         )
-        row.update({m: final.get(m, "") for m in METRICS})
+        row.update({m: final.get(m, "") for m in metrics})
         table.append(row)
-    columns = ["run", *keys, "status", "steps", "wall_time_s", *METRICS]
+    columns = ["run", *keys, "status", "steps", "wall_time_s", *metrics]
     return columns, table
 
 
@@ -112,7 +121,7 @@ def print_table(columns: list[str], table: list[dict[str, Any]]) -> None:
 
     view = Table(show_lines=False)
     for column in columns:
-        numeric = column in METRICS or column in ("steps", "wall_time_s")
+        numeric = column.startswith(("val/", "train/")) or column in ("steps", "wall_time_s")
         view.add_column(column, justify="right" if numeric else "left")
     for row in table:
         view.add_row(*(_cell(column, row[column]) for column in columns))

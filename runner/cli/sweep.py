@@ -19,7 +19,7 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from runner.cli.report import METRICS, job_order
+from runner.cli.report import job_order, metric_columns, run_config
 from runner.cli.trackers import finish_sweep_trackers
 from runner.errors import first_line
 from runner.rundir.files import file_lock, read_json, write_atomic
@@ -41,9 +41,10 @@ def overrides_of(job_dir: Path) -> list[str]:
         return []
 
 
-def sweep_rows(sweep_dir: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    """(overrides shared by every job, one row per job)."""
+def sweep_rows(sweep_dir: Path) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+    """(overrides shared by every job, the final values shown, one row per job)."""
     jobs = [(job, overrides_of(job)) for job in job_dirs(sweep_dir)]
+    metrics = metric_columns([run_config(job) for job, _ in jobs])
     shared = [o for o in jobs[0][1] if all(o in overrides for _, overrides in jobs)] if jobs else []
     rows = []
     for job, overrides in jobs:
@@ -57,18 +58,18 @@ def sweep_rows(sweep_dir: Path) -> tuple[list[str], list[dict[str, Any]]]:
                 "status": summary.get("status", "running"),
                 "steps": summary.get("steps", ""),
                 "wall_time_s": summary.get("wall_time_s", ""),
-                **{m: final.get(m, "") for m in METRICS},
+                **{m: final.get(m, "") for m in metrics},
                 "error": first_line(error.get("message") or "") if error else "",
             }
         )
-    return shared, rows
+    return shared, metrics, rows
 
 
 def write_sweep_table(sweep_dir: Path) -> str:
     """Rewrite sweep.csv and sweep.md from the job directories; return the markdown."""
     with file_lock(sweep_dir / ".sweep.lock"):
-        shared, rows = sweep_rows(sweep_dir)
-        columns = ["job", "overrides", "status", "steps", "wall_time_s", *METRICS, "error"]
+        shared, metrics, rows = sweep_rows(sweep_dir)
+        columns = ["job", "overrides", "status", "steps", "wall_time_s", *metrics, "error"]
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=columns)
         writer.writeheader()
@@ -96,7 +97,7 @@ def _markdown(shared: list[str], rows: list[dict[str, Any]], columns: list[str])
 
 
 def failed_jobs(sweep_dir: Path) -> list[str]:
-    return [row["job"] for row in sweep_rows(sweep_dir)[1] if row["status"] != Status.COMPLETED]
+    return [row["job"] for row in sweep_rows(sweep_dir)[2] if row["status"] != Status.COMPLETED]
 
 
 class SweepTable(Callback):

@@ -28,6 +28,7 @@ from runner.spec.schema import (
     FSDPSpec,
     Precision,
     RunSpec,
+    SweepSpec,
     SyncStrategy,
 )
 
@@ -69,6 +70,7 @@ def resolve_spec(
     _check_mfu(spec, problems)
     _check_async_checkpoints(spec, problems)
     _check_resume(spec, problems, Path(run_dir) if run_dir is not None else None)
+    spec = _resolve_sweep(spec, problems)
     if problems:
         raise SpecError(problems)
     if spec.sync_strategy.name is SyncStrategy.AUTO and not spec.parallelism.syncs_gradients_itself:
@@ -190,6 +192,27 @@ def _resolve_init_from(spec: RunSpec, problems: list[str]) -> RunSpec:
             "directory (local: runner downloads nothing)"
         )
     return dataclasses.replace(spec, init_from=dataclasses.replace(spec.init_from, path=str(path)))
+
+
+MINIMIZED = ("loss", "perplexity", "error")  # a metric named so is better smaller
+
+
+def _resolve_sweep(spec: RunSpec, problems: list[str]) -> RunSpec:
+    """sweep.metric and sweep.direction made concrete, the metric one this run reports."""
+    reported = ["val/loss", *(f"val/{name}" for name in spec.metrics), "train/loss"]
+    metric = spec.sweep.metric
+    if metric == "auto":
+        metric = "val/accuracy" if "accuracy" in spec.metrics else "val/loss"
+    elif metric not in reported:
+        problems.append(
+            f"sweep.metric={metric!r}: not a value this run reports; valid: auto, "
+            + ", ".join(reported)
+        )
+    direction = spec.sweep.direction
+    if direction == "auto":
+        smaller = metric.rsplit("/", 1)[-1].endswith(MINIMIZED)
+        direction = "minimize" if smaller else "maximize"
+    return dataclasses.replace(spec, sweep=SweepSpec(metric=metric, direction=direction))
 
 
 def _check_sizes(spec: RunSpec, problems: list[str]) -> None:

@@ -337,6 +337,17 @@ class InitFromSpec:
     strip_prefix: str = ""
 
 
+@dataclass(frozen=True)
+class SweepSpec:
+    """What a sweep compares runs by: the final value of `metric` that each job returns to
+    the sweeper (Optuna), that sweep tables and runner-report put first; `direction` says
+    whether larger is better. `auto`: val/accuracy when the run has an accuracy metric,
+    else val/loss; minimize a loss, a perplexity or an error, maximize anything else."""
+
+    metric: str = "auto"
+    direction: Literal["auto", "maximize", "minimize"] = "auto"
+
+
 # ------------------------------------------------------------------------------- run
 
 
@@ -362,6 +373,7 @@ class RunSpec:
     mfu: MfuSpec = field(default_factory=MfuSpec)
     loss_spike: LossSpikeSpec = field(default_factory=LossSpikeSpec)
     init_from: InitFromSpec = field(default_factory=InitFromSpec)
+    sweep: SweepSpec = field(default_factory=SweepSpec)
 
     nproc: int | Literal["auto"] = _bound(1, min=1)
     nodes: int | Literal["auto"] = _bound(1, min=1)
