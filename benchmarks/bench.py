@@ -18,6 +18,7 @@ import sys
 from data_bench import DATA_HOW, DATA_RATIO_METRICS, DATA_SUITES
 from harness import RESULTS, Suite, run_suite
 from suites_gpu import auto_microbatch_suite, compile_suite, cuda_devices, gpu_suite
+from suites_export import export_table
 from suites_memory import activation_suite, capacity_table, memory_gpt_suite, memory_suite
 from suites_speed import (
     CHECKPOINT_BLOCKED,
@@ -180,7 +181,8 @@ SUITES |= {
 }
 
 
-TABLES = {"capacity": capacity_table}  # suites that write their own table (no interleaving)
+# suites that write their own table (no interleaving)
+TABLES = {"capacity": capacity_table, "export": export_table}
 
 
 def main() -> None:
