@@ -17,8 +17,8 @@ import sys
 
 from data_bench import DATA_HOW, DATA_RATIO_METRICS, DATA_SUITES
 from harness import RESULTS, Suite, run_suite
-from suites_gpu import auto_microbatch_suite, compile_suite, cuda_devices, gpu_suite
 from suites_export import export_table
+from suites_gpu import auto_microbatch_suite, compile_suite, cuda_devices, gpu_suite
 from suites_memory import activation_suite, capacity_table, memory_gpt_suite, memory_suite
 from suites_speed import (
     CHECKPOINT_BLOCKED,
