@@ -116,12 +116,16 @@ def test_every_checkpoint_exports_the_weights_of_model_pt(
 def test_fine_tune_a_hugging_face_model_and_hand_it_back(cli, tmp_path: Path) -> None:
     """The loop: save_pretrained (no download) -> runner fine-tunes it from init_from under
     fsdp -> runner export -> from_pretrained loads it -> its logits are model.pt's."""
-    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(1)
     GPT2LMHeadModel(GPT2Config(**GPT2)).save_pretrained(tmp_path / "pretrained")
+    corpus = text_corpus(tmp_path)
+    tokenizer = _tokenizer(corpus, tmp_path / "tokenizer.json")
     run = cli(
-        *gpt2_args(text_corpus(tmp_path)),
+        *gpt2_args(corpus),
+        f"data.tokenizer={tokenizer}",
         "parallelism=fsdp",
         f"init_from={tmp_path / 'pretrained'}",
         "max_steps=4",
@@ -132,10 +136,13 @@ def test_fine_tune_a_hugging_face_model_and_hand_it_back(cli, tmp_path: Path) ->
     assert done.returncode == 0, done.stdout + done.stderr
     assert "a Hugging Face model" in done.stdout
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    text = "the lazy dog jumps"
+    ids = AutoTokenizer.from_pretrained(tmp_path / "hf")(text)["input_ids"]
+    assert ids == Tokenizer.from_file(str(tokenizer)).encode(text).ids  # the run's tokenizer
 
     reference = GPT2LMHeadModel(GPT2Config(**GPT2)).eval()
     reference.load_state_dict(torch.load(run.run_dir / "model.pt", weights_only=True))
-    tokens = torch.randint(0, GPT2["vocab_size"], (3, 16))
+    tokens = torch.randint(0, 60, (3, 16))  # the tokenizer's ids
     with torch.no_grad():
         expected, got = reference(tokens).logits, loaded(tokens).logits
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
@@ -143,3 +150,15 @@ def test_fine_tune_a_hugging_face_model_and_hand_it_back(cli, tmp_path: Path) ->
         load_file(str(tmp_path / "pretrained" / "model.safetensors"))["transformer.wte.weight"],
         loaded.state_dict()["transformer.wte.weight"],
     )
+
+
+def _tokenizer(corpus: Path, path: Path) -> Path:
+    """A small BPE tokenizer trained on the corpus (vocabulary 60: within GPT-2's 256)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=60, special_tokens=["[UNK]"])
+    tokenizer.train([str(f) for f in corpus.glob("*.txt")], trainer)
+    tokenizer.save(str(path))
+    return path

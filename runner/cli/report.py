@@ -28,6 +28,8 @@ def metric_columns(configs: list[dict[str, Any]]) -> list[str]:
     chosen = [c.get("sweep.metric") for c in configs]
     headline = [str(m) for m in chosen if m and m != "auto"] or [METRICS[0]]  # auto: unresolved
     return list(dict.fromkeys([*headline, "val/loss", "train/loss"]))
+
+
 REPORT_PNG = "report.png"
 
 

@@ -53,7 +53,13 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     import torch
 
-    from runner.export.hugging_face import built_shapes, is_hugging_face, tied_names, write_config
+    from runner.export.hugging_face import (
+        built_shapes,
+        copy_tokenizer,
+        is_hugging_face,
+        tied_names,
+        write_config,
+    )
     from runner.export.safetensors_out import OutTensor, write_safetensors
     from runner.export.sources import NoWeights, find_weights
     from runner.spec import load_spec
@@ -64,7 +70,8 @@ def main(argv: list[str]) -> int:
         print(f"runner export: {exc}", file=sys.stderr)
         return 2
     config = weights.run_dir / "config.yaml"
-    module = built_shapes(load_spec(weights.run_dir)) if config.is_file() else None
+    spec = load_spec(weights.run_dir) if config.is_file() else None
+    module = built_shapes(spec) if spec is not None else None
     hugging_face = is_hugging_face(module)
     left_out = tied_names(module) if hugging_face and module is not None else set()
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
@@ -77,8 +84,9 @@ def main(argv: list[str]) -> int:
             tensor = OutTensor(tensor.name, tensor.shape, dtype, lambda r=read: r().to(dtype))
         tensors.append(tensor)
     written = write_safetensors(args.to, tensors, args.max_shard_size)
-    if hugging_face and module is not None:
+    if hugging_face and module is not None and spec is not None:
         written += write_config(module, args.to)
+        written += copy_tokenizer(spec, args.to)
     size = sum(t.nbytes for t in tensors) / 2**20
     kind = ", a Hugging Face model" if hugging_face else ""
     print(

@@ -1,15 +1,18 @@
 """The Hugging Face side of an export: when a run's model is a transformers
 `PreTrainedModel`, its `config.json` beside the weights (so `from_pretrained` builds the
-same model and loads them), and the names it ties left out of the weights, as
-`save_pretrained` leaves them out (the model ties them again when it loads)."""
+same model and loads them), the names it ties left out of the weights, as `save_pretrained`
+leaves them out (the model ties them again when it loads), and the run's tokenizer file
+(`data.tokenizer`) with the config `AutoTokenizer.from_pretrained` needs."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from runner.export.safetensors_out import replace_with
 from runner.models.builders import build_model
 from runner.spec import RunSpec
 
@@ -48,4 +51,32 @@ def write_config(module: nn.Module, directory: Path) -> list[Path]:
     if generation is not None and module.can_generate():
         generation.save_pretrained(directory)
         written.append(directory / "generation_config.json")
+    return written
+
+
+TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+def copy_tokenizer(spec: RunSpec, directory: Path) -> list[Path]:
+    """The run's tokenizer.json (data.tokenizer: the file, or a directory holding it and
+    perhaps its tokenizer_config.json), and a tokenizer_config.json naming the fast
+    tokenizer class when there was none. Nothing for byte-level data or a tokenizer
+    component."""
+    given = spec.data.args.get("tokenizer")
+    if not isinstance(given, str):
+        return []
+    path = Path(given)
+    main = path / "tokenizer.json" if path.is_dir() else path
+    if not main.is_file():
+        return []
+    written = [directory / "tokenizer.json"]
+    replace_with(written[0], main.read_bytes())
+    for extra in TOKENIZER_EXTRAS if path.is_dir() else ():
+        if (path / extra).is_file():
+            replace_with(directory / extra, (path / extra).read_bytes())
+            written.append(directory / extra)
+    config = directory / "tokenizer_config.json"
+    if not config.exists():
+        replace_with(config, json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}).encode())
+        written.append(config)
     return written

@@ -65,7 +65,7 @@ def write_safetensors(
                 t.name: n for n, shard in zip(names, shards, strict=True) for t in shard
             },
         }
-        _replace_with(directory / INDEX, json.dumps(index, indent=2).encode())
+        replace_with(directory / INDEX, json.dumps(index, indent=2).encode())
         written.append(directory / INDEX)
     return written
 
@@ -122,7 +122,8 @@ def _bytes(tensor: OutTensor) -> memoryview:
     return memoryview(value.reshape(-1).view(torch.uint8).numpy())
 
 
-def _replace_with(path: Path, content: bytes) -> None:
+def replace_with(path: Path, content: bytes) -> None:
+    """Write `path` whole or not at all (a hidden temporary beside it, renamed)."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         temporary.write_bytes(content)

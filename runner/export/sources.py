@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from runner.export.safetensors_out import OutTensor
+from runner.models.tensor_files import TorchFile
 from runner.rundir.checkpoints import resolve_checkpoint_path
 
 WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
@@ -76,14 +78,18 @@ def _tensor(name: str, value_shape: Any, dtype: torch.dtype, read: Callable) -> 
 def _torch_file(
     file: Path, run_dir: Path, key: str | None, source: Path | None = None
 ) -> RunWeights:
-    loaded = torch.load(file, map_location="cpu", mmap=True, weights_only=key is None)
-    state = loaded if key is None else loaded[key]
-    tensors = [
-        _tensor(name, value.shape, value.dtype, lambda v=value: v)
-        for name, value in state.items()
-        if isinstance(value, torch.Tensor)
-    ]
-    return RunWeights(source or file, run_dir, tensors, [loaded])
+    """Memory-mapped; each tensor copied out and its pages handed back as it is written."""
+    reader = TorchFile(file, key=key, weights_only=key is None)
+    tensors = []
+    for name in reader.names():
+        shape = reader.shape(name)
+        read = partial(_whole, reader, name, shape)
+        tensors.append(_tensor(name, shape, reader.dtype(name), read))
+    return RunWeights(source or file, run_dir, tensors, [reader])
+
+
+def _whole(reader: TorchFile, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    return reader.read(name).view(shape)
 
 
 def _dcp(checkpoint: Path, run_dir: Path) -> RunWeights:

@@ -15,9 +15,11 @@ A reader names each tensor, gives its shape, and reads any run of its flattened 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import struct
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -143,13 +145,18 @@ def _shard(file: Path) -> SafetensorsFile:
 
 
 class TorchFile:
-    """A state_dict saved with torch.save, memory-mapped: nothing is read until sliced."""
+    """A state_dict saved with torch.save, memory-mapped: nothing is read until sliced, and
+    the pages a read touched are handed back once it is copied out (a mapped page counts in
+    the process's resident memory for as long as it stays mapped). `key`: the state_dict
+    under that key of a larger checkpoint (ddp's state.pt, which needs `weights_only=False`)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, key: str | None = None, weights_only: bool = True):
         try:
-            loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+            loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
         except Exception as exc:
             raise WeightsFileError(f"torch.load cannot read it ({exc})") from exc
+        if key is not None and isinstance(loaded, Mapping):
+            loaded = loaded.get(key)
         if not isinstance(loaded, Mapping) or not all(
             isinstance(v, torch.Tensor) for v in loaded.values()
         ):
@@ -162,13 +169,38 @@ class TorchFile:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._tensors[name].shape)
 
+    def dtype(self, name: str) -> torch.dtype:
+        return self._tensors[name].dtype
+
     def read(self, name: str, start: int = 0, count: int | None = None) -> torch.Tensor:
         flat = self._tensors[name].reshape(-1)
         end = flat.numel() if count is None else min(start + count, flat.numel())
-        return flat[start:end]
+        piece = flat[start:end]
+        out = piece.clone()
+        _unmap_pages(piece)
+        return out
 
     def close(self) -> None:
         self._tensors.clear()
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_MADV_DONTNEED = 4  # Linux's value
+
+
+def _unmap_pages(tensor: torch.Tensor) -> None:
+    """Drop the whole pages under `tensor` from this process's resident memory. They are
+    clean pages of a private file mapping (torch.load's mmap): touched again, they are read
+    from the file again. Linux only; elsewhere the kernel reclaims them under pressure."""
+    if not sys.platform.startswith("linux") or tensor.numel() == 0:
+        return
+    begin = tensor.data_ptr()
+    end = begin + tensor.numel() * tensor.element_size()
+    first = -(-begin // _PAGE) * _PAGE  # whole pages only: a neighbour's page stays
+    last = end // _PAGE * _PAGE
+    if last > first:
+        size = ctypes.c_size_t(last - first)
+        ctypes.CDLL(None).madvise(ctypes.c_void_p(first), size, _MADV_DONTNEED)
 
 
 def open_tensor_file(path: Path) -> TensorFile:
