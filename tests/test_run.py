@@ -74,6 +74,10 @@ def test_default_experiment_fills_the_run_directory(default_run) -> None:
     spec = load_spec(run)
     model = build_model(spec.model, DIGITS_INFO)
     model.load_state_dict(state, strict=True)
+    from safetensors.torch import load_file  # the same weights, without pickle
+
+    safe = load_file(str(run / "model.safetensors"))
+    assert safe.keys() == state.keys() and all(torch.equal(safe[k], state[k]) for k in state)
 
     assert "val/accuracy 0.9" in result.stderr
     assert str(run.name) in result.stderr

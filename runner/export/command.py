@@ -4,7 +4,7 @@ Face model its config.json too, so that `AutoModel*.from_pretrained(DIR)` loads 
 
 The weights come from a finished run's model.pt, or from any parallelism's checkpoint
 (runner.export.sources), and are written one tensor at a time
-(runner.export.safetensors_out).
+(runner.models.safetensors_out).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def main(argv: list[str]) -> int:
         tied_names,
         write_config,
     )
-    from runner.export.safetensors_out import OutTensor, write_safetensors
     from runner.export.sources import NoWeights, find_weights
+    from runner.models.safetensors_out import OutTensor, write_safetensors
     from runner.spec import load_spec
 
     try:

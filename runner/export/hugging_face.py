@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runner.export.safetensors_out import replace_with
 from runner.models.builders import build_model
+from runner.models.safetensors_out import replace_with
 from runner.spec import RunSpec
 
 

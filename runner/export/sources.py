@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from runner.export.safetensors_out import OutTensor
+from runner.models.safetensors_out import OutTensor, torch_file_tensors
 from runner.models.tensor_files import TorchFile
 from runner.rundir.checkpoints import resolve_checkpoint_path
 
@@ -80,16 +79,7 @@ def _torch_file(
 ) -> RunWeights:
     """Memory-mapped; each tensor copied out and its pages handed back as it is written."""
     reader = TorchFile(file, key=key, weights_only=key is None)
-    tensors = []
-    for name in reader.names():
-        shape = reader.shape(name)
-        read = partial(_whole, reader, name, shape)
-        tensors.append(_tensor(name, shape, reader.dtype(name), read))
-    return RunWeights(source or file, run_dir, tensors, [reader])
-
-
-def _whole(reader: TorchFile, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    return reader.read(name).view(shape)
+    return RunWeights(source or file, run_dir, torch_file_tensors(reader, clean_name), [reader])
 
 
 def _dcp(checkpoint: Path, run_dir: Path) -> RunWeights:

@@ -2,7 +2,8 @@
 rank has checked its weights and told its memory.
 
 model.pt is one plain fp32 `state_dict`, whatever the parallelism (gathered from ZeRO's
-partitions and FSDP's shards one tensor at a time: runner.train.weights_file).
+partitions and FSDP's shards one tensor at a time: runner.train.weights_file), and
+model.safetensors the same tensors in the safe format, copied from it one at a time.
 summary.json comes last: a run with a `completed` summary has all its artifacts.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from runner import dist as rdist
 from runner.engines.base import Engine
+from runner.models.safetensors_out import safetensors_beside
 from runner.rundir.files import RunDir
 from runner.rundir.summary import Status, attempts, build_summary, history, write_summary
 from runner.spec import RunSpec
@@ -37,6 +39,8 @@ def write_final(
     compile_s, the microbatching keys). `build_peak_rss`: this rank's peak before its first
     step (building, sharding, loading). Returns the summary (empty on other ranks)."""
     write_weights(run_dir.model, engine.final_tensors())
+    if rdist.get_global_rank() == 0:
+        safetensors_beside(run_dir.model)  # the same weights, without pickle
     memory = (engine.state_bytes(), peak_rss_bytes(), build_peak_rss)
     per_rank = rdist.all_gather_object(memory)
     if rdist.get_global_rank() != 0:

@@ -12,11 +12,15 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
+
+from runner.models.tensor_files import TorchFile
 
 SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                       torch.float64: "F64", torch.int64: "I64", torch.int32: "I32",
@@ -132,3 +136,27 @@ def replace_with(path: Path, content: bytes) -> None:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def torch_file_tensors(reader: TorchFile, name_of: Callable[[str], str] = str) -> list[OutTensor]:
+    """A memory-mapped torch file's tensors, each read (and its pages handed back) when
+    it is written; `name_of` renames them."""
+    return [
+        OutTensor(name_of(n), reader.shape(n), reader.dtype(n), partial(_whole, reader, n))
+        for n in reader.names()
+    ]
+
+
+def _whole(reader: TorchFile, name: str) -> torch.Tensor:
+    return reader.read(name).view(reader.shape(name))
+
+
+def safetensors_beside(model_pt: Path) -> Path:
+    """model.safetensors next to a model.pt: the same tensors in the safe format (no
+    pickle), copied one at a time."""
+    reader = TorchFile(model_pt)
+    try:
+        (written,) = write_safetensors(model_pt.parent, torch_file_tensors(reader), sys.maxsize)
+    finally:
+        reader.close()
+    return written
