@@ -162,3 +162,17 @@ def _tokenizer(corpus: Path, path: Path) -> Path:
     tokenizer.train([str(f) for f in corpus.glob("*.txt")], trainer)
     tokenizer.save(str(path))
     return path
+
+
+def test_dtype_converts_the_floating_tensors_only(tmp_path: Path, capsys) -> None:
+    from runner.export.command import main
+
+    torch.save(TENSORS, tmp_path / "model.pt")
+    assert (
+        main([str(tmp_path / "model.pt"), "--to", str(tmp_path / "bf16"), "--dtype", "bf16"]) == 0
+    )
+    assert "4 tensors" in capsys.readouterr().out
+    exported = _read_all(tmp_path / "bf16")
+    for name, value in TENSORS.items():
+        expected = value.to(torch.bfloat16) if value.is_floating_point() else value
+        assert exported[name].dtype == expected.dtype and torch.equal(exported[name], expected)
