@@ -12,10 +12,9 @@ The weights are those of a run that built the whole model on every rank, bit for
 from __future__ import annotations
 
 import contextlib
-import os
 import random
-import socket
 from contextlib import AbstractContextManager
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from torch import nn
 from runner.data.datasets import build_datasets
 from runner.data.splits import Datasets
 from runner.models.builders import build_model
+from runner.models.safetensors_out import OutTensor, write_file
 from runner.spec import RunSpec
 
 
@@ -63,16 +63,15 @@ def seed_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
 def write_seed_weights(spec: RunSpec, path: Path) -> int:
     """Build the model as a rank would and write its tensors to `path` (safetensors),
     atomically: a reader sees the whole file or none. Returns the bytes written."""
-    from safetensors.torch import save_file
-
     _, module = build_data_and_model(spec)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{socket.gethostname()}-{os.getpid()}")
-    try:
-        save_file(seed_tensors(module), str(partial))
-        with open(partial, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(partial, path)  # several nodes on one filesystem: the same bytes, any order
-    finally:
-        partial.unlink(missing_ok=True)
+    tensors = [
+        OutTensor(name, tuple(t.shape), t.dtype, partial(_itself, t))
+        for name, t in seed_tensors(module).items()
+    ]
+    write_file(path, tensors)  # several nodes on one filesystem: the same bytes, any order
     return path.stat().st_size
+
+
+def _itself(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

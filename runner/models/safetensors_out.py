@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import struct
 import sys
 from collections.abc import Callable
@@ -60,7 +61,7 @@ def write_safetensors(
         names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     written = []
     for name, shard in zip(names, shards, strict=True):
-        _write_file(directory / name, shard)
+        write_file(directory / name, shard)
         written.append(directory / name)
     if len(shards) > 1:
         index = {
@@ -103,8 +104,10 @@ def _header(tensors: list[OutTensor]) -> bytes:
     return header + b" " * (-len(header) % 8)  # the data starts 8-byte aligned
 
 
-def _write_file(path: Path, tensors: list[OutTensor]) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
+def write_file(path: Path, tensors: list[OutTensor]) -> None:
+    """One safetensors file, whole or not at all (several nodes may write the same path on
+    one filesystem: each its own temporary)."""
+    temporary = path.with_name(f".{path.name}.{socket.gethostname()}-{os.getpid()}.partial")
     try:
         with open(temporary, "wb") as f:
             header = _header(tensors)
