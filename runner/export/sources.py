@@ -20,11 +20,10 @@ from typing import Any
 
 import torch
 
+from runner.models.pretrained import unwrapped_name
 from runner.models.safetensors_out import OutTensor, torch_file_tensors
 from runner.models.tensor_files import TorchFile
 from runner.rundir.checkpoints import resolve_checkpoint_path
-
-WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
 
 
 class NoWeights(ValueError):
@@ -64,14 +63,8 @@ def find_weights(path: Path) -> RunWeights:
     raise NoWeights(f"{checkpoint}: a checkpoint of a kind runner does not know")
 
 
-def clean_name(name: str) -> str:
-    for wrapper in WRAPPERS:
-        name = name.replace(wrapper, "")
-    return name
-
-
 def _tensor(name: str, value_shape: Any, dtype: torch.dtype, read: Callable) -> OutTensor:
-    return OutTensor(clean_name(name), tuple(value_shape), dtype, read)
+    return OutTensor(unwrapped_name(name), tuple(value_shape), dtype, read)
 
 
 def _torch_file(
@@ -79,7 +72,7 @@ def _torch_file(
 ) -> RunWeights:
     """Memory-mapped; each tensor copied out and its pages handed back as it is written."""
     reader = TorchFile(file, key=key, weights_only=key is None)
-    return RunWeights(source or file, run_dir, torch_file_tensors(reader, clean_name), [reader])
+    return RunWeights(source or file, run_dir, torch_file_tensors(reader, unwrapped_name), [reader])
 
 
 def _dcp(checkpoint: Path, run_dir: Path) -> RunWeights:

@@ -31,6 +31,15 @@ from runner.models.tensor_files import TensorFile
 from runner.spec.schema import InitFromSpec
 
 SHOWN = 5  # names listed in a mismatch message
+WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.")  # names runner's wrappers add
+
+
+def unwrapped_name(name: str) -> str:
+    """A tensor's name in the plain model: without the parts activation checkpointing and
+    compile add to a path."""
+    for wrapper in WRAPPERS:
+        name = name.replace(wrapper, "")
+    return name
 
 
 @dataclass

@@ -33,13 +33,11 @@ from runner.data.splits import Datasets
 from runner.engines.base import Fill
 from runner.errors import describe
 from runner.models.initial_weights import build_data_and_model, meta_init_applies
-from runner.models.pretrained import Matching, load_into, loaded_tensors, match
+from runner.models.pretrained import Matching, load_into, loaded_tensors, match, unwrapped_name
 from runner.models.tensor_files import TensorFile, tensor_file
 from runner.spec import RunSpec
 
 log = logging.getLogger(__name__)
-
-WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.")  # names wrappers add to a path
 
 
 def build_for_rank(
@@ -129,13 +127,6 @@ def _check_no_stray_tensors(module: nn.Module) -> None:
                 raise ValueError(f"it keeps the tensor {where} outside its parameters and buffers")
 
 
-def seed_name(name: str) -> str:
-    """A tensor's name in the seed weights: the built model's, without wrappers' parts."""
-    for wrapper in WRAPPERS:
-        name = name.replace(wrapper, "")
-    return name
-
-
 def _fill_shards(module: nn.Module, weights: InitialWeights, device: str) -> None:
     """FSDP2: allocate this rank's shards and read into each its rows of the tensor (FSDP2
     shards dim 0, so a shard is one byte range of the file)."""
@@ -145,7 +136,7 @@ def _fill_shards(module: nn.Module, weights: InitialWeights, device: str) -> Non
     module.to_empty(device=device)
     with torch.no_grad(), weights.reader() as read:
         for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
-            key = seed_name(name)
+            key = unwrapped_name(name)
             if not isinstance(tensor, DTensor):
                 tensor.copy_(read(key).view(tensor.shape))
                 continue
@@ -163,7 +154,7 @@ def _fill_partitions(module: nn.Module, weights: InitialWeights) -> None:
     rank = rdist.get_global_rank()
     with torch.no_grad(), weights.reader() as read:
         for name, param in module.named_parameters():
-            part, key = param.ds_tensor, seed_name(name)
+            part, key = param.ds_tensor, unwrapped_name(name)
             piece = read(key, rank * part.numel(), part.numel())
             part.zero_()
             part[: piece.numel()].copy_(piece)
