@@ -98,7 +98,6 @@ CASES = [
     (["grad_accum=0"], "grad_accum=0: must be >= 1"),
     (["grad_accum=abc"], "grad_accum='abc': expected an integer"),
     (["optimizer.lr=-1"], "optimizer.lr=-1: must be > 0"),
-    (["optimizer.betas=[0.9]"], "optimizer.betas=[0.9]: expected a list of 2 values"),
     (["parallelism.bucket_cap_mb=big"], "parallelism.bucket_cap_mb='big': expected a number"),
     (
         ["parallelism.static_graph=maybe"],
@@ -366,13 +365,47 @@ COMPONENT_CASES = [
             "model.bias='maybe': expected bool (as torch.nn.Linear annotates it)",
         ],
     ),
+    (
+        [
+            "optimizer.betas=[0.9]",
+            "scheduler=custom",
+            "scheduler._target_=torch.optim.lr_scheduler.StepLR",
+        ],
+        [
+            "optimizer.betas=[0.9]: expected a list of float or Tensor "
+            "(as torch.optim.AdamW annotates it)",
+            "scheduler.step_size: missing; torch.optim.lr_scheduler.StepLR needs it "
+            "(set +scheduler.step_size=...)",
+        ],
+    ),
+    (
+        ["optimizer=custom", "optimizer._target_=torch.nn.Linear", "+optimizer.in_features=2"],
+        [
+            "optimizer._target_=torch.nn.Linear: Linear is not an optimizer "
+            "(a torch.optim.Optimizer subclass, or a function returning one)"
+        ],
+    ),
+    (
+        ["optimizer.lr_multipliers={layers.9: 2.0}", "optimizer.no_weight_decay=[bias,head]"],
+        [
+            "optimizer.lr_multipliers: 'layers.9': matches no parameter of",
+            "optimizer.no_weight_decay: 'head': matches no parameter of",
+        ],
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     COMPONENT_CASES,
-    ids=["bind and import", "missing and twice", "types"],
+    ids=[
+        "bind and import",
+        "missing and twice",
+        "types",
+        "optimizer",
+        "not an optimizer",
+        "patterns",
+    ],  # fmt: skip
 )
 @pytest.mark.slow
 def test_components_are_checked_before_any_rank_starts(
@@ -380,7 +413,8 @@ def test_components_are_checked_before_any_rank_starts(
 ) -> None:
     result = cli(*overrides)
     assert result.returncode == 2, result.output
-    assert f"invalid configuration ({len(expected)} problems)" in result.stderr, result.stderr
+    count = f"{len(expected)} problem" + ("s" if len(expected) > 1 else "")
+    assert f"invalid configuration ({count})" in result.stderr, result.stderr
     for line in expected:
         assert f"  - {line}" in result.stderr, result.stderr
     assert "Traceback" not in result.output
@@ -390,7 +424,7 @@ def test_components_are_checked_before_any_rank_starts(
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("optimizer.weight_decai=0.1", "unknown key; did you mean optimizer.weight_decay?"),
+        ("optimizer.weight_decai=0.1", "unknown key; did you mean optimizer.weight_decay"),
         ("max_step=3", "max_step=3: unknown key; did you mean max_steps?"),
         ("data.bach=3", "data.bach=3: unknown key; `runner --cfg job` shows every key"),
         (

@@ -250,3 +250,74 @@ def test_values_are_checked_against_their_annotations_all_at_once() -> None:
         f"model.sizes=[1, 'two']: expected a list of int {where}",
         f"model.depth=2.5: expected int or null {where}",
     ]
+
+
+USER_OPTIMIZER = '''
+import torch
+
+
+class SignSGD(torch.optim.Optimizer):
+    """Steps by the sign of the gradient: a user's optimizer class, given runner's groups."""
+
+    def __init__(self, params, lr: float = 0.01):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad.sign(), alpha=-group["lr"])
+
+
+def halving(optimizer, total_steps: int, every: int = 2):
+    """A user's schedule function: halve the lr every `every` steps."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 ** (step // every))
+'''
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "zero2"])
+def test_user_optimizer_and_schedule_functions_train(tmp_path: Path, parallelism: str) -> None:
+    """A user's optimizer class and schedule function, under ddp and through DeepSpeed's
+    client-optimizer path; runner's warmup runs before the schedule, the lr multiplier
+    scales the head's group from its own start."""
+    (tmp_path / "myopt.py").write_text(USER_OPTIMIZER)
+    result = run_in(
+        tmp_path,
+        f"parallelism={parallelism}",
+        "optimizer=custom",
+        "optimizer._target_=myopt.SignSGD",
+        "+optimizer.lr=0.004",
+        "optimizer.lr_multipliers={5:2.0}",  # the head of the mlp (a Sequential)
+        "scheduler=custom",
+        "scheduler._target_=myopt.halving",
+        "+scheduler.every=2",
+        "scheduler.warmup_steps=2",
+        "max_steps=6",
+        "log_interval=1",
+    )
+    assert result.returncode == 0, result.output
+    lrs = [m["lr"] for m in result.metrics() if "lr" in m]
+    assert lrs == pytest.approx([0.002, 0.004, 0.004, 0.004, 0.002, 0.002])
+    losses = [m["train/loss"] for m in result.metrics() if "train/loss" in m]
+    assert losses[-1] < losses[0]
+
+
+def test_torch_optimizer_and_scheduler_by_name(tmp_path: Path) -> None:
+    result = run_in(
+        tmp_path,
+        "optimizer=custom",
+        "optimizer._target_=torch.optim.Adafactor",
+        "+optimizer.lr=0.01",
+        "scheduler=custom",
+        "scheduler._target_=torch.optim.lr_scheduler.StepLR",
+        "+scheduler.step_size=2",
+        "+scheduler.gamma=0.5",
+        "max_steps=4",
+        "log_interval=1",
+    )
+    assert result.returncode == 0, result.output
+    lrs = [m["lr"] for m in result.metrics() if "lr" in m]
+    assert lrs == pytest.approx([0.01, 0.01, 0.005, 0.005])
+    config = (result.run_dir / "config.yaml").read_text()
+    assert "_target_: torch.optim.Adafactor" in config

@@ -15,7 +15,7 @@ from tests.helpers.config import compose_config
 GROUPS = sorted(
     p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "recipe")
 )
-COMPONENT_GROUPS = ("model", "data", "loss")
+COMPONENT_GROUPS = ("model", "data", "loss", "optimizer", "scheduler")
 
 
 def test_rerun_picks_an_option_of_every_group() -> None:

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from runner.engines.fsdp import FSDPEngine
-from runner.spec.schema import FSDPSpec, Precision, PrecisionSpec, RunSpec, SGDSpec
+from runner.spec.schema import FSDPSpec, OptimizerSpec, Precision, PrecisionSpec, RunSpec
 
 WORLD = 2
 
@@ -41,7 +41,7 @@ def run_steps(rank: int) -> None:
     torch.manual_seed(0)
     spec = RunSpec(
         parallelism=FSDPSpec(),
-        optimizer=SGDSpec(lr=0.1),
+        optimizer=OptimizerSpec("torch.optim.SGD", {"lr": 0.1, "momentum": 0.9}),
         precision=PrecisionSpec(name=Precision.FP16, init_scale=1024.0),
     )
     engine = FSDPEngine(spec, Blocks(), "cpu", total_steps=3)

@@ -38,7 +38,8 @@ SHARED_PACKAGES = {"rundir"}  # the run directory's files, read and written by e
 # nothing imports cli/ or launch/.
 MAY_IMPORT: dict[str, set[str]] = {
     "cli": {"spec", SHARED},
-    "launch": {"models", "data", "spec", SHARED},
+    # launch's pre-launch check builds the optimizer and schedule the engines will build
+    "launch": {"engines", "models", "data", "spec", SHARED},
     "export": {"models", "data", "spec", SHARED},  # `runner export`: a process of its own
     "train": {"engines", "models", "data", "spec", SHARED},
     "engines": {"models", "data", "spec", SHARED},

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from runner.engines.ddp import DDPEngine
-from runner.spec.schema import DDPSpec, RunSpec, SGDSpec, SyncStrategy, SyncStrategySpec
+from runner.spec.schema import DDPSpec, OptimizerSpec, RunSpec, SyncStrategy, SyncStrategySpec
 
 WORLD, MICRO = 2, 3
 HEADS = {0: ["left", "left", "right"], 1: ["left", "right", "left"]}  # [rank][microbatch]
@@ -86,7 +86,7 @@ def check_strategy(rank: int, strategy: str, shm: bool) -> None:
     spec = RunSpec(
         parallelism=DDPSpec(find_unused_parameters=True, shm_allreduce=shm),
         sync_strategy=SyncStrategySpec(name=SyncStrategy(strategy)),
-        optimizer=SGDSpec(),
+        optimizer=OptimizerSpec("torch.optim.SGD", {"lr": 0.1, "momentum": 0.9}),
     )
     engine = DDPEngine(spec, model, "cpu", total_steps=1)
     assert (engine.reducer is not None) == shm

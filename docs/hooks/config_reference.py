@@ -26,10 +26,6 @@ CONF = ROOT / "conf"
 
 # conf/ file -> the dataclass that checks it (None: a component, whose keys are arguments)
 OPTION_CLASSES: dict[str, type | None] = {
-    "optimizer/sgd": schema.SGDSpec,
-    "optimizer/adamw": schema.AdamWSpec,
-    "scheduler/constant": schema.ConstantSpec,
-    "scheduler/cosine": schema.CosineSpec,
     "parallelism/ddp": schema.DDPSpec,
     "parallelism/zero1": schema.ZeroSpec,
     "parallelism/zero2": schema.ZeroSpec,
@@ -42,6 +38,8 @@ GROUP_CLASSES: dict[str, type | None] = {
     "model": schema.ModelSpec,
     "data": schema.DataSpec,
     "loss": schema.LossSpec,
+    "optimizer": schema.OptimizerSpec,
+    "scheduler": schema.SchedulerSpec,
 }
 LOGGER_CLASSES = {
     "tensorboard": tracker_specs.TensorBoardLoggerSpec,

@@ -23,6 +23,7 @@ from hydra.errors import (
     OverrideParseException,
 )
 
+from runner.cli.conf_files import conf_dir, option_keys
 from runner.errors import first_line
 from runner.spec import RunSpec
 
@@ -81,6 +82,8 @@ def _suggestion(key: str) -> str:
     prefix = f"{parent}." if parent else ""
     siblings = [k[len(prefix) :] for k in schema_keys(RunSpec) if k.startswith(prefix)]
     siblings = [k for k in siblings if "." not in k]
+    if parent and "." not in parent and (Path(conf_dir()) / parent).is_dir():
+        siblings += option_keys(parent)  # a component's arguments, as its options name them
     close = difflib.get_close_matches(leaf, sorted(siblings), n=2, cutoff=0.8)
     if close:
         return "did you mean " + " or ".join(prefix + c for c in close) + "?"

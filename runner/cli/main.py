@@ -26,6 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from runner.cli.compose_errors import composition_problem
+from runner.cli.conf_files import conf_dir
 from runner.cli.outcome import report_outcome, shown
 from runner.cli.prepare import prepare_argv, prepare_task
 from runner.cli.requeue import continue_after_stop, first_run_dir
@@ -47,14 +48,6 @@ from runner.spec import RunSpec, SpecError, save_spec, slurm
 
 log = logging.getLogger("runner")
 INVALID_CONFIG = 2  # exit code of a configuration rejected before any rank started
-
-
-def _conf_dir() -> str:
-    package = Path(__file__).resolve().parents[1]  # runner/
-    for candidate in (package / "conf", package.parent / "conf"):
-        if (candidate / "config.yaml").is_file():
-            return str(candidate)
-    raise SystemExit(f"runner: cannot find conf/config.yaml next to {package}; reinstall runner")
 
 
 def _discard(run_dir: Path, hydra_files: frozenset[str] = frozenset({".hydra"})) -> None:
@@ -297,7 +290,7 @@ def main() -> None:
     keep_extensions_in_environment()  # `python -m runner.cli.main`: the agent inherits it
     task = _run
     if sys.argv[1:2] == ["rerun"]:
-        sys.argv = [sys.argv[0], *rerun_argv(sys.argv[2:], Path(_conf_dir()))]
+        sys.argv = [sys.argv[0], *rerun_argv(sys.argv[2:], Path(conf_dir()))]
     else:
         if sys.argv[1:2] == ["prepare"]:
             sys.argv, task = [sys.argv[0], *prepare_argv(sys.argv[2:])], prepare_task
@@ -307,7 +300,7 @@ def main() -> None:
             user = _user_config_argv(os.environ[USER_CONFIG_ENV])
             sys.argv = [sys.argv[0], *user, *sys.argv[1:]]
     sys.argv = [sys.argv[0], *expand_shorthands(sys.argv[1:])]
-    app = hydra.main(version_base="1.3", config_path=_conf_dir(), config_name="config")(task)
+    app = hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(task)
     user_wants_hydra_errors = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Hydra prints composition errors itself and exits 1, unless HYDRA_FULL_ERROR asks it to
     # raise them; then they are ours to report like any other bad value.
@@ -322,7 +315,7 @@ def main() -> None:
     except HydraException as exc:
         if user_wants_hydra_errors:
             raise
-        print(problems_text([composition_problem(exc, sys.argv[1:], _conf_dir())]), file=sys.stderr)
+        print(problems_text([composition_problem(exc, sys.argv[1:], conf_dir())]), file=sys.stderr)
         if SweepTable.sweep_dir is not None:  # a sweep whose jobs could not be composed
             _discard(SweepTable.sweep_dir, frozenset({"multirun.yaml"}))
         sys.exit(2)

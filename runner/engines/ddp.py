@@ -23,8 +23,9 @@ from runner.engines.base import (
     local_grad_norm,
     save_durably,
 )
-from runner.engines.optim import build_optimizer, build_scheduler
+from runner.engines.optim import build_optimizer
 from runner.engines.precision import grad_scaler
+from runner.engines.schedules import build_scheduler
 from runner.engines.shared_memory import SharedMemoryAllReduce, scaled_sum_hook
 from runner.hardware import shared_memory_obstacle
 from runner.spec import RunSpec, SyncStrategy

@@ -23,7 +23,8 @@ from torch import nn
 
 from runner import dist as rdist
 from runner.engines.base import Engine, Fill, FinalTensor
-from runner.engines.optim import build_optimizer, build_scheduler
+from runner.engines.optim import build_optimizer
+from runner.engines.schedules import build_scheduler
 from runner.processes import keep_extensions_in_environment
 from runner.spec import Precision, RunSpec
 from runner.spec.deepspeed_config import merge_user_config

@@ -30,8 +30,9 @@ from torch import nn
 
 from runner import dist as rdist
 from runner.engines.base import Engine, Fill, FinalTensor, local_grad_norm
-from runner.engines.optim import build_optimizer, build_scheduler
+from runner.engines.optim import build_optimizer
 from runner.engines.precision import DTYPES, grad_scaler
+from runner.engines.schedules import build_scheduler
 from runner.models.blocks import find_blocks
 from runner.spec import RunSpec
 

@@ -1,79 +1,109 @@
-"""Optimizers and learning-rate schedules from their specs."""
+"""The optimizer from its component spec, with runner's parameter groups.
+
+Every parameter falls in one group by two choices: its weight decay (the optimizer's own;
+0 where `no_weight_decay` excludes it; `norm_weight_decay` for norm layers) and its
+learning-rate multiplier (the first `lr_multipliers` pattern its name matches). The
+optimizer is built on those groups; a group's lr is then its multiplier times the lr the
+optimizer set, so the schedule (built next) scales each group from its own start.
+"""
 
 from __future__ import annotations
 
-import math
+import fnmatch
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from runner.spec.schema import AdamWSpec, CosineSpec, OptimizerSpec, SchedulerSpec, SGDSpec
+from runner import components
+from runner.models.pretrained import unwrapped_name
+from runner.spec.schema import OptimizerSpec
 
 NORM_LAYERS = (
     torch.nn.modules.batchnorm._BatchNorm,
     torch.nn.GroupNorm,
     torch.nn.LayerNorm,
+    torch.nn.RMSNorm,
     torch.nn.modules.instancenorm._InstanceNorm,
 )
+KINDS = ("bias", "norm", "embedding")  # what no_weight_decay names besides name patterns
+
+
+def named_parameters(module: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parameter, str]]:
+    """Each parameter once, with its name in the plain model and its kind: norm (a norm
+    layer's), embedding (an embedding's), bias, or weight."""
+    seen: set[int] = set()
+    for module_name, owner in module.named_modules(remove_duplicate=False):
+        for name, param in owner.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue  # tied: the first owner decides
+            seen.add(id(param))
+            if isinstance(owner, NORM_LAYERS):
+                kind = "norm"
+            elif isinstance(owner, torch.nn.Embedding):
+                kind = "embedding"
+            else:
+                kind = "bias" if name == "bias" else "weight"
+            full = f"{module_name}.{name}" if module_name else name
+            yield unwrapped_name(full), param, kind
+
+
+def matches(name: str, pattern: str) -> bool:
+    """A pattern names a parameter, or a module and so every parameter under it."""
+    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, pattern + ".*")
+
+
+def unmatched_patterns(spec: OptimizerSpec, names: list[str]) -> list[str]:
+    """The config keys whose name patterns match no parameter of the model (a typo)."""
+    found = []
+    for pattern in spec.no_weight_decay:
+        if pattern not in KINDS and not any(matches(n, pattern) for n in names):
+            found.append(f"optimizer.no_weight_decay: {pattern!r}")
+    for pattern in spec.lr_multipliers or {}:
+        if not any(matches(n, pattern) for n in names):
+            found.append(f"optimizer.lr_multipliers: {pattern!r}")
+    return found
 
 
 def parameter_groups(spec: OptimizerSpec, module: torch.nn.Module) -> list[dict[str, Any]]:
-    """One group, or two when norm layers get their own weight decay (norm_weight_decay)."""
-    if spec.norm_weight_decay is None:
-        return [{"params": list(module.parameters())}]
-    norm_ids = {
-        id(p) for m in module.modules() if isinstance(m, NORM_LAYERS) for p in m.parameters()
-    }
-    norm = [p for p in module.parameters() if id(p) in norm_ids]
-    other = [p for p in module.parameters() if id(p) not in norm_ids]
-    groups: list[dict[str, Any]] = [{"params": other}]
-    if norm:
-        groups.append({"params": norm, "weight_decay": spec.norm_weight_decay})
-    return groups
+    """The groups, in order of their first parameter; the plain group (the optimizer's own
+    weight decay and lr) first. One group when runner's keys are left at their defaults."""
+    groups: dict[tuple[float | None, float], dict[str, Any]] = {(None, 1.0): {"params": []}}
+    for name, param, kind in named_parameters(module):
+        decay = spec.norm_weight_decay if kind == "norm" else None
+        if any(kind == p or (p not in KINDS and matches(name, p)) for p in spec.no_weight_decay):
+            decay = 0.0
+        multiplier = next(
+            (float(m) for p, m in (spec.lr_multipliers or {}).items() if matches(name, p)), 1.0
+        )
+        group = groups.setdefault((decay, multiplier), {"params": []})
+        group["params"].append(param)
+        if decay is not None:
+            group["weight_decay"] = decay
+        if multiplier != 1.0:
+            group["lr_multiplier"] = multiplier
+    return [g for g in groups.values() if g["params"]]
 
 
 def build_optimizer(spec: OptimizerSpec, module: torch.nn.Module) -> torch.optim.Optimizer:
-    params = parameter_groups(spec, module)
-    if isinstance(spec, SGDSpec):
-        return torch.optim.SGD(
-            params,
-            lr=spec.lr,
-            momentum=spec.momentum,
-            nesterov=spec.nesterov,
-            weight_decay=spec.weight_decay,
+    """The spec's optimizer on `module`'s parameter groups, each group's lr multiplied."""
+    optimizer = make_optimizer(spec, parameter_groups(spec, module))
+    for group in optimizer.param_groups:
+        if "lr_multiplier" in group and "lr" in group:
+            group["lr"] = group["lr"] * group["lr_multiplier"]
+    return optimizer
+
+
+def make_optimizer(spec: OptimizerSpec, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    """Call the spec's target with the groups first; TypeError unless it is an optimizer."""
+    build = components.instantiate({**spec.node, "_partial_": True})
+    optimizer = build(groups)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"optimizer._target_={spec.target}: gave a {type(optimizer).__name__}, not a "
+            "torch.optim.Optimizer"
         )
-    if isinstance(spec, AdamWSpec):
-        return torch.optim.AdamW(
-            params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay
-        )
-    raise ValueError(f"optimizer.name={spec.name!r} has no builder")
-
-
-class LRSchedule:
-    """Multiplier of the base lr at each step: linear warmup, then constant or cosine.
-
-    A plain callable object (not a lambda) so the scheduler state can be saved.
-    """
-
-    def __init__(self, spec: SchedulerSpec, total_steps: int):
-        self.warmup = spec.warmup_steps
-        self.cosine = isinstance(spec, CosineSpec)
-        self.min_ratio = spec.min_lr_ratio if isinstance(spec, CosineSpec) else 1.0
-        self.total = max(1, total_steps)
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup:
-            return (step + 1) / self.warmup
-        if not self.cosine:
-            return 1.0
-        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
-        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def build_scheduler(
-    spec: SchedulerSpec, optimizer: torch.optim.Optimizer, total_steps: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, LRSchedule(spec, total_steps))
+    return optimizer
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:

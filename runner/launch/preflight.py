@@ -68,12 +68,15 @@ def component_problems(spec: RunSpec) -> list[str]:
         found += _stream_problems(spec, datasets)
 
     found += components.problems("model", spec.model.node, provided)
+    found += _optimizer_problems(spec)
     found += components.problems("loss", spec.loss.node, provided)
     for name, metric in spec.metrics.items():
         found += components.problems(f"metrics.{name}", metric.node, provided)
     wrap = getattr(spec.parallelism, "wrap", ())
     if (spec.checkpoint_every or wrap) and not found:
         found += _block_problems(spec, provided())
+    if (spec.optimizer.lr_multipliers or spec.optimizer.no_weight_decay) and not found:
+        found += _pattern_problems(spec, provided())
     if spec.init_from.path is not None and not found:
         found += _init_from_problems(spec, provided())
     return found
@@ -116,6 +119,74 @@ def _stream_problems(spec: RunSpec, datasets: Callable[[], Datasets | None]) -> 
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _optimizer_problems(spec: RunSpec) -> list[str]:
+    """The optimizer and the schedule, bound and then built on a probe parameter: what
+    they are given and what they give are checked, not only their signatures."""
+    import torch
+
+    from runner.engines.optim import make_optimizer
+    from runner.engines.schedules import build_scheduler
+
+    optimizer, scheduler = spec.optimizer, spec.scheduler
+    found = components.problems("optimizer", {**optimizer.node, "_partial_": True})
+    target = None if found else components.locate(optimizer.target)
+    if isinstance(target, type) and not issubclass(target, torch.optim.Optimizer):
+        found.append(
+            f"optimizer._target_={optimizer.target}: {target.__name__} is not an optimizer "
+            "(a torch.optim.Optimizer subclass, or a function returning one)"
+        )
+    built = None
+    if not found:
+        try:
+            built = make_optimizer(optimizer, [{"params": [torch.nn.Parameter(torch.zeros(2))]}])
+        except Exception as exc:
+            found.append(_built("optimizer", optimizer.target, exc))
+    bound = components.problems(
+        "scheduler", scheduler.node, {"optimizer": None, "total_steps": None}
+    )
+    found += bound
+    if built is not None and not bound:
+        try:
+            build_scheduler(scheduler, built, total_steps=scheduler.warmup_steps + 100)
+        except Exception as exc:
+            found.append(_built("scheduler", scheduler.target, exc))
+    return found
+
+
+def _built(key: str, target: str, exc: Exception) -> str:
+    """A problem line for a component that raised while it was built."""
+    cause = exc.__cause__ if type(exc).__name__ == "InstantiationException" else None
+    exc = cause if isinstance(cause, Exception) else exc
+    if isinstance(exc, TypeError) and str(exc).startswith(f"{key}._target_="):
+        return str(exc)  # runner's own: it gave something else
+    return f"{key}._target_={target}: building it raised {type(exc).__name__}: {_first_line(exc)}"
+
+
+def _pattern_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
+    """Name patterns of the optimizer's keys that match no parameter of the model."""
+    import torch
+
+    from runner.engines.optim import named_parameters, unmatched_patterns
+
+    if info is None:
+        return []
+    try:
+        with torch.device("meta"):
+            model = build_model(spec.model, info)
+    except Exception:  # it reads values while it is built: the whole model, then
+        model = build_model(spec.model, info)
+    names = [name for name, _, _ in named_parameters(model)]
+    return [
+        f"{where}: matches no parameter of {type(model).__name__} (it has {_sample(names)})"
+        for where in unmatched_patterns(spec.optimizer, names)
+    ]
+
+
+def _sample(names: list[str]) -> str:
+    shown = ", ".join(names[:6])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
 
 
 def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:

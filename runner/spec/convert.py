@@ -209,9 +209,9 @@ def _convert_value(tp: Any, raw: Any, key: str, problems: list[str]) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(raw, Mapping):
             raise _Invalid("expected a mapping")
-        value_type = (typing.get_args(tp) or (str, Any))[1]
-        if not dataclasses.is_dataclass(value_type):
-            return dict(raw)
+        key_type, value_type = typing.get_args(tp) or (str, Any)
+        if not dataclasses.is_dataclass(value_type):  # keys as written (`{5: 2.0}`: "5")
+            return {str(k) if key_type is str else k: v for k, v in raw.items()}
         # A mapping of components (metrics): `name: null` leaves an entry out.
         return {
             str(name): _convert(value_type, item, _key(key, str(name)), problems)

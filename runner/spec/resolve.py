@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from runner import hardware
+from runner.components import TARGET
 from runner.processes import can_fork_ranks
 from runner.spec.convert import SpecError, from_dict, to_dict
 from runner.spec.data_paths import resolve_data_paths
@@ -59,6 +60,7 @@ def resolve_spec(
         raise SpecError(problems)
     spec = _resolve_replicate(spec, problems)
     _check_sizes(spec, problems)
+    _check_optimizer(spec, problems)
     _check_cluster(spec, problems)
     _check_run_control(spec, problems)
     _check_sync_strategy(spec, problems)
@@ -230,6 +232,29 @@ def _check_sizes(spec: RunSpec, problems: list[str]) -> None:
         problems.append(
             f"scheduler.warmup_epochs={warmup.warmup_epochs}: scheduler.warmup_steps="
             f"{warmup.warmup_steps} is set too; set one of them (scheduler.warmup_steps=0)"
+        )
+
+
+def _check_optimizer(spec: RunSpec, problems: list[str]) -> None:
+    """What runner reads of the optimizer node: the lr and its own keys. The rest binds to
+    the optimizer's signature in the agent's check."""
+    optimizer = spec.optimizer
+    lr = optimizer.args.get("lr")
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, int | float) or lr <= 0):
+        problems.append(f"optimizer.lr={lr!r}: must be > 0")
+    for pattern, multiplier in (optimizer.lr_multipliers or {}).items():
+        if (
+            isinstance(multiplier, bool)
+            or not isinstance(multiplier, int | float)
+            or multiplier < 0
+        ):
+            problems.append(
+                f"optimizer.lr_multipliers.{pattern}={multiplier!r}: expected a number >= 0"
+            )
+    if "norm" in optimizer.no_weight_decay and optimizer.norm_weight_decay is not None:
+        problems.append(
+            f"optimizer.norm_weight_decay={optimizer.norm_weight_decay}: optimizer.no_weight_decay "
+            "has norm too; set one of them"
         )
 
 
@@ -428,12 +453,27 @@ def load_spec(run_dir: str | Path) -> RunSpec:
     return from_dict(RunSpec, _migrate(data))
 
 
+OLD_OPTIONS = {
+    "optimizer": {"adamw": "torch.optim.AdamW", "sgd": "torch.optim.SGD"},
+    "scheduler": {
+        "constant": "runner.engines.schedules.constant",
+        "cosine": "runner.engines.schedules.cosine",
+    },
+}
+
+
 def _migrate(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """`compile: true|false` as the optional section it stands for; configs of older runs:
-    `tensorboard: true|false` became the logger group."""
+    `tensorboard: true|false` became the logger group; optimizers and schedulers named by
+    `name` became components."""
     migrated = dict(config)
     if isinstance(migrated.get("compile"), bool):
         migrated["compile"] = {} if migrated["compile"] else None
+    for group, targets in OLD_OPTIONS.items():  # optimizer and scheduler by `name`
+        node = migrated.get(group)
+        if isinstance(node, Mapping) and node.get("name") in targets:
+            node = dict(node)
+            migrated[group] = {TARGET: targets[node.pop("name")], **node}
     if "tensorboard" in config and "logger" not in config:
         tensorboard = migrated.pop("tensorboard")
         migrated["logger"] = {"tensorboard": {}} if tensorboard else {}

@@ -5,9 +5,9 @@ must satisfy. `runner.spec.convert` turns a composed config into a `RunSpec`
 and reports every problem at once. Field metadata carries value constraints
 (`min`, `gt`, `max`) so the error for a bad value names the bound.
 
-Groups whose options differ in shape (optimizer, scheduler, parallelism) are unions
-of dataclasses told apart by their `name` field. The groups that take the user's own
-code (model, data, loss, metrics) are components: `_target_` plus arguments.
+Groups whose options differ in shape (parallelism) are unions of dataclasses told apart
+by their `name` field. The groups that take the user's own code (model, data, loss,
+metrics, optimizer, scheduler) are components: `_target_` plus arguments.
 """
 
 from __future__ import annotations
@@ -112,48 +112,41 @@ class MetricSpec(Component):
 
 
 @dataclass(frozen=True)
-class SGDSpec:
-    name: Literal["sgd"] = "sgd"
-    lr: float = _bound(0.1, gt=0.0)
-    momentum: float = _bound(0.9, min=0.0)
-    nesterov: bool = False
-    weight_decay: float = _bound(0.0, min=0.0)
+class OptimizerSpec(Component):
+    """Any `torch.optim.Optimizer` class, or a function returning one, given the parameter
+    groups first (as torch's optimizers take `params`). runner builds the groups from its own
+    keys here: weight-decay exclusions and per-module learning-rate multipliers."""
+
+    target: str = "torch.optim.AdamW"
+    # no weight decay for: bias, norm (norm layers), embedding, or a parameter-name pattern
+    no_weight_decay: tuple[str, ...] = ()
     norm_weight_decay: float | None = _bound(None, min=0.0)  # for norm layers; None = weight_decay
+    lr_multipliers: dict[str, float] | None = None  # name pattern -> x lr; the first match wins
 
+    @property
+    def name(self) -> str:
+        """`adamw`, `sgd`, `adafactor`: the class's name, lower case."""
+        return self.target.rsplit(".", 1)[-1].lower()
 
-@dataclass(frozen=True)
-class AdamWSpec:
-    name: Literal["adamw"] = "adamw"
-    lr: float = _bound(1e-3, gt=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = _bound(1e-8, gt=0.0)
-    weight_decay: float = _bound(0.01, min=0.0)
-    norm_weight_decay: float | None = _bound(None, min=0.0)  # for norm layers; None = weight_decay
-
-
-OptimizerSpec = SGDSpec | AdamWSpec
 
 # ------------------------------------------------------------------------- scheduler
 
 
 @dataclass(frozen=True)
-class ConstantSpec:
-    name: Literal["constant"] = "constant"
+class SchedulerSpec(Component):
+    """Any `torch.optim.lr_scheduler` class, or a function returning one, given the optimizer
+    (and `total_steps`, the steps after warmup, where it takes it). runner warms up linearly
+    to the lr where it starts, over `warmup_steps` (or `warmup_epochs`), then steps it."""
+
+    target: str = "runner.engines.schedules.constant"
     warmup_steps: int = _bound(0, min=0)
     warmup_epochs: float | None = _bound(None, min=0.0)  # instead of warmup_steps
 
+    @property
+    def name(self) -> str:
+        """`constant`, `cosine`, `steplr`: the class's or function's name, lower case."""
+        return self.target.rsplit(".", 1)[-1].lower()
 
-@dataclass(frozen=True)
-class CosineSpec:
-    """Linear warmup to the optimizer's lr, then cosine decay to `min_lr_ratio` x lr."""
-
-    name: Literal["cosine"] = "cosine"
-    warmup_steps: int = _bound(0, min=0)
-    warmup_epochs: float | None = _bound(None, min=0.0)  # instead of warmup_steps
-    min_lr_ratio: float = _bound(0.0, min=0.0, max=1.0)
-
-
-SchedulerSpec = ConstantSpec | CosineSpec
 
 # ----------------------------------------------------------------------- parallelism
 
@@ -360,8 +353,8 @@ class RunSpec:
     loss: LossSpec = field(default_factory=LossSpec)
     metrics: dict[str, MetricSpec] = field(default_factory=dict)
     code_dir: tuple[str, ...] = ()  # directories of user code, put on every process's path
-    optimizer: OptimizerSpec = field(default_factory=AdamWSpec)
-    scheduler: SchedulerSpec = field(default_factory=ConstantSpec)
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     parallelism: ParallelismSpec = field(default_factory=DDPSpec)
     sync_strategy: SyncStrategySpec = field(default_factory=SyncStrategySpec)
     precision: PrecisionSpec = field(default_factory=PrecisionSpec)

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from runner.data.datasets import build_datasets
 from runner.data.sampler import GlobalBatchSampler
-from runner.engines.optim import build_optimizer, build_scheduler
+from runner.engines.optim import build_optimizer
+from runner.engines.schedules import build_scheduler
 from runner.models import build_model
 from runner.models.initial_weights import seed_everything
 from runner.spec import RunSpec
