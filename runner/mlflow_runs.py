@@ -25,6 +25,7 @@ from runner.rundir.tracker_runs import (
     read_tracker_run,
     tracker_run_once,
 )
+from runner.secrets import ENV_REFERENCE, resolve_placeholder
 
 NAME = "mlflow"
 # A tracker that cannot reach its server costs the run a warning, not minutes of retries:
@@ -63,9 +64,12 @@ class MlflowRun:
         """`settings` is the resolved logger.mlflow section; `config`, the run's config."""
         self.settings, self.run_dir = settings, run_dir
         self.uri: str = settings.tracking_uri
+        # as config.yaml writes it: a placeholder stays one in tracker_runs.json too
+        self.written_uri = (config.get("logger") or {}).get("mlflow", {}).get("tracking_uri")
         self.client = mlflow_client(self.uri)
         noted = read_tracker_run(run_dir, NAME)
-        if noted and noted.get("tracking_uri") == self.uri:  # a restart, a resume, the parent
+        same = noted and noted.get("tracking_uri") in (self.uri, self.written_uri)
+        if same:  # a restart, a resume, the parent
             self.run_id: str = noted["run_id"]
             self.experiment_id: str = noted["experiment_id"]
             self.logged = self._logged_steps()
@@ -119,7 +123,8 @@ class MlflowRun:
 
     def _note(self, **extra: str) -> None:
         noted = {"run_id": self.run_id, "experiment_id": self.experiment_id}
-        note_tracker_run(self.run_dir, NAME, {**noted, "tracking_uri": self.uri, **extra})
+        uri = self.written_uri or self.uri
+        note_tracker_run(self.run_dir, NAME, {**noted, "tracking_uri": uri, **extra})
 
     def _create(self, config: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -155,7 +160,8 @@ class MlflowRun:
             **tags,
         }
         run = self.client.create_run(experiment, run_name=sweep_dir.name, tags=tags)
-        return {"run_id": run.info.run_id, "experiment_id": experiment, "tracking_uri": self.uri}
+        uri = self.written_uri or self.uri
+        return {"run_id": run.info.run_id, "experiment_id": experiment, "tracking_uri": uri}
 
     def _experiment(self, name: str) -> str:
         """The experiment called `name`, created when it does not exist yet (beside a local
@@ -232,7 +238,10 @@ def finish_sweep_run(sweep_dir: Path, failed: list[str], files: list[Path]) -> N
     tags = {"runner.status": str(status)}
     if failed:
         tags["runner.failed_jobs"] = ", ".join(failed)
-    _end(mlflow_client(noted["tracking_uri"]), noted["run_id"], status, tags, files, [])
+    uri = noted["tracking_uri"]
+    if ENV_REFERENCE in uri:  # noted as config.yaml writes it
+        uri = resolve_placeholder("logger.mlflow.tracking_uri", uri)
+    _end(mlflow_client(uri), noted["run_id"], status, tags, files, [])
 
 
 def _end(

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from runner.export.command import shard_bytes
-from runner.export.sources import NoWeights, find_weights
+from runner.models.checkpoint_weights import NoWeights, find_weights
 from runner.models.safetensors_out import OutTensor, write_safetensors
 from tests.conftest import FAST, child_env, runner_command
 from tests.helpers.hugging_face import GPT2, gpt2_args, text_corpus

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from runner.rundir.files import RunDir
-from runner.spec import resolve_spec
+from runner.spec import resolve_spec, save_spec
 from runner.train.nonfinite import NonFiniteError
 from runner.train.step_figures import StepFigures
 from runner.train.trainer import Trainer
@@ -35,9 +35,7 @@ def test_evaluation_runs_in_eval_mode_and_training_resumes_in_train_mode(
     tmp_path: Path, one_rank_group: None
 ) -> None:
     """train() is set once per fit, not every step, so evaluate() must switch back."""
-    config = compose_config([*FAST, "device=cpu", "nproc=1", "logger=none"])
-    (tmp_path / "logs").mkdir()
-    trainer = Trainer(resolve_spec(config), RunDir(tmp_path), "cpu", None)
+    trainer = build(tmp_path)
     modes: list[bool] = []
     trainer.engine.module.register_forward_hook(lambda m, i, o: modes.append(m.training))
 
@@ -55,7 +53,9 @@ def test_evaluation_runs_in_eval_mode_and_training_resumes_in_train_mode(
 def build(tmp_path: Path, *overrides: str) -> Trainer:
     config = compose_config([*FAST, "device=cpu", "nproc=1", "logger=none", *overrides])
     (tmp_path / "logs").mkdir(exist_ok=True)
-    return Trainer(resolve_spec(config), RunDir(tmp_path), "cpu", None)
+    spec = resolve_spec(config)
+    save_spec(spec, tmp_path)  # the run directory's config.yaml, as the parent writes it
+    return Trainer(spec, RunDir(tmp_path), "cpu", None)
 
 
 def poisoned_step(trainer: Trainer, batch: list, n: int, step: int) -> None:

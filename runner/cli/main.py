@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.cli.compose_errors import composition_problem
 from runner.cli.conf_files import conf_dir
+from runner.cli.evaluate import eval_argv
 from runner.cli.outcome import report_outcome, shown
 from runner.cli.prepare import prepare_argv, prepare_task
 from runner.cli.requeue import continue_after_stop, first_run_dir
@@ -44,6 +45,7 @@ from runner.rundir.summary import (
     write_unfinished_summary,
 )
 from runner.rundir.tracker_runs import SWEEP_DIR_ENV
+from runner.secrets import SECRETS_ENV, Secrets
 from runner.spec import RunSpec, SpecError, save_spec, slurm
 
 log = logging.getLogger("runner")
@@ -90,7 +92,7 @@ def _run(cfg: DictConfig) -> float | None:
             run_dir = RunDir(first)
             log.info("runner: SLURM job restarted; continuing the run in %s", shown(first))
     try:
-        spec = resolve_cfg(cfg, run_dir.root, requeued)
+        spec, secrets = resolve_cfg(cfg, run_dir.root, requeued)
     except SpecError as err:
         log.error("%s", problems_text(err.problems))
         if not in_sweep:
@@ -111,10 +113,13 @@ def _run(cfg: DictConfig) -> float | None:
             _discard(Path(hydra_cfg.sweep.dir), frozenset({"multirun.yaml"}))
             sys.exit(INVALID_CONFIG)
     add_code_dirs([os.getcwd(), *spec.code_dir])
+    sweep_dir = Path(hydra_cfg.sweep.dir) if in_sweep else None
+    _scrub_hydra_files(secrets, run_dir.root, sweep_dir)
+    os.environ[SECRETS_ENV] = secrets.environment()  # for every process started from here
     if spec.node_rank > 0:
-        return _run_other_node(spec, run_dir, start_time)
-    _file_run(spec, run_dir, hydra_cfg.sweep.dir if in_sweep else None)
-    end = run_agent(run_dir.root, start_time)
+        return _run_other_node(spec, secrets, run_dir, start_time)
+    _file_run(spec, secrets, run_dir, sweep_dir)
+    end = run_agent(run_dir.root, start_time, secrets.environment())
     summary = _summary_after(end, spec, run_dir, start_time)
     rejected = (summary.get("error") or {}).get("problems")
     if rejected and end.code == INVALID_CONFIG:  # the agent's check of the components:
@@ -152,11 +157,11 @@ def sweeper_problem(sweeper: Any, spec: RunSpec) -> str | None:
     )
 
 
-def _file_run(spec: RunSpec, run_dir: RunDir, sweep_dir: str | None) -> None:
+def _file_run(spec: RunSpec, secrets: Secrets, run_dir: RunDir, sweep_dir: Path | None) -> None:
     """The run directory before the agent starts: config.yaml, env.json, logs/, an earlier
     launch's summary set aside; a sweep's job tells rank 0's trackers its sweep."""
-    save_spec(spec, run_dir.root)
-    env = {"run_id": uuid.uuid4().hex, **environment_info(spec.code_dir)}
+    save_spec(spec, run_dir.root, secrets)
+    env = {"run_id": uuid.uuid4().hex, **_environment(spec, secrets)}
     write_json(run_dir.env, {**env, "slurm_job": slurm.job_key(os.environ)})
     run_dir.logs.mkdir(parents=True, exist_ok=True)
     archive_previous(run_dir)  # resuming in an earlier run's directory keeps its story
@@ -164,6 +169,28 @@ def _file_run(spec: RunSpec, run_dir: RunDir, sweep_dir: str | None) -> None:
         os.environ[SWEEP_DIR_ENV] = str(Path(sweep_dir).absolute())
     else:
         os.environ.pop(SWEEP_DIR_ENV, None)
+
+
+def _environment(spec: RunSpec, secrets: Secrets) -> dict[str, Any]:
+    """env.json's facts, its command line without the secrets given on it."""
+    env = environment_info(spec.code_dir)
+    env["argv"] = secrets.masked_argv(env["argv"])
+    return env
+
+
+def _scrub_hydra_files(secrets: Secrets, run_dir: Path, sweep_dir: Path | None) -> None:
+    """Hydra's own record of the run (.hydra/, a sweep's multirun.yaml) without the secret
+    values given literally."""
+    if not secrets.values:
+        return
+    files = [*run_dir.joinpath(".hydra").glob("*.yaml")]
+    if sweep_dir is not None:
+        files.append(sweep_dir / "multirun.yaml")
+    for path in files:
+        if path.is_file():
+            text = path.read_text()
+            if secrets.scrub(text) != text:
+                path.write_text(secrets.scrub(text))
 
 
 def _summary_after(end: Any, spec: RunSpec, run_dir: RunDir, start_time: float) -> dict:
@@ -177,7 +204,9 @@ def _summary_after(end: Any, spec: RunSpec, run_dir: RunDir, start_time: float) 
     return write_unfinished_summary(run_dir, status, spec.world_size, start_time, error)
 
 
-def _run_other_node(spec: RunSpec, run_dir: RunDir, start_time: float) -> float | None:
+def _run_other_node(
+    spec: RunSpec, secrets: Secrets, run_dir: RunDir, start_time: float
+) -> float | None:
     """Node i > 0 of a multi-node run. Its own files (config.yaml, env.json, summary.json,
     .hydra/) go to `node{i}/`; its ranks write into node 0's run directory when this node
     sees it (shared filesystem) and into this one otherwise. With a shared filesystem the
@@ -187,9 +216,9 @@ def _run_other_node(spec: RunSpec, run_dir: RunDir, start_time: float) -> float 
     node_dir.mkdir(parents=True, exist_ok=True)
     outcome = node_dir / "summary.json"
     outcome.unlink(missing_ok=True)
-    save_spec(spec, node_dir)
-    write_json(node_dir / "env.json", environment_info(spec.code_dir))
-    end = run_agent(node_dir, start_time)
+    save_spec(spec, node_dir, secrets)
+    write_json(node_dir / "env.json", _environment(spec, secrets))
+    end = run_agent(node_dir, start_time, secrets.environment())
     code, received = end.code, end.received
     summary = read_json(outcome)
     if summary is None:  # the agent died before it could write one
@@ -285,10 +314,13 @@ def expand_shorthands(args: list[str]) -> list[str]:
 
 
 def main() -> None:
-    """Console entry point: `runner [overrides]`, `runner rerun RUN_DIR [overrides]`, or
-    `runner prepare [overrides]` (runner.cli.prepare)."""
+    """Console entry point: `runner [overrides]`, `runner rerun RUN_DIR [overrides]`,
+    `runner eval SOURCE [overrides]` (runner.cli.evaluate) or `runner prepare [overrides]`
+    (runner.cli.prepare)."""
     keep_extensions_in_environment()  # `python -m runner.cli.main`: the agent inherits it
     task = _run
+    if sys.argv[1:2] == ["eval"]:
+        sys.argv = [sys.argv[0], *eval_argv(sys.argv[2:], Path(conf_dir()))]
     if sys.argv[1:2] == ["rerun"]:
         sys.argv = [sys.argv[0], *rerun_argv(sys.argv[2:], Path(conf_dir()))]
     else:

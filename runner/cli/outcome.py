@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from runner.rundir.files import RunDir
+from runner.rundir.files import EVAL_FILE, RunDir
 from runner.rundir.summary import Status
 
 log = logging.getLogger("runner")
@@ -24,9 +24,10 @@ def report_outcome(summary: dict[str, Any], run_dir: RunDir) -> None:
     if status == Status.COMPLETED:
         keys = sorted(k for k in final if k.startswith("val/")) + ["train/loss"]
         parts = [f"{k} {final[k]:.4f}" for k in keys if k in final]
+        evaluated = (run_dir.root / EVAL_FILE).is_file()
         log.info(
-            "runner: completed %s steps on %s rank(s) in %.1fs | %s",
-            summary.get("steps"),
+            "runner: %s on %s rank(s) in %.1fs | %s",
+            f"evaluated ({EVAL_FILE})" if evaluated else f"completed {summary.get('steps')} steps",
             summary.get("world_size"),
             summary.get("wall_time_s", 0),
             " | ".join(parts),

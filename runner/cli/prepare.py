@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from runner.cli.resolving import problems_text, resolve_cfg
+from runner.secrets import SECRETS_ENV
 from runner.spec import SpecError, save_spec
 
 FLAGS = ("--rebuild", "--verify")
@@ -44,10 +46,11 @@ def prepare_task(cfg: DictConfig) -> None:
     """Hydra's task for `runner prepare`: check the config, then build in a child."""
     workdir = Path(_Request.workdir)
     try:
-        spec = resolve_cfg(cfg, workdir)
+        spec, secrets = resolve_cfg(cfg, workdir)
     except SpecError as err:
         log.error("%s", problems_text(err.problems))
         sys.exit(2)
-    save_spec(spec, workdir)
+    save_spec(spec, workdir, secrets)
+    os.environ[SECRETS_ENV] = secrets.environment()  # the child reads config.yaml
     child = [sys.executable, "-m", "runner.data.prepare", str(workdir), *_Request.flags]
     sys.exit(subprocess.call(child))

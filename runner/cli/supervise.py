@@ -27,6 +27,7 @@ from typing import Any
 from runner import heartbeat
 from runner.heartbeat import STOP_SIGNALS
 from runner.processes import START_METHOD_ENV, exit_code_for_signal
+from runner.secrets import SECRETS_ENV
 
 GRACE_S = 20.0
 
@@ -83,13 +84,14 @@ def _discard_prestarted() -> None:
         _prestarted.wait()
 
 
-def _start_agent(run_dir: Path, start_time: float) -> subprocess.Popen:
-    """The prestarted agent, told where the run is; else a new one."""
+def _start_agent(run_dir: Path, start_time: float, secrets: str) -> subprocess.Popen:
+    """The prestarted agent, told where the run is and the secrets kept out of its files
+    (runner.secrets); else a new one."""
     global _prestarted
     agent, _prestarted = _prestarted, None
     if agent is not None and agent.poll() is None and agent.stdin is not None:
         try:
-            agent.stdin.write(f"{run_dir}\t{start_time!r}\n".encode())
+            agent.stdin.write(f"{run_dir}\t{start_time!r}\t{secrets}\n".encode())
             agent.stdin.close()
             return agent
         except OSError:  # it died on the way: start another
@@ -97,6 +99,7 @@ def _start_agent(run_dir: Path, start_time: float) -> subprocess.Popen:
     env = dict(os.environ)
     env["RUNNER_START_TIME"] = repr(start_time)
     env["RUNNER_PARENT_PID"] = str(os.getpid())
+    env[SECRETS_ENV] = secrets
     return subprocess.Popen(
         [sys.executable, "-m", "runner.launch.agent", str(run_dir)], env=env, start_new_session=True
     )
@@ -127,9 +130,10 @@ class AgentEnd:
     asked_handler: Callable[..., Any] | None = None
 
 
-def run_agent(run_dir: Path, start_time: float) -> AgentEnd:
-    """Run the agent for `run_dir` to the end, relaying signals to it."""
-    agent = _start_agent(run_dir, start_time)
+def run_agent(run_dir: Path, start_time: float, secrets: str = "{}") -> AgentEnd:
+    """Run the agent for `run_dir` to the end, relaying signals to it. `secrets`: the values
+    config.yaml masks, as JSON (runner.secrets)."""
+    agent = _start_agent(run_dir, start_time, secrets)
     relay, asks = _Relay(agent), _Asks(agent)
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, relay) for s in handled}

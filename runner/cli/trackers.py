@@ -13,7 +13,7 @@ from runner.errors import describe
 from runner.mlflow_runs import finish_run, finish_sweep_run
 from runner.rundir.files import RunDir
 from runner.rundir.tracker_runs import tracker_failures
-from runner.spec.convert import to_dict
+from runner.spec.resolve import written_config
 from runner.spec.schema import RunSpec
 
 log = logging.getLogger("runner")
@@ -30,7 +30,7 @@ def finish_trackers(spec: RunSpec, run_dir: RunDir, summary: dict[str, Any]) -> 
     if spec.logger.mlflow is None:
         return
     try:
-        finish_run(spec.logger.mlflow, to_dict(spec), run_dir, summary)
+        finish_run(spec.logger.mlflow, written_config(run_dir.root), run_dir, summary)
     except Exception as exc:  # a tracker never fails a run, nor hides its outcome
         _warn(exc, "the run's outcome is in summary.json")
 

@@ -3,7 +3,7 @@ a run's weights as safetensors, sharded with an index above the size, and for a 
 Face model its config.json too, so that `AutoModel*.from_pretrained(DIR)` loads them.
 
 The weights come from a finished run's model.pt, or from any parallelism's checkpoint
-(runner.export.sources), and are written one tensor at a time
+(runner.models.checkpoint_weights), and are written one tensor at a time
 (runner.models.safetensors_out).
 """
 
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
         tied_names,
         write_config,
     )
-    from runner.export.sources import NoWeights, find_weights
+    from runner.models.checkpoint_weights import NoWeights, find_weights
     from runner.models.safetensors_out import OutTensor, write_safetensors
     from runner.spec import load_spec
 

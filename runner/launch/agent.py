@@ -38,6 +38,7 @@ from runner.rundir.files import RunDir
 from runner.rundir.summary import (
     Status,
 )
+from runner.secrets import SECRETS_ENV
 from runner.spec import RunSpec, load_spec
 
 SHUTDOWN_TIMEOUT_S = 10
@@ -296,9 +297,10 @@ def main() -> None:
         line = sys.stdin.readline()
         if not line.strip():  # the parent needed no run after all
             os._exit(0)
-        where, start_time = line.rstrip("\n").split("\t")
+        where, start_time, secrets = line.rstrip("\n").split("\t", 2)
         node_dir = Path(where)
         os.environ["RUNNER_START_TIME"] = start_time
+        os.environ[SECRETS_ENV] = secrets  # the ranks inherit it: never in a file
         spec = load_spec(node_dir)
     code = launch(node_dir, spec, server)
     # Every artifact is on disk and every rank is gone: skip the interpreter's teardown,

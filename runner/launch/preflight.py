@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import components
+from runner.callbacks import hook_problems
 from runner.data.datasets import build_datasets, prepare_data
 from runner.data.splits import Datasets
 from runner.data.streams import is_iterable
@@ -69,6 +70,8 @@ def component_problems(spec: RunSpec) -> list[str]:
 
     found += components.problems("model", spec.model.node, provided)
     found += _optimizer_problems(spec)
+    for i, callback in enumerate(spec.callbacks):
+        found += _callback_problems(f"callbacks[{i}]", callback.node)
     found += components.problems("loss", spec.loss.node, provided)
     for name, metric in spec.metrics.items():
         found += components.problems(f"metrics.{name}", metric.node, provided)
@@ -155,6 +158,15 @@ def _optimizer_problems(spec: RunSpec) -> list[str]:
     return found
 
 
+def _callback_problems(key: str, node: dict[str, Any]) -> list[str]:
+    """Bound like any component; a class's methods named like hooks must be hooks."""
+    found = components.problems(key, node)
+    target = None if found else components.locate(node[components.TARGET])
+    if isinstance(target, type):
+        found += hook_problems(key, target)
+    return found
+
+
 def _built(key: str, target: str, exc: Exception) -> str:
     """A problem line for a component that raised while it was built."""
     cause = exc.__cause__ if type(exc).__name__ == "InstantiationException" else None
@@ -225,14 +237,15 @@ def _init_from_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]
     (built on the meta device: shapes only)."""
     import torch
 
+    from runner.models.checkpoint_weights import weights_file
     from runner.models.pretrained import loaded_tensors, match
-    from runner.models.tensor_files import WeightsFileError, tensor_file
+    from runner.models.tensor_files import WeightsFileError
 
     path = spec.init_from.path
     if info is None:
         return []
     try:
-        with tensor_file(Path(path)) as file:
+        with weights_file(Path(path)) as file:
             try:
                 with torch.device("meta"):
                     model = build_model(spec.model, info)

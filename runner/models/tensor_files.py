@@ -20,7 +20,7 @@ import json
 import os
 import struct
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -228,9 +228,11 @@ def open_tensor_file(path: Path) -> TensorFile:
 
 
 @contextlib.contextmanager
-def tensor_file(path: Path) -> Iterator[TensorFile]:
-    """`path`'s reader, open while the context lasts."""
-    file = open_tensor_file(path)
+def tensor_file(
+    path: Path, opener: Callable[[Path], TensorFile] = open_tensor_file
+) -> Iterator[TensorFile]:
+    """`path`'s reader (`opener`'s), open while the context lasts."""
+    file = opener(path)
     try:
         yield file
     finally:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 TRACKER_RUNS = "tracker_runs.json"  # in a run directory, and at a sweep's root
+EVAL_FILE = "eval.json"  # what `runner eval` measured, in its run directory
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import yaml
 from runner import hardware
 from runner.components import TARGET
 from runner.processes import can_fork_ranks
+from runner.secrets import Secrets, restore
 from runner.spec.convert import SpecError, from_dict, to_dict
 from runner.spec.data_paths import resolve_data_paths
 from runner.spec.schema import (
@@ -190,8 +191,8 @@ def _resolve_init_from(spec: RunSpec, problems: list[str]) -> RunSpec:
     if not path.exists():
         problems.append(
             f"init_from.path={given!r}: no such file or directory; give a model.pt, a "
-            ".safetensors file, a sharded safetensors directory or a Hugging Face model "
-            "directory (local: runner downloads nothing)"
+            ".safetensors file, a sharded safetensors directory, a Hugging Face model "
+            "directory (local: runner downloads nothing), a run directory or a checkpoint"
         )
     return dataclasses.replace(spec, init_from=dataclasses.replace(spec.init_from, path=str(path)))
 
@@ -438,19 +439,27 @@ def _check_resume(spec: RunSpec, problems: list[str], run_dir: Path | None) -> N
         problems.extend(check_resume(spec, checkpoint))
 
 
-def save_spec(spec: RunSpec, run_dir: str | Path) -> Path:
-    """Write the resolved spec as `config.yaml` (atomically) and return its path."""
+def save_spec(spec: RunSpec, run_dir: str | Path, secrets: Secrets | None = None) -> Path:
+    """Write the resolved spec as `config.yaml` (atomically) and return its path; `secrets`:
+    what stays a placeholder or is masked there (runner.secrets)."""
     path = Path(run_dir) / CONFIG_FILE
     tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(yaml.safe_dump(to_dict(spec), sort_keys=False))
+    config = to_dict(spec)
+    tmp.write_text(yaml.safe_dump(secrets.written(config) if secrets else config, sort_keys=False))
     os.replace(tmp, path)
     return path
 
 
 def load_spec(run_dir: str | Path) -> RunSpec:
-    """Read the resolved spec of a run directory (what every rank does first)."""
-    data = yaml.safe_load((Path(run_dir) / CONFIG_FILE).read_text())
-    return from_dict(RunSpec, _migrate(data))
+    """Read the resolved spec of a run directory (what every rank does first): its
+    placeholders resolved from this process's environment, its masked secrets from what
+    the parent handed down."""
+    return from_dict(RunSpec, _migrate(restore(written_config(run_dir), os.environ)))
+
+
+def written_config(run_dir: str | Path) -> dict[str, Any]:
+    """config.yaml as written: what may be logged (placeholders, masked secrets)."""
+    return yaml.safe_load((Path(run_dir) / CONFIG_FILE).read_text())
 
 
 OLD_OPTIONS = {

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from runner.secrets import mask_secret_keys
 from runner.spec.convert import to_dict
 from runner.spec.schema import DEEPSPEED_SPECS, RunSpec
 
@@ -107,10 +108,7 @@ def check_resume(spec: RunSpec, checkpoint: Path) -> list[str]:
 def _model_input(spec: RunSpec) -> dict[str, Any]:
     """What decides the model's state shapes: equal values mean equal shapes (the data
     component decides what the model is told: num_classes, vocab_size, ...)."""
-    return {
-        "model": to_dict(spec.model.node),
-        "data": to_dict(spec.data.node),
-    }
+    return mask_secret_keys({"model": to_dict(spec.model.node), "data": to_dict(spec.data.node)})
 
 
 def _configured_shapes(spec: RunSpec) -> list[tuple[str, list[int]]]:

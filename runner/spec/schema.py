@@ -108,6 +108,14 @@ class MetricSpec(Component):
     """A metric with `update(outputs, targets)`, `compute()`, `reset()`: torchmetrics' shape."""
 
 
+@dataclass(frozen=True)
+class CallbackSpec(Component):
+    """An object with some of runner's hooks (runner.callbacks). `ranks`: which ranks call
+    it, rank 0 only (main) or every rank (all)."""
+
+    ranks: Literal["main", "all"] = "main"
+
+
 # ------------------------------------------------------------------------- optimizer
 
 
@@ -352,6 +360,7 @@ class RunSpec:
     data: DataSpec = field(default_factory=DataSpec)
     loss: LossSpec = field(default_factory=LossSpec)
     metrics: dict[str, MetricSpec] = field(default_factory=dict)
+    callbacks: tuple[CallbackSpec, ...] = ()
     code_dir: tuple[str, ...] = ()  # directories of user code, put on every process's path
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
@@ -388,6 +397,7 @@ class RunSpec:
     log_interval: int = _bound(10, min=1)
     eval_interval: int | None = _bound(None, min=1)
     eval_batches: int | None = _bound(None, min=1)  # evaluate the first N global batches only
+    eval_only: bool = False  # evaluate the starting weights (init_from), write eval.json, stop
     progress_bar: bool = True
     log_grad_norm: bool = True  # the global gradient norm in every log record
 

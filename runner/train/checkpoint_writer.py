@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from runner import dist as rdist
 from runner.engines.base import Engine
 from runner.errors import describe
 from runner.heartbeat import Heartbeat, Phase
-from runner.rundir.checkpoints import CheckpointStore
+from runner.rundir.checkpoints import CheckpointStore, checkpoint_name
 from runner.spec import RunSpec
 from runner.train import chaos, checkpointing
 
@@ -31,8 +33,18 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointWriter:
-    def __init__(self, store: CheckpointStore, engine: Engine, spec: RunSpec, heart: Heartbeat):
+    def __init__(
+        self,
+        store: CheckpointStore,
+        engine: Engine,
+        spec: RunSpec,
+        heart: Heartbeat,
+        saved: Callable[[Path, int], None] | None = None,
+    ):
+        """`saved(path, step)`: called once a checkpoint is complete on this rank (rank 0:
+        sealed)."""
         self.store, self.engine, self.spec, self.heart = store, engine, spec, heart
+        self.saved = saved or (lambda path, step: None)
         self.background = spec.checkpoint.async_
         self.rank = rdist.get_global_rank()
         self.blocked_s: list[float] = []  # how long training waited, per checkpoint
@@ -46,6 +58,7 @@ class CheckpointWriter:
             self._complete()
         if not self.background:
             checkpointing.save(self.store, self.engine, self.spec, step, samples, extra)
+            self.saved(self.store.root / checkpoint_name(step), step)
         else:
             client = checkpointing.start(self.store, self.spec, step, samples, extra)
             partial = self.store.partial_dir(step)
@@ -86,3 +99,4 @@ class CheckpointWriter:
             checkpointing.seal(self.store, self.engine, self.spec, self._client)
             log.info("checkpoint of step %d written in the background", step)
         self._future = self._client = None
+        self.saved(self.store.root / checkpoint_name(step), step)

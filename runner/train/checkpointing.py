@@ -27,7 +27,8 @@ from runner.errors import describe
 from runner.models.shapes import state_shapes
 from runner.rundir.checkpoints import CheckpointStore, resolve_checkpoint_path, step_of
 from runner.rundir.files import write_atomic
-from runner.spec import RunSpec, slurm, to_dict
+from runner.spec import RunSpec, slurm
+from runner.spec.resolve import written_config
 from runner.spec.resume_check import META_FILE, checkpoint_meta, read_meta
 from runner.train import chaos
 
@@ -89,7 +90,7 @@ def start(
         "step": step,
         "samples": samples,
         "world_size": rdist.get_world_size(),
-        "spec": to_dict(spec),
+        "spec": _written_config(store),
         "rng": rdist.all_gather_object(rng_state()),
         **(extra or {}),
     }
@@ -210,3 +211,12 @@ def newest_before(store: CheckpointStore, step: int) -> Path | None:
         found = str(earlier[-1]) if earlier else None
     found = rdist.broadcast_object(found)
     return Path(found) if found else None
+
+
+def _written_config(store: CheckpointStore) -> dict[str, Any] | None:
+    """The run's config.yaml as written (placeholders and masked secrets, never their
+    values): RUN/checkpoints is the store."""
+    try:
+        return written_config(store.root.parent)
+    except OSError:
+        return None

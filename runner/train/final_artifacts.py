@@ -32,15 +32,17 @@ def write_final(
     engine: Engine,
     records: list[dict[str, Any]],
     build_peak_rss: int,
+    weights: bool = True,
     **facts: Any,
 ) -> dict[str, Any]:
     """Every rank: gather the weights and each rank's memory; rank 0: write model.pt, then
     summary.json with `facts` (start_time, restarts, resumed_from, first_step_at,
     compile_s, the microbatching keys). `build_peak_rss`: this rank's peak before its first
     step (building, sharding, loading). Returns the summary (empty on other ranks)."""
-    write_weights(run_dir.model, engine.final_tensors())
-    if rdist.get_global_rank() == 0:
-        safetensors_beside(run_dir.model)  # the same weights, without pickle
+    if weights:  # not after eval_only: the weights are the ones it started from
+        write_weights(run_dir.model, engine.final_tensors())
+        if rdist.get_global_rank() == 0:
+            safetensors_beside(run_dir.model)  # the same weights, without pickle
     memory = (engine.state_bytes(), peak_rss_bytes(), build_peak_rss)
     per_rank = rdist.all_gather_object(memory)
     if rdist.get_global_rank() != 0:

@@ -32,6 +32,7 @@ from runner import dist as rdist
 from runner.data.splits import Datasets
 from runner.engines.base import Fill
 from runner.errors import describe
+from runner.models.checkpoint_weights import weights_file
 from runner.models.initial_weights import build_data_and_model, meta_init_applies
 from runner.models.pretrained import Matching, load_into, loaded_tensors, match, unwrapped_name
 from runner.models.tensor_files import TensorFile, tensor_file
@@ -64,7 +65,7 @@ def build_for_rank(
             return data, module, partial(fill, weights=sources)
     data, module = build_data_and_model(spec)
     if spec.init_from.path is not None:
-        with tensor_file(Path(spec.init_from.path)) as file:
+        with weights_file(Path(spec.init_from.path)) as file:
             load_into(module, file, _matching(spec, module, file))
     return data, module.to(device), None
 
@@ -81,7 +82,7 @@ class InitialWeights:
     @contextlib.contextmanager
     def reader(self) -> Iterator[Callable[..., torch.Tensor]]:
         """read(name, start=0, count=None): elements of a tensor, flattened, from its file."""
-        pretrained = tensor_file(Path(self.pretrained)) if self.sources else None
+        pretrained = weights_file(Path(self.pretrained)) if self.sources else None
         with tensor_file(self.seed) as seed, pretrained or contextlib.nullcontext() as file:
 
             def read(name: str, start: int = 0, count: int | None = None) -> torch.Tensor:
@@ -96,7 +97,7 @@ class InitialWeights:
 def _pretrained(spec: RunSpec, module: nn.Module) -> dict[str, str]:
     if spec.init_from.path is None:
         return {}
-    with tensor_file(Path(spec.init_from.path)) as file:
+    with weights_file(Path(spec.init_from.path)) as file:
         return _matching(spec, module, file).sources
 
 

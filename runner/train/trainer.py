@@ -18,15 +18,17 @@ from typing import Any, TextIO
 import torch
 
 from runner import dist as rdist
+from runner.callbacks import Run
 from runner.components import instantiate
 from runner.heartbeat import Heartbeat, Phase
 from runner.models.initial_weights import seed_everything
 from runner.rundir.checkpoints import CheckpointStore
-from runner.rundir.files import RunDir
+from runner.rundir.files import EVAL_FILE, RunDir, write_json
 from runner.rundir.summary import Status, record_attempt
 from runner.spec import RunSpec
-from runner.spec.convert import to_dict
+from runner.spec.resolve import written_config
 from runner.train import chaos, checkpointing
+from runner.train.callbacks import Callbacks
 from runner.train.checkpoint_writer import CheckpointWriter
 from runner.train.evaluation import Evaluator
 from runner.train.final_artifacts import peak_rss_bytes, write_final
@@ -55,7 +57,10 @@ class Trainer:
         device: str,
         terminal: TextIO | None,
         heart: Heartbeat | None = None,
+        written: dict[str, Any] | None = None,
     ):
+        """`written`: the config as config.yaml writes it, what may be logged (no secret's
+        value); by default read from the run directory."""
         self.spec, self.run_dir, self.device = spec, run_dir, device
         self.heart = heart or Heartbeat(None, 0, 0, 0)  # beats for the agent's hang watchdog
         self.rank, self.world = rdist.get_global_rank(), rdist.get_world_size()
@@ -90,8 +95,13 @@ class Trainer:
         self.check_items = True  # the first step checks the loss's item counts
         self.first_step_at: float | None = None  # wall clock, for time-to-first-step
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.written = written if written is not None else written_config(run_dir.root)
+        run = Run(run_dir.root, self.rank, self.world, self.written, self.engine.module)
+        self.callbacks = Callbacks(spec, run)  # the user's hooks (runner.callbacks)
         self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
-        self.writer = CheckpointWriter(self.store, self.engine, spec, self.heart)  # or async
+        self.writer = CheckpointWriter(  # or asynchronous
+            self.store, self.engine, spec, self.heart, saved=self.callbacks.checkpoint_saved
+        )
         stream = self.data.train_loader if self.data.streaming else None
         client = checkpointing.resume(self.store, spec.resume, self.engine, stream)
         self.step, self.samples = client.get("step", 0), client.get("samples", 0)
@@ -118,7 +128,7 @@ class Trainer:
         spec, main = self.spec, self.is_main
         if main:
             record_attempt(self.run_dir, self.attempt, self.resumed_from)
-        config = to_dict(spec) if main else None
+        config = self.written if main else None
         metrics = MetricsLog(
             self.run_dir, enabled=main, keep_until=self.step, loggers=spec.logger, config=config
         )
@@ -144,6 +154,9 @@ class Trainer:
         spec, step, samples = self.spec, self.step, self.samples
         interval = spec.checkpoint.interval
         self.engine.model.train()  # once, not every step: evaluate() switches it back
+        self.callbacks.call("on_fit_start", step=step)
+        if spec.eval_only:
+            return self._evaluate_only(start_time)
         while step < self.data.total_steps:
             epoch, offset = divmod(step, self.data.steps_per_epoch)
             self.data.sampler.set_epoch(epoch, offset)
@@ -179,7 +192,7 @@ class Trainer:
                             *earlier, record = self._reduce_pending()
                             for done in earlier:
                                 self._log(done)
-                            self._log(record | self._timed_evaluation())
+                            self._log(record | self._timed_evaluation(step))
                         elif self.pending.due:
                             self._log_pending()
                     elif self.spikes.on:  # the watch reads every step's loss
@@ -195,11 +208,29 @@ class Trainer:
                 step, samples = self._roll_back(back)
         return self._finish(start_time)
 
-    def _timed_evaluation(self) -> dict[str, float]:
+    def _evaluate_only(self, start_time: float) -> dict[str, Any]:
+        """eval_only (`runner eval`): the starting weights on the validation data, no step;
+        rank 0 writes eval.json."""
+        metrics = self._timed_evaluation(self.step)
+        self._log({"step": self.step, "samples": self.samples, **metrics})
+        if self.is_main:
+            write_json(
+                self.run_dir.root / EVAL_FILE,
+                {
+                    "weights": self.spec.init_from.path,
+                    "metrics": metrics,
+                    "world_size": self.world,
+                    "eval_samples": self.spec.eval_samples,
+                },
+            )
+        return self._finish(start_time, weights=False)
+
+    def _timed_evaluation(self, step: int) -> dict[str, float]:
         started = time.perf_counter()
         metrics = self.evaluate()
         self.heart.beat(Phase.STEP)
         self._pause(time.perf_counter() - started)
+        self.callbacks.call("on_eval_end", {"step": step, **metrics}, step=step)
         return metrics
 
     def _skipped_record(self, step: int, samples: int, lr: float, evaluate: bool) -> None:
@@ -208,7 +239,7 @@ class Trainer:
             for done in self._reduce_pending():
                 self._log(done)
             base = {"step": step, "samples": samples, "train/loss": None, "lr": lr}
-            self._log(base | {"train/skipped_batch": True} | self._timed_evaluation())
+            self._log(base | {"train/skipped_batch": True} | self._timed_evaluation(step))
 
     def _save(self, step: int, samples: int) -> None:
         self._log_pending()  # a restart from this checkpoint keeps the records up to it
@@ -373,8 +404,9 @@ class Trainer:
                     for k, v in record.items()
                 )
             )
+        self.callbacks.call("on_step_end", dict(record), step=record["step"])  # once written
 
-    def _finish(self, start_time: float) -> dict[str, Any]:
+    def _finish(self, start_time: float, weights: bool = True) -> dict[str, Any]:
         self.progress.close()
         self.writer.finish()
         self.heart.beat(Phase.FINISH)
@@ -385,6 +417,7 @@ class Trainer:
             self.engine,
             self.metrics.records,
             self.build_peak_rss,
+            weights=weights,
             start_time=start_time,
             restarts=self.attempt,
             resumed_from=self.resumed_from,
@@ -395,6 +428,7 @@ class Trainer:
             **self.steps.summary(),
         )
         self.metrics.close(outcome=summary)
+        self.callbacks.call("on_fit_end", summary, step=self.step if not weights else None)
         return summary
 
 

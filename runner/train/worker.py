@@ -100,9 +100,11 @@ def run(run_dir: RunDir, terminal: TextIO | None, heart: Heartbeat) -> None:
 
     from runner import dist as rdist
     from runner.spec import load_spec
+    from runner.spec.resolve import written_config
     from runner.train.trainer import Trainer
 
-    spec = load_spec(os.environ.get("RUNNER_NODE_DIR", run_dir.root))  # this node's config
+    node_dir = os.environ.get("RUNNER_NODE_DIR", run_dir.root)
+    spec = load_spec(node_dir)  # this node's config
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     device = rdist.device_for(spec.device, rdist.get_local_rank())
     if device.startswith("cuda"):
@@ -111,7 +113,7 @@ def run(run_dir: RunDir, terminal: TextIO | None, heart: Heartbeat) -> None:
     dist.init_process_group(backend=backend)
     logging.getLogger("runner.train.worker").info("process group: %s, device %s", backend, device)
     start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
-    trainer = Trainer(spec, run_dir, device, terminal, heart)
+    trainer = Trainer(spec, run_dir, device, terminal, heart, written_config(node_dir))
     trainer.fit(start_time)
     # Release DDP, loaders and their threads while the process group still exists.
     del trainer

@@ -1,4 +1,5 @@
-"""Where `runner export` finds a run's weights, as whole tensors read one at a time.
+"""A run's weights wherever they are, as whole tensors read one at a time: what `runner
+export` writes, and what `init_from` (and so `runner eval`) reads from a checkpoint.
 
 - a run directory's `model.pt` (a finished run), or a model.pt given itself;
 - a checkpoint (`checkpoints/step_N`, or a run directory without model.pt: its latest),
@@ -13,6 +14,7 @@ compile), so they match the model a Hugging Face config builds.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +24,13 @@ import torch
 
 from runner.models.pretrained import unwrapped_name
 from runner.models.safetensors_out import OutTensor, torch_file_tensors
-from runner.models.tensor_files import TorchFile
+from runner.models.tensor_files import (
+    TensorFile,
+    TorchFile,
+    WeightsFileError,
+    open_tensor_file,
+    tensor_file,
+)
 from runner.rundir.checkpoints import resolve_checkpoint_path
 
 
@@ -39,6 +47,49 @@ class RunWeights:
     run_dir: Path
     tensors: list[OutTensor]
     _keep: list[Any] = field(default_factory=list)  # readers the tensors read through
+
+
+class CheckpointFile:
+    """A checkpoint's weights as a TensorFile (init_from): each tensor read whole, once per
+    `read` (a rank that wants a shard of it slices the whole)."""
+
+    def __init__(self, weights: RunWeights):
+        self.weights = weights
+        self._tensors = {t.name: t for t in weights.tensors}
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._tensors[name].shape)
+
+    def read(self, name: str, start: int = 0, count: int | None = None) -> torch.Tensor:
+        flat = self._tensors[name].values().reshape(-1)
+        end = flat.numel() if count is None else min(start + count, flat.numel())
+        return flat[start:end].clone() if (start, end) != (0, flat.numel()) else flat
+
+    def close(self) -> None:
+        self._tensors.clear()
+        self.weights._keep.clear()
+
+
+def open_weights(path: Path) -> TensorFile:
+    """The reader for init_from's `path`: a weights file or a directory holding one
+    (runner.models.tensor_files), else a checkpoint, or a run directory's latest."""
+    try:
+        return open_tensor_file(path)
+    except WeightsFileError:
+        if not path.is_dir() or resolve_checkpoint_path(path) is None:
+            raise
+    try:
+        return CheckpointFile(find_weights(path))
+    except NoWeights as exc:
+        raise WeightsFileError(str(exc)) from None
+
+
+def weights_file(path: Path) -> contextlib.AbstractContextManager[TensorFile]:
+    """`path`'s reader (open_weights), open while the context lasts."""
+    return tensor_file(path, open_weights)
 
 
 def find_weights(path: Path) -> RunWeights:

@@ -1,0 +1,69 @@
+"""`runner eval`: a run's weights, or any parallelism's checkpoint, evaluated on the
+validation data at any nproc, into eval.json; no optimizer state read, nothing trained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runner.cli.evaluate import batch_overrides
+from tests.conftest import FAST
+
+pytestmark = pytest.mark.slow
+
+TRAIN = [*FAST, "max_steps=4", "eval_interval=2", "checkpoint.interval=2", "log_interval=2"]
+
+
+def val_at(metrics: list[dict], step: int) -> float:
+    return next(m["val/loss"] for m in metrics if m["step"] == step)
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "zero2"])
+def test_eval_of_a_run_and_of_its_checkpoint_at_another_nproc(
+    cli, tmp_path: Path, parallelism: str
+) -> None:
+    run = cli(*TRAIN, f"parallelism={parallelism}", name="train")
+    assert run.returncode == 0, run.output
+    metrics = run.metrics()
+
+    checkpoint = run.run_dir / "checkpoints" / "step_00000002"
+    at_two = cli("eval", str(checkpoint), "nproc=1", name="eval_checkpoint")
+    assert at_two.returncode == 0, at_two.output
+    assert "evaluated (eval.json) on 1 rank(s)" in at_two.output
+    written = json.loads((at_two.run_dir / "eval.json").read_text())
+    assert written["weights"] == str(checkpoint) and written["world_size"] == 1
+    assert written["metrics"]["val/loss"] == pytest.approx(val_at(metrics, 2), rel=1e-6)
+    assert not (at_two.run_dir / "model.pt").exists()  # nothing trained, nothing to keep
+    assert not (at_two.run_dir / "checkpoints").exists() or not any(
+        (at_two.run_dir / "checkpoints").iterdir()
+    )
+
+    if parallelism == "fsdp":  # the finished run's model.safetensors, at 2 ranks
+        final = cli("eval", str(run.run_dir), "eval_batches=2", name="eval_run")
+        assert final.returncode == 0, final.output
+        result = json.loads((final.run_dir / "eval.json").read_text())
+        assert result["eval_samples"] == 2 * 64 and result["world_size"] == 2
+        assert set(result["metrics"]) == {"val/loss", "val/accuracy"}
+
+
+def test_eval_refuses_what_it_cannot_read(cli, tmp_path: Path) -> None:
+    missing = cli("eval", str(tmp_path / "nowhere"), name="missing")
+    assert missing.returncode == 2 and "no such file or directory" in missing.stderr
+    (tmp_path / "empty").mkdir()
+    empty = cli("eval", str(tmp_path / "empty"), *FAST, name="empty")
+    assert empty.returncode == 2, empty.output
+    assert "init_from.path=" in empty.stderr and "Traceback" not in empty.output
+
+
+def test_eval_keeps_the_micro_batch_at_another_world_size(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {"model": {}, "data": {}, "parallelism": {}, "nproc": 2, "nodes": 1}
+    (run / "config.yaml").write_text(
+        json.dumps({**config, "global_batch_size": 64, "grad_accum": 2})
+    )
+    assert batch_overrides(run, ["nproc=4"]) == ["global_batch_size=64", "grad_accum=1"]
+    assert batch_overrides(run, []) == ["global_batch_size=32", "grad_accum=1"]  # 16 x 2
+    assert batch_overrides(run, ["nproc=1", "global_batch_size=8"]) == ["grad_accum=1"]
