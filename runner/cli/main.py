@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from runner.cli.compose_errors import composition_problem
 from runner.cli.conf_files import conf_dir
 from runner.cli.evaluate import eval_argv
+from runner.cli.k8s_manifest import manifest_argv, manifest_task
 from runner.cli.outcome import report_outcome, shown
 from runner.cli.prepare import prepare_argv, prepare_task
 from runner.cli.requeue import continue_after_stop, first_run_dir
@@ -315,8 +316,9 @@ def expand_shorthands(args: list[str]) -> list[str]:
 
 def main() -> None:
     """Console entry point: `runner [overrides]`, `runner rerun RUN_DIR [overrides]`,
-    `runner eval SOURCE [overrides]` (runner.cli.evaluate) or `runner prepare [overrides]`
-    (runner.cli.prepare)."""
+    `runner eval SOURCE [overrides]` (runner.cli.evaluate), `runner prepare [overrides]`
+    (runner.cli.prepare) or `runner k8s-manifest --image IMAGE [overrides]`
+    (runner.cli.k8s_manifest)."""
     keep_extensions_in_environment()  # `python -m runner.cli.main`: the agent inherits it
     task = _run
     if sys.argv[1:2] == ["eval"]:
@@ -326,6 +328,8 @@ def main() -> None:
     else:
         if sys.argv[1:2] == ["prepare"]:
             sys.argv, task = [sys.argv[0], *prepare_argv(sys.argv[2:])], prepare_task
+        elif sys.argv[1:2] == ["k8s-manifest"]:
+            sys.argv, task = [sys.argv[0], *manifest_argv(sys.argv[2:])], manifest_task
         if os.environ.get(USER_CONFIG_ENV) and not any(
             a.startswith(("--config-dir", "-cd")) for a in sys.argv[1:]
         ):

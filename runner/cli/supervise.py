@@ -62,7 +62,8 @@ def prestart_agent(argv: list[str]) -> None:
     """Start the agent now, when `argv` asks for a single run (not a sweep: its jobs may run
     elsewhere; not --help, --cfg and friends: nothing runs)."""
     global _prestarted
-    if argv[:1] == ["prepare"] or any(arg.split("=")[0] in _NO_RUN_FLAGS for arg in argv):
+    no_run = argv[:1] in (["prepare"], ["k8s-manifest"])
+    if no_run or any(arg.split("=")[0] in _NO_RUN_FLAGS for arg in argv):
         return
     env = {**os.environ, "RUNNER_PARENT_PID": str(os.getpid())}
     for arg in argv:  # the agent forks its fork server first thing, unless told otherwise

@@ -133,16 +133,21 @@ def _resolve_hardware(spec: RunSpec, problems: list[str], cuda_devices: int | No
 
 
 def _resolve_nodes(spec: RunSpec, problems: list[str], environ: Mapping[str, str]) -> RunSpec:
-    """nodes=auto: the SLURM allocation this runs in (nodes, node_rank, master), else 1 node."""
+    """nodes=auto: the SLURM allocation or the Kubeflow job (TrainJob, PyTorchJob) this runs
+    in (nodes, node_rank, master), else 1 node."""
     if spec.nodes != "auto":
         return spec
-    from runner.spec import slurm
+    from runner.spec import kubernetes, slurm
 
-    try:
-        place = slurm.placement(environ, spec.master_port)
-    except ValueError as exc:
-        problems.append(f"nodes=auto: cannot read the SLURM environment: {exc}")
-        return dataclasses.replace(spec, nodes=1)
+    place = None
+    for where, module in (("SLURM", slurm), ("Kubeflow", kubernetes)):
+        try:
+            place = module.placement(environ, spec.master_port)
+        except ValueError as exc:
+            problems.append(f"nodes=auto: cannot read the {where} environment: {exc}")
+            return dataclasses.replace(spec, nodes=1)
+        if place is not None:
+            break
     if place is None:
         return dataclasses.replace(spec, nodes=1)
     return dataclasses.replace(
