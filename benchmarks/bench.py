@@ -32,6 +32,7 @@ from suites_speed import (
     TRACKER_STEPS,
     checkpoint_async_suite,
     grad_norm_suite,
+    launchers_suite,
     mfu_cpu_suite,
     overhead_suite,
     scaling_suite,
@@ -100,6 +101,13 @@ SUITES = {
         "log_grad_norm=false at the same log_interval",
         grad_norm_suite,
         _overhead_how("mlp"),
+    ),
+    "launchers": (
+        "launcher=ray against launcher=elastic: resnet18, synthetic 3x32x32, nproc=2 (Ray: 2 "
+        "workers), batch 16/rank, SGD lr 0.01, fp32, timed from outside; Ray's cluster is a "
+        "local one each run starts and stops (its start is in the time to first step)",
+        launchers_suite,
+        _overhead_how("resnet18"),
     ),
     "trackers": (
         "B1 with trackers: mlp, synthetic 3x32x32, nproc=2, global batch 64, 2000 steps, a "

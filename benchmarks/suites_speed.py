@@ -84,6 +84,19 @@ def overhead_suite(model: str) -> Callable[[int], list[Config]]:
     return build
 
 
+def launchers_suite(_steps: int) -> list[Config]:
+    """launcher=ray against launcher=elastic (the default), the same run: Ray Train's workers
+    against runner's own ranks, a local Ray cluster started and stopped by each run."""
+    run = partial(outside_runner, batch=32, extra=SGD_RUNNER)
+    ray = partial(outside_runner, batch=32, extra=(*SGD_RUNNER, "launcher=ray"))
+    elastic = "launcher=elastic (torch elastic, forked ranks)"
+    on_ray = "launcher=ray (Ray Train workers, local cluster)"
+    return [
+        overhead_config(elastic, run, "resnet18", elastic),
+        overhead_config(on_ray, ray, "resnet18", elastic),
+    ]
+
+
 TRACKER_STEPS = 2000
 TRACKER_WALL, TRACKER_TRAIN = "command wall s", "training wall s"
 

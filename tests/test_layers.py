@@ -56,6 +56,8 @@ LAZY_EXCEPTIONS: dict[str, set[str]] = {
     "runner.spec.resume_check": {"runner.models.shapes"},
     # `runner export` runs no training: the console script hands it over before anything else
     "runner.cli.entry": {"runner.export.command"},
+    # launcher=ray: Ray runs the rank's stages in its own worker processes, handed the entry
+    "runner.launch.ray_launch": {"runner.train.ray_worker"},
 }
 
 HEAVY = ("torch", "torchvision", "deepspeed", "sklearn")

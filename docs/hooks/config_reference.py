@@ -31,6 +31,8 @@ OPTION_CLASSES: dict[str, type | None] = {
     "parallelism/zero2": schema.ZeroSpec,
     "parallelism/zero3": schema.Zero3Spec,
     "parallelism/fsdp": schema.FSDPSpec,
+    "launcher/elastic": schema.ElasticLauncherSpec,
+    "launcher/ray": schema.RayLauncherSpec,
 }
 GROUP_CLASSES: dict[str, type | None] = {
     "precision": schema.PrecisionSpec,

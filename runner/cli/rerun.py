@@ -26,6 +26,7 @@ GROUPS = (
     "optimizer",
     "scheduler",
     "parallelism",
+    "launcher",
     "sync_strategy",
     "precision",
     "logger",

@@ -141,9 +141,14 @@ def _launch(node_dir: Path, spec: RunSpec, server: ForkServer | None) -> int:
             write_outcome(run_dir, Status.FAILED, error)
             return 1
         log.info("runner: initial weights: %s (%.1f MB)", run_dir.seed_weights, size / 2**20)
-    beats = heartbeat.create(spec.nproc)  # the ranks' heartbeats and the stop's control block
+    slots = spec.world_size if spec.launcher.name == "ray" else spec.nproc  # ranks on this host
+    beats = heartbeat.create(slots)  # the ranks' heartbeats and the stop's control block
     os.environ[heartbeat.ENV] = str(beats)
     try:
+        if spec.launcher.name == "ray":
+            from runner.launch.ray_launch import run_on_ray
+
+            return run_on_ray(spec, node_dir, run_dir, beats, write_outcome)
         return _run_ranks(spec, node_dir, run_dir, link, beats, write_outcome, server)
     finally:
         beats.unlink(missing_ok=True)

@@ -388,6 +388,9 @@ def _check_mfu(spec: RunSpec, problems: list[str]) -> None:
 
 
 def _check_cluster(spec: RunSpec, problems: list[str]) -> None:
+    if spec.launcher.name == "ray":
+        _check_ray(spec, problems)
+        return
     if spec.node_rank >= spec.nodes:
         problems.append(
             f"node_rank={spec.node_rank}: must be in 0..{spec.nodes - 1} for nodes={spec.nodes}"
@@ -398,6 +401,20 @@ def _check_cluster(spec: RunSpec, problems: list[str]) -> None:
         )
     if not spec.master_addr.strip():
         problems.append("master_addr='': must be a host name or IP address")
+
+
+def _check_ray(spec: RunSpec, problems: list[str]) -> None:
+    """One runner drives a Ray run: Ray places its nodes x nproc workers."""
+    if importlib.util.find_spec("ray") is None:
+        problems.append(
+            "launcher=ray: Ray is not installed here; pip install 'runner[ray]' "
+            "(or launcher=elastic)"
+        )
+    if spec.node_rank != 0:
+        problems.append(
+            f"node_rank={spec.node_rank}: under launcher=ray one runner starts every worker; "
+            "start it once, with node_rank=0"
+        )
 
 
 def _check_run_control(spec: RunSpec, problems: list[str]) -> None:

@@ -156,6 +156,27 @@ class SchedulerSpec(Component):
         return self.target.rsplit(".", 1)[-1].lower()
 
 
+# -------------------------------------------------------------------------- launcher
+
+
+@dataclass(frozen=True)
+class ElasticLauncherSpec:
+    """torch.distributed.elastic: runner's agent starts this node's ranks."""
+
+    name: Literal["elastic"] = "elastic"
+
+
+@dataclass(frozen=True)
+class RayLauncherSpec:
+    """Ray Train: the ranks are a TorchTrainer's workers on a Ray cluster."""
+
+    name: Literal["ray"] = "ray"
+    address: str | None = None  # null: RAY_ADDRESS, else a local cluster runner starts
+    resources_per_worker: dict[str, float] = field(default_factory=dict)
+
+
+LauncherSpec = ElasticLauncherSpec | RayLauncherSpec
+
 # ----------------------------------------------------------------------- parallelism
 
 
@@ -365,6 +386,7 @@ class RunSpec:
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     parallelism: ParallelismSpec = field(default_factory=DDPSpec)
+    launcher: LauncherSpec = field(default_factory=ElasticLauncherSpec)
     sync_strategy: SyncStrategySpec = field(default_factory=SyncStrategySpec)
     precision: PrecisionSpec = field(default_factory=PrecisionSpec)
     logger: LoggerSpec = field(default_factory=lambda: LoggerSpec(TensorBoardLoggerSpec()))

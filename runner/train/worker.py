@@ -110,7 +110,9 @@ def run(run_dir: RunDir, terminal: TextIO | None, heart: Heartbeat) -> None:
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     backend = rdist.backend_for(spec.device)
-    dist.init_process_group(backend=backend)
+    ours = not dist.is_initialized()  # Ray Train (launcher=ray) sets up its workers' group
+    if ours:
+        dist.init_process_group(backend=backend)
     logging.getLogger("runner.train.worker").info("process group: %s, device %s", backend, device)
     start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
     trainer = Trainer(spec, run_dir, device, terminal, heart, written_config(node_dir))
@@ -119,7 +121,8 @@ def run(run_dir: RunDir, terminal: TextIO | None, heart: Heartbeat) -> None:
     del trainer
     gc.collect()
     dist.barrier()
-    dist.destroy_process_group()
+    if ours:
+        dist.destroy_process_group()
 
 
 def main() -> None:

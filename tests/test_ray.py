@@ -1,0 +1,69 @@
+"""launcher=ray on a real local Ray cluster (the wheel's raylet and GCS): the ranks are Ray
+Train workers, and what users rely on holds: the same weights as launcher=elastic, a killed
+worker restarted by Ray and resumed bit for bit, a failing rank named, a bad address refused
+before any worker starts, and no Ray process left behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import FAST
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("ray")
+
+ARGS = [*FAST, "max_steps=8", "log_interval=2", "checkpoint.interval=2"]
+
+
+def ray_processes() -> list[str]:
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["name", "cmdline", "status"]):
+        if process.info["status"] == psutil.STATUS_ZOMBIE:
+            continue  # ended; reparented to an init that has not reaped it yet
+        line = " ".join(process.info["cmdline"] or [process.info["name"] or ""])
+        if any(name in line for name in ("raylet", "gcs_server", "ray::")):
+            found.append(line[:120])
+    return found
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model.pt", weights_only=True)
+
+
+def test_ray_workers_train_what_elastic_ranks_do_even_when_one_is_killed(cli) -> None:
+    """Rank 1 SIGKILLed at step 5: Ray restarts the worker group, which resumes from the
+    checkpoint of step 4; the weights are those of two elastic ranks that never stopped."""
+    elastic = cli(*ARGS, name="elastic")
+    assert elastic.returncode == 0, elastic.output
+    killed = cli(
+        *ARGS, "launcher=ray", "max_restarts=1", "chaos.kill_rank=1", "chaos.at_step=5",
+        name="killed",
+    )  # fmt: skip
+    assert killed.returncode == 0, killed.output
+    assert "2 Ray worker(s) on a local Ray cluster" in killed.output
+    summary = killed.summary()
+    assert summary["status"] == "completed" and (killed.run_dir / "logs" / "rank1.log").is_file()
+    assert summary["restarts"] == 1 and summary["resumed_from"] == 4
+    reference = weights(elastic.run_dir)
+    assert all(torch.equal(reference[k], v) for k, v in weights(killed.run_dir).items())
+    assert not ray_processes(), "the local cluster runner started must be gone"
+
+
+def test_a_failing_worker_is_named_and_a_bad_address_refused(cli) -> None:
+    failing = cli(
+        *ARGS, "launcher=ray", "chaos.kill_rank=1", "chaos.at_step=3", "chaos.action=raise"
+    )
+    assert failing.returncode == 1, failing.output
+    error = failing.summary()["error"]
+    assert error["rank"] == 1 and "rank 1" in error["message"] and "raised" in error["message"]
+    assert "rank 1" in failing.output
+
+    bad = cli(*ARGS, "launcher=ray", "launcher.address=127.0.0.1:1", name="bad")
+    assert bad.returncode == 2, bad.output
+    assert "launcher.address=127.0.0.1:1: no Ray cluster answers there" in bad.stderr
+    assert not bad.run_dir.exists() and not ray_processes()
