@@ -5,7 +5,11 @@ before any worker starts, and no Ray process left behind."""
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -54,10 +58,32 @@ def test_ray_workers_train_what_elastic_ranks_do_even_when_one_is_killed(cli) ->
     assert not ray_processes(), "the local cluster runner started must be gone"
 
 
-def test_a_failing_worker_is_named_and_a_bad_address_refused(cli) -> None:
-    failing = cli(
-        *ARGS, "launcher=ray", "chaos.kill_rank=1", "chaos.at_step=3", "chaos.action=raise"
+@pytest.fixture(scope="module")
+def two_nodes() -> Iterator[tuple[Any, Any]]:
+    """A Ray cluster of two simulated nodes (ray.cluster_utils: a raylet each), one worker
+    slot on each, so that a 2-worker run spans both."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"slot": 1}}
     )
+    node = cluster.add_node(num_cpus=1, resources={"slot": 1})
+    cluster.wait_for_nodes()
+    try:
+        yield cluster, node
+    finally:
+        cluster.shutdown()
+
+
+ON_CLUSTER = ["launcher=ray", "launcher.resources_per_worker={slot:1}"]
+
+
+def test_a_failing_worker_is_named_and_a_bad_address_refused(cli, two_nodes) -> None:
+    cluster, _ = two_nodes
+    failing = cli(
+        *ARGS, *ON_CLUSTER, f"launcher.address={cluster.address}", "chaos.kill_rank=1",
+        "chaos.at_step=3", "chaos.action=raise",
+    )  # fmt: skip
     assert failing.returncode == 1, failing.output
     error = failing.summary()["error"]
     assert error["rank"] == 1 and "rank 1" in error["message"] and "raised" in error["message"]
@@ -66,4 +92,37 @@ def test_a_failing_worker_is_named_and_a_bad_address_refused(cli) -> None:
     bad = cli(*ARGS, "launcher=ray", "launcher.address=127.0.0.1:1", name="bad")
     assert bad.returncode == 2, bad.output
     assert "launcher.address=127.0.0.1:1: no Ray cluster answers there" in bad.stderr
-    assert not bad.run_dir.exists() and not ray_processes()
+    assert not bad.run_dir.exists()
+
+
+def test_a_node_removed_mid_run_costs_a_restart_from_the_last_checkpoint(
+    tmp_path: Path, cli, two_nodes
+) -> None:
+    """The node holding rank 1 goes (after the first checkpoint) and another joins: Ray
+    restarts the worker group there, which resumes from that checkpoint and ends with the
+    weights of an uninterrupted run."""
+    import subprocess
+
+    from tests.conftest import child_env, runner_command
+
+    cluster, node = two_nodes
+    longer = [*FAST, "max_steps=200", "max_epochs=null", "log_interval=10", "checkpoint.interval=8"]
+    reference = cli(*longer, name="elastic")
+    assert reference.returncode == 0, reference.output
+    run_dir = tmp_path / "moved"
+    command = runner_command(
+        *longer, *ON_CLUSTER, f"launcher.address={cluster.address}", "max_restarts=1",
+        f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    with open(tmp_path / "moved.log", "w") as out:
+        process = subprocess.Popen(command, cwd=tmp_path, env=child_env(), stdout=out, stderr=out)
+        while not list((run_dir / "checkpoints").glob("step_*")) and process.poll() is None:
+            time.sleep(0.1)
+        cluster.remove_node(node)
+        cluster.add_node(num_cpus=1, resources={"slot": 1})
+        assert process.wait(timeout=300) == 0, (tmp_path / "moved.log").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["restarts"] == 1
+    assert summary["resumed_from"] == 8
+    expected = weights(reference.run_dir)
+    assert all(torch.equal(expected[k], v) for k, v in weights(run_dir).items())

@@ -155,7 +155,7 @@ def _trainer(spec: RunSpec, run_dir: RunDir, env: dict[str, str]) -> Any:
     from runner.train.ray_worker import train_worker
 
     cuda = spec.device == "cuda"
-    resources = dict(getattr(spec.launcher, "resources_per_worker", {})) or None
+    resources = getattr(spec.launcher, "resources_per_worker", None) or None
     return TorchTrainer(
         train_worker,
         train_loop_config={"run_dir": str(run_dir.root), "env": env},

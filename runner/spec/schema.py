@@ -172,7 +172,7 @@ class RayLauncherSpec:
 
     name: Literal["ray"] = "ray"
     address: str | None = None  # null: RAY_ADDRESS, else a local cluster runner starts
-    resources_per_worker: dict[str, float] = field(default_factory=dict)
+    resources_per_worker: dict[str, float] | None = None  # null: 1 CPU (1 GPU under cuda)
 
 
 LauncherSpec = ElasticLauncherSpec | RayLauncherSpec
