@@ -367,22 +367,17 @@ COMPONENT_CASES = [
     ),
     (
         [
-            "optimizer.betas=[0.9]",
+            "optimizer=custom",
+            "optimizer._target_=torch.nn.Linear",
+            "+optimizer.in_features=2",
             "scheduler=custom",
             "scheduler._target_=torch.optim.lr_scheduler.StepLR",
         ],
         [
-            "optimizer.betas=[0.9]: expected a list of float or Tensor "
-            "(as torch.optim.AdamW annotates it)",
+            "optimizer._target_=torch.nn.Linear: Linear is not an optimizer "
+            "(a torch.optim.Optimizer subclass, or a function returning one)",
             "scheduler.step_size: missing; torch.optim.lr_scheduler.StepLR needs it "
             "(set +scheduler.step_size=...)",
-        ],
-    ),
-    (
-        ["optimizer=custom", "optimizer._target_=torch.nn.Linear", "+optimizer.in_features=2"],
-        [
-            "optimizer._target_=torch.nn.Linear: Linear is not an optimizer "
-            "(a torch.optim.Optimizer subclass, or a function returning one)"
         ],
     ),
     (
@@ -398,14 +393,7 @@ COMPONENT_CASES = [
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     COMPONENT_CASES,
-    ids=[
-        "bind and import",
-        "missing and twice",
-        "types",
-        "optimizer",
-        "not an optimizer",
-        "patterns",
-    ],  # fmt: skip
+    ids=["bind and import", "missing and twice", "types", "optimizer", "patterns"],
 )
 @pytest.mark.slow
 def test_components_are_checked_before_any_rank_starts(
