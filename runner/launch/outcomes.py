@@ -44,24 +44,31 @@ def outcome_writer(spec: RunSpec, node_dir: Path, start_time: float) -> OutcomeW
 
 
 def _rank_failures(run_dir: RunDir, failures: dict) -> list[RankFailure]:
-    result = []
-    for rank, failure in failures.items():
-        data = read_json(Path(failure.error_file)) if failure.error_file else None
-        ours = (data or {}).get("runner", {})
-        result.append(
-            RankFailure(
-                rank=int(rank),
-                exitcode=int(failure.exitcode),
-                time=float(ours.get("time", failure.timestamp)),
-                host=ours.get("host") or socket.gethostname(),
-                error_type=ours.get("type"),
-                message=ours.get("message", ""),
-                traceback=ours.get("traceback", ""),
-                log=run_dir.rank_log(int(rank)),
-                log_tail=tail(run_dir.rank_log(int(rank)), 15),
-            )
-        )
-    return result
+    return [
+        rank_failure(
+            run_dir, int(rank), failure.error_file, int(failure.exitcode), failure.timestamp
+        )  # fmt: skip
+        for rank, failure in failures.items()
+    ]
+
+
+def rank_failure(
+    run_dir: RunDir, rank: int, error_file: str | Path | None, exitcode: int, when: float
+) -> RankFailure:
+    """A rank's failure, from the error file it wrote (runner.train.worker), if any."""
+    data = read_json(Path(error_file)) if error_file else None
+    ours = (data or {}).get("runner", {})
+    return RankFailure(
+        rank=rank,
+        exitcode=exitcode,
+        time=float(ours.get("time", when)),
+        host=ours.get("host") or socket.gethostname(),
+        error_type=ours.get("type"),
+        message=ours.get("message", ""),
+        traceback=ours.get("traceback", ""),
+        log=run_dir.rank_log(rank),
+        log_tail=tail(run_dir.rank_log(rank), 15),
+    )
 
 
 def ranks_failed(

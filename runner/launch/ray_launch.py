@@ -22,9 +22,9 @@ from typing import Any
 
 from runner import heartbeat
 from runner.launch import outcomes
-from runner.launch.failures import RankFailure, root_cause
+from runner.launch.failures import root_cause
 from runner.launch.watchdog import Watchdog
-from runner.rundir.files import RunDir, read_json, tail
+from runner.rundir.files import RunDir
 from runner.rundir.summary import Status
 from runner.spec import RunSpec
 
@@ -178,24 +178,11 @@ def _failed(
     hang first; else what Ray said."""
     from runner.train.ray_worker import ERROR_FILE
 
-    failures = []
-    for rank in range(spec.world_size):
-        data = read_json(run_dir.logs / ERROR_FILE.format(rank=rank))
-        ours = (data or {}).get("runner")
-        if ours:
-            failures.append(
-                RankFailure(
-                    rank=rank,
-                    exitcode=1,
-                    time=float(ours["time"]),
-                    host=ours.get("host", ""),
-                    error_type=ours.get("type"),
-                    message=ours.get("message", ""),
-                    traceback=ours.get("traceback", ""),
-                    log=run_dir.rank_log(rank),
-                    log_tail=tail(run_dir.rank_log(rank), 15),
-                )  # fmt: skip
-            )
+    failures = [
+        outcomes.rank_failure(run_dir, rank, path, 1, path.stat().st_mtime)
+        for rank in range(spec.world_size)
+        if (path := run_dir.logs / ERROR_FILE.format(rank=rank)).is_file()
+    ]
     hang = watchdog.hang if watchdog is not None else None
     if hang is not None:
         failures = [hang, *failures]
