@@ -98,9 +98,9 @@ def test_a_failing_worker_is_named_and_a_bad_address_refused(cli, two_nodes) -> 
 def test_a_node_removed_mid_run_costs_a_restart_from_the_last_checkpoint(
     tmp_path: Path, cli, two_nodes
 ) -> None:
-    """The node holding rank 1 goes (after the first checkpoint) and another joins: Ray
-    restarts the worker group there, which resumes from that checkpoint and ends with the
-    weights of an uninterrupted run."""
+    """The node holding rank 1 goes (once the first checkpoint is there) and another joins:
+    Ray restarts the worker group there, which resumes from the last checkpoint and ends with
+    the weights of an uninterrupted run."""
     import subprocess
 
     from tests.conftest import child_env, runner_command
@@ -123,6 +123,7 @@ def test_a_node_removed_mid_run_costs_a_restart_from_the_last_checkpoint(
         assert process.wait(timeout=300) == 0, (tmp_path / "moved.log").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["restarts"] == 1
-    assert summary["resumed_from"] == 8
+    # the last checkpoint before the node went: the first one, unless training ran on meanwhile
+    assert summary["resumed_from"] in range(8, 200, 8)
     expected = weights(reference.run_dir)
     assert all(torch.equal(expected[k], v) for k, v in weights(run_dir).items())
