@@ -22,6 +22,8 @@ from suites_gpu import auto_microbatch_suite, compile_suite, cuda_devices, gpu_s
 from suites_memory import activation_suite, capacity_table, memory_gpt_suite, memory_suite
 from suites_speed import (
     CHECKPOINT_BLOCKED,
+    LAUNCHER_LOG,
+    LAUNCHER_STEPS,
     MFU,
     OVERHEAD_STEPS,
     READY,
@@ -104,10 +106,13 @@ SUITES = {
     ),
     "launchers": (
         "launcher=ray against launcher=elastic: resnet18, synthetic 3x32x32, nproc=2 (Ray: 2 "
-        "workers), batch 16/rank, SGD lr 0.01, fp32, timed from outside; Ray's cluster is a "
-        "local one each run starts and stops (its start is in the time to first step)",
+        "workers), batch 16/rank, SGD lr 0.01, fp32; Ray's cluster is a local one each run "
+        "starts and stops (its start is in the time to first step)",
         launchers_suite,
-        _overhead_how("resnet18"),
+        f"one run of {LAUNCHER_STEPS} steps per configuration and repetition; s/step from the "
+        f"run's own throughput records (one per {LAUNCHER_LOG} steps) after step "
+        f"{2 * LAUNCHER_LOG}; time to first step from the command's start to summary.json's "
+        "first_step_at",
     ),
     "trackers": (
         "B1 with trackers: mlp, synthetic 3x32x32, nproc=2, global batch 64, 2000 steps, a "

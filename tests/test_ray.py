@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("ray")
 
 ARGS = [*FAST, "max_steps=8", "log_interval=2", "checkpoint.interval=2"]
+LONGER = [*FAST, "max_epochs=null", "max_steps=4000", "log_interval=5", "checkpoint.interval=null"]
 
 
 def ray_processes() -> list[str]:
@@ -58,6 +59,31 @@ def test_ray_workers_train_what_elastic_ranks_do_even_when_one_is_killed(cli) ->
     assert not ray_processes(), "the local cluster runner started must be gone"
 
 
+def test_sigusr1_stops_a_run_on_a_local_cluster_with_a_checkpoint(tmp_path: Path) -> None:
+    """Every worker stops after the same step with a checkpoint, as under elastic (a local
+    cluster: the workers share the agent's heartbeat file), and the cluster is gone."""
+    import signal
+
+    from tests.conftest import start_runner, wait_until
+
+    run_dir = tmp_path / "stopped"
+    proc = start_runner(tmp_path, run_dir, *LONGER, "launcher=ray")
+    wait_until(proc, (run_dir / "metrics.jsonl").exists, timeout=180)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGUSR1, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    step = summary["stopped"]["after_step"]
+    assert summary["status"] == "interrupted" and "Traceback" not in err
+    assert summary["stopped"]["checkpoint"] == f"checkpoints/step_{step:08d}"
+    for rank in (0, 1):
+        assert (
+            f"stopped after step {step} as asked"
+            in (run_dir / "logs" / f"rank{rank}.log").read_text()
+        )
+    assert not ray_processes(), "the local cluster runner started must be gone"
+
+
 @pytest.fixture(scope="module")
 def two_nodes() -> Iterator[tuple[Any, Any]]:
     """A Ray cluster of two simulated nodes (ray.cluster_utils: a raylet each), one worker
@@ -78,17 +104,67 @@ def two_nodes() -> Iterator[tuple[Any, Any]]:
 ON_CLUSTER = ["launcher=ray", "launcher.resources_per_worker={slot:1}"]
 
 
-def test_a_failing_worker_is_named_and_a_bad_address_refused(cli, two_nodes) -> None:
+def test_the_guards_hold_and_a_failing_worker_is_named(cli, two_nodes) -> None:
+    """On two Ray nodes of one host (the agent's heartbeat file has a slot per rank, not
+    per Ray node's LOCAL_RANK): the non-finite guard stops the run naming step and rank; the
+    watchdog names a hung rank and ends its attempt, and Ray restarts it from the last
+    checkpoint; a run the cluster has no room for fails after launcher.start_timeout,
+    saying what it asked for and what the cluster has."""
     cluster, _ = two_nodes
-    failing = cli(
-        *ARGS, *ON_CLUSTER, f"launcher.address={cluster.address}", "chaos.kill_rank=1",
-        "chaos.at_step=3", "chaos.action=raise",
-    )  # fmt: skip
-    assert failing.returncode == 1, failing.output
-    error = failing.summary()["error"]
-    assert error["rank"] == 1 and "rank 1" in error["message"] and "raised" in error["message"]
-    assert "rank 1" in failing.output
+    on_cluster = [*ARGS, *ON_CLUSTER, f"launcher.address={cluster.address}"]
+    nan = cli(*on_cluster, "chaos.kill_rank=1", "chaos.at_step=3", "chaos.action=nan", name="nan")
+    assert nan.returncode == 1, nan.output
+    error = nan.summary()["error"]
+    assert "non-finite loss (NaN or inf) at step 3 on rank(s) 1" in error["message"]
+    assert error["rank"] in (0, 1) and "NonFiniteError" in nan.output
 
+    hung = cli(
+        *on_cluster, "chaos.kill_rank=1", "chaos.at_step=3", "chaos.action=hang",
+        "watchdog.timeout=3", "max_restarts=1", name="hung",
+    )  # fmt: skip
+    assert hung.returncode == 0, hung.output  # the watchdog ended the hang; Ray restarted
+    assert "runner: hung: rank 1 after step 2" in hung.output
+    assert "also stuck: rank 0 in step 3" in hung.output
+    assert hung.summary()["restarts"] == 1 and hung.summary()["resumed_from"] == 2
+    assert "the Python stack of every thread follows" in hung.rank_log(1)
+
+    crowded = cli(
+        *on_cluster, "nproc=3", "global_batch_size=48", "launcher.start_timeout=2", name="crowded"
+    )
+    assert crowded.returncode == 1, crowded.output
+    message = crowded.summary()["error"]["message"]
+    assert message.startswith("launcher=ray: no room on the Ray cluster for 3 worker(s) of")
+    assert "{slot: 1} each within launcher.start_timeout=2 s" in message and "slot 2" in message
+    assert message in crowded.stderr and "Traceback" not in crowded.stderr
+
+
+def test_sigterm_ends_a_run_on_a_cluster_and_its_workers(tmp_path: Path, two_nodes) -> None:
+    """On a cluster runner joined, SIGUSR1 cannot reach workers on other hosts: runner says
+    so and goes on; SIGTERM ends the run at once, interrupted, and Ray ends its workers."""
+    import signal
+
+    from tests.conftest import start_runner, wait_until
+
+    cluster, _ = two_nodes
+    run_dir = tmp_path / "terminated"
+    args = [*LONGER, *ON_CLUSTER, f"launcher.address={cluster.address}"]
+    proc = start_runner(tmp_path, run_dir, *args)
+    wait_until(proc, (run_dir / "metrics.jsonl").exists, timeout=180)
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "SIGUSR1: a graceful stop needs every worker on runner's host" in err
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+    assert "Traceback" not in err and "SIGTERM received" not in err
+    deadline = time.monotonic() + 30
+    while any("RayTrainWorker" in line for line in ray_processes()):
+        assert time.monotonic() < deadline, ray_processes()
+        time.sleep(0.2)
+
+
+def test_a_bad_address_is_refused_before_any_worker_starts(cli) -> None:
     bad = cli(*ARGS, "launcher=ray", "launcher.address=127.0.0.1:1", name="bad")
     assert bad.returncode == 2, bad.output
     assert "launcher.address=127.0.0.1:1: no Ray cluster answers there" in bad.stderr

@@ -14,8 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from typing import Any
 from runner import heartbeat
 from runner.launch import outcomes
 from runner.launch.failures import root_cause
+from runner.launch.stopping import GracefulStop
 from runner.launch.watchdog import Watchdog
 from runner.rundir.files import RunDir
 from runner.rundir.summary import Status
@@ -30,6 +34,8 @@ from runner.spec import RunSpec
 
 log = logging.getLogger("runner")
 INVALID = 2
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # read by Ray Train's controller
+STARTUP_TIMEOUT = "WorkerGroupStartupTimeoutError"  # what it raises when that runs out
 PASSED_ENV = (  # what the agent's ranks get from it, and Ray's workers need given
     "PYTHONPATH",
     "RUNNER_START_TIME",
@@ -57,22 +63,14 @@ def run_on_ray(
         write_outcome(run_dir, Status.FAILED, error)
         return INVALID
     before = _descendants(os.getpid())  # the fork server: not Ray's
+    interrupts = _Interrupts()  # before ray.init: a cluster half started is ours to stop too
     try:
-        if address is None:  # a local cluster, ours to stop: room for every worker
-            cpus = max(os.cpu_count() or 1, spec.world_size)
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": env})  # fmt: skip
-        else:
-            ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
-    except Exception as exc:
-        problem = f"launcher.address={address}: cannot join a Ray cluster there ({exc})".strip()
-        if address is None:
-            problem = f"launcher=ray: cannot start a local Ray cluster ({exc})"
-        error = {"rank": None, "exitcode": INVALID, "message": problem, "problems": [problem]}
-        write_outcome(run_dir, Status.FAILED, error)
-        return INVALID
-    watchdog = None
-    try:
+        problem = _connect(ray, spec, address, {**env, **_controller_env(launcher)})
+        if problem is not None:
+            error = {"rank": None, "exitcode": INVALID, "message": problem, "problems": [problem]}
+            write_outcome(run_dir, Status.FAILED, error)
+            return INVALID
+        interrupts.install()  # again: ray.init put its own SIGTERM handler (sys.exit) in
         log.info(
             "runner: %d Ray worker(s) on %s (%s) -> %s",
             spec.world_size,
@@ -80,22 +78,135 @@ def run_on_ray(
             spec.device,
             run_dir.root,
         )
-        if spec.watchdog.timeout:
-            watchdog = Watchdog(spec.watchdog, run_dir, spec.world_size, 1, path=beats)
-            watchdog.start()
-        try:
-            _trainer(spec, run_dir, env).fit()
-        except Exception as exc:
-            if watchdog is not None:
-                watchdog.stop()
-            return _failed(spec, run_dir, exc, watchdog, write_outcome)
-        if watchdog is not None:
-            watchdog.stop()
-        return outcomes.ranks_exited(0, run_dir, write_outcome)
+        return _fit(spec, run_dir, env, beats, local=address is None, write_outcome=write_outcome)
+    except _Interrupted as exc:
+        return outcomes.signalled(exc.signum, run_dir, None, None, write_outcome)
     finally:
+        interrupts.ignore()
         ours = _descendants(os.getpid()) - before if address is None else set()
         ray.shutdown()  # a cluster runner started goes with it, every process of it
         _reap(ours)
+
+
+def _connect(ray: Any, spec: RunSpec, address: str | None, env: dict[str, str]) -> str | None:
+    """Start a local cluster (room for every worker) or join `address`; what went wrong."""
+    try:
+        if address is None:
+            cpus = max(os.cpu_count() or 1, spec.world_size)
+            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": env})  # fmt: skip
+        else:
+            ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
+    except _Interrupted:
+        raise
+    except Exception as exc:
+        if address is None:
+            return f"launcher=ray: cannot start a local Ray cluster ({exc})"
+        return f"launcher.address={address}: cannot join a Ray cluster there ({exc})".strip()
+    return None
+
+
+def _fit(
+    spec: RunSpec,
+    run_dir: RunDir,
+    env: dict[str, str],
+    beats: Any,
+    local: bool,
+    write_outcome: Any,
+) -> int:
+    """Fit the TorchTrainer, with the watchdog on this host's workers, and a graceful stop
+    where every worker is on this host (a local cluster: it shares the heartbeat file)."""
+    stop = GracefulStop(beats, spec.world_size) if local else None
+    if stop is not None:
+        stop.install()
+    else:
+        for sig in heartbeat.STOP_SIGNALS:
+            signal.signal(sig, _no_graceful_stop)
+    watchdog = None
+    if spec.watchdog.timeout:
+        watchdog = Watchdog(spec.watchdog, run_dir, spec.world_size, 1, path=beats)
+        watchdog.start()
+    try:
+        _in_thread(_trainer(spec, run_dir, env).fit)
+    except Exception as exc:
+        return _failed(spec, run_dir, exc, watchdog, write_outcome)
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+    if stop is not None and stop.step is not None and heartbeat.stopped(beats, spec.world_size):
+        return outcomes.stopped_as_asked(stop, run_dir, write_outcome)
+    return outcomes.ranks_exited(0, run_dir, write_outcome)
+
+
+def _in_thread(call: Any) -> Any:
+    """call() in another thread, while this one waits in short steps: Python runs signal
+    handlers in the main thread only, between its own steps, and a main thread blocked in
+    ray.get would hold a graceful stop or an interrupt until the run's end (Ray Train also
+    takes SIGINT for itself when fit() runs in the main thread)."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="runner-ray-fit", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+class _Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP while Ray runs the workers (the parent relays them)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _Interrupts:
+    """Turn SIGINT, SIGTERM and SIGHUP into _Interrupted in the main thread (in ray.init, or
+    waiting for TorchTrainer.fit: _in_thread), so that the cluster is shut down and the
+    run's end written; torch elastic's agent does the same for its ranks."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.install()
+
+    def install(self) -> None:
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._raise)
+
+    def _raise(self, signum: int, _frame: Any) -> None:
+        self.ignore()  # once: the shutdown that follows must not be cut short
+        raise _Interrupted(signum)
+
+    def ignore(self) -> None:
+        """From here to the agent's exit (the cluster's shutdown, the summary)."""
+        for sig in self.SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _no_graceful_stop(signum: int, _frame: Any) -> None:
+    print(
+        f"runner: {signal.Signals(signum).name}: a graceful stop needs every worker on "
+        "runner's host (a local Ray cluster); this run goes on. SIGTERM stops it at once "
+        "(the latest checkpoint is the resume point)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _controller_env(launcher: Any) -> dict[str, str]:
+    """Ray Train's controller waits launcher.start_timeout for room for the worker group
+    (then fails: FailureConfig's controller_failure_limit=0), or without end when null."""
+    timeout = getattr(launcher, "start_timeout", None)
+    return {} if timeout is None else {START_TIMEOUT_ENV: f"{timeout:g}"}
 
 
 def _unreachable(address: str | None, timeout_s: float = 5.0) -> str | None:
@@ -148,16 +259,29 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def latest_attempt(run_dir: RunDir, world_size: int) -> int:
+    """The last attempt any worker started (runner.train.ray_worker counts them)."""
+    starts = [run_dir.starts(rank) for rank in range(world_size)]
+    return max((int(path.read_text()) for path in starts if path.is_file()), default=1) - 1
+
+
+def _train_worker(config: dict[str, Any]) -> None:
+    """What Ray runs in each worker. The rank's module is imported there, never in this
+    process: it ignores SIGUSR1/SIGUSR2 from its first line (as a rank must), which here
+    would undo the graceful stop's handlers."""
+    from runner.train.ray_worker import train_worker
+
+    train_worker(config)
+
+
 def _trainer(spec: RunSpec, run_dir: RunDir, env: dict[str, str]) -> Any:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from runner.train.ray_worker import train_worker
-
     cuda = spec.device == "cuda"
     resources = getattr(spec.launcher, "resources_per_worker", None) or None
     return TorchTrainer(
-        train_worker,
+        _train_worker,
         train_loop_config={"run_dir": str(run_dir.root), "env": env},
         torch_config=TorchConfig(backend="nccl" if cuda else "gloo"),
         scaling_config=ScalingConfig(
@@ -166,9 +290,46 @@ def _trainer(spec: RunSpec, run_dir: RunDir, env: dict[str, str]) -> Any:
         run_config=RunConfig(
             name="ray",
             storage_path=str(run_dir.root),
-            failure_config=FailureConfig(max_failures=spec.max_restarts),
+            failure_config=FailureConfig(
+                max_failures=spec.max_restarts,
+                controller_failure_limit=-1 if spec.launcher.start_timeout is None else 0,  # type: ignore[union-attr]
+            ),
         ),
     )
+
+
+def _gist(text: str) -> str:
+    """Ray's first line, and the exception its traceback ends in, if any."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    error = re.compile(r"^[\w.]+(Error|Exception|Interrupt)\b")
+    causes = [x for x in lines[1:] if error.match(x) and not x.startswith("ray.")]
+    return " ".join([*lines[:1], *causes[-1:]])
+
+
+def _no_room(spec: RunSpec) -> str:
+    """The worker group found no room on the cluster within launcher.start_timeout."""
+    import ray
+
+    launcher: Any = spec.launcher
+    each = launcher.resources_per_worker or {
+        "CPU": 1,
+        **({"GPU": 1} if spec.device == "cuda" else {}),
+    }
+    try:
+        total = {k: v for k, v in ray.cluster_resources().items() if not k.startswith("node:")}
+    except Exception:  # the cluster went meanwhile
+        total = {}
+    has = ", ".join(f"{k} {v:g}" for k, v in sorted(total.items()) if "memory" not in k)
+    return (
+        f"launcher=ray: no room on the Ray cluster for {spec.world_size} worker(s) of "
+        f"{_resources(each)} each within launcher.start_timeout={launcher.start_timeout:g} s "
+        f"(the cluster has {has or 'nothing'} in all); free or add resources, or "
+        "launcher.start_timeout=null to wait for an autoscaler"
+    )
+
+
+def _resources(each: dict[str, float]) -> str:
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in each.items()) + "}"
 
 
 def _failed(
@@ -176,12 +337,11 @@ def _failed(
 ) -> int:
     """The root cause among the ranks' error files (the latest attempt's), the watchdog's
     hang first; else what Ray said."""
-    from runner.train.ray_worker import ERROR_FILE
-
+    attempt = latest_attempt(run_dir, spec.world_size)
     failures = [
         outcomes.rank_failure(run_dir, rank, path, 1, path.stat().st_mtime)
         for rank in range(spec.world_size)
-        if (path := run_dir.logs / ERROR_FILE.format(rank=rank)).is_file()
+        if (path := run_dir.error_file(rank, attempt)).is_file()
     ]
     hang = watchdog.hang if watchdog is not None else None
     if hang is not None:
@@ -189,8 +349,10 @@ def _failed(
     if failures:
         cause = root_cause(failures)
         write_outcome(run_dir, Status.FAILED, cause.summary_error(others=len(failures) - 1))
+        return 1
+    if type(getattr(exc, "controller_failure", None)).__name__ == STARTUP_TIMEOUT:
+        message = _no_room(spec)
     else:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        message = f"Ray: {type(exc).__name__}: {first}"
-        write_outcome(run_dir, Status.FAILED, {"rank": None, "exitcode": 1, "message": message})
+        message = f"Ray: {type(exc).__name__}: {_gist(str(exc))}"
+    write_outcome(run_dir, Status.FAILED, {"rank": None, "exitcode": 1, "message": message})
     return 1

@@ -48,6 +48,10 @@ class RunDir:
     def error_file(self, rank: int, attempt: int) -> Path:
         return self.logs / "errors" / f"attempt{attempt}_rank{rank}.json"
 
+    def starts(self, rank: int) -> Path:
+        """How many times this rank started (launcher=ray: Ray restarts its workers)."""
+        return self.logs / f".starts-rank{rank}"
+
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"

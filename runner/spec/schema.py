@@ -173,6 +173,9 @@ class RayLauncherSpec:
     name: Literal["ray"] = "ray"
     address: str | None = None  # null: RAY_ADDRESS, else a local cluster runner starts
     resources_per_worker: dict[str, float] | None = None  # null: 1 CPU (1 GPU under cuda)
+    # seconds to wait for room for every worker, at the start and after each restart; null
+    # waits as long as it takes (a cluster that scales up)
+    start_timeout: float | None = _bound(600.0, gt=0.0)
 
 
 LauncherSpec = ElasticLauncherSpec | RayLauncherSpec

@@ -17,8 +17,6 @@ from runner.heartbeat import Heartbeat
 from runner.rundir.files import RunDir
 from runner.train.worker import _record_failure, _redirect_output, run
 
-ERROR_FILE = "ray-error-rank{rank}.json"  # in logs/: what the driver reads when a rank fails
-
 
 def train_worker(config: dict[str, Any]) -> None:
     """Ray Train's train_loop_per_worker: `config` holds the run directory and the
@@ -32,10 +30,15 @@ def train_worker(config: dict[str, Any]) -> None:
     run_dir = RunDir(Path(config["run_dir"]))
     attempt = next_attempt(run_dir, rank)
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
-    os.environ["TORCHELASTIC_ERROR_FILE"] = str(run_dir.logs / ERROR_FILE.format(rank=rank))
+    error_file = run_dir.error_file(rank, attempt)  # where the driver looks, as elastic's agent
+    error_file.parent.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHELASTIC_ERROR_FILE"] = str(error_file)
     terminal = _redirect_output(run_dir.rank_log(rank), rank, attempt)
     try:
-        run(run_dir, terminal, Heartbeat.from_env())
+        # the agent's heartbeat file has a slot per rank of the run: Ray's LOCAL_RANK is per
+        # Ray node, and several Ray nodes may share a host
+        heart = Heartbeat(os.environ.get(heartbeat.ENV), rank, rank, attempt)
+        run(run_dir, terminal, heart)
     except BaseException as exc:
         if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             _record_failure(exc, rank)
@@ -44,7 +47,7 @@ def train_worker(config: dict[str, Any]) -> None:
 
 def next_attempt(run_dir: RunDir, rank: int) -> int:
     """How many times this rank started before in this run (0 on the first start)."""
-    counter = run_dir.logs / f".ray-starts-rank{rank}"
+    counter = run_dir.starts(rank)
     run_dir.logs.mkdir(parents=True, exist_ok=True)
     before = int(counter.read_text()) if counter.exists() else 0
     counter.write_text(str(before + 1))

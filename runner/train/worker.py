@@ -9,14 +9,17 @@ exception records the root cause where the agent will look for it.
 from __future__ import annotations
 
 import signal
+import threading
 
 from runner.heartbeat import STACK_SIGNAL, STOP_SIGNALS, Heartbeat
 
 # SLURM's --signal reaches every process of the job; a stop asked of the run comes through
 # the agent (runner.launch.stopping), so that all ranks stop after the same step. First thing,
-# as the default action of SIGUSR1/SIGUSR2 would end this process.
-for _asked in STOP_SIGNALS:
-    signal.signal(_asked, signal.SIG_IGN)
+# as the default action of SIGUSR1/SIGUSR2 would end this process. (A Ray Train worker
+# imports this module in the thread that runs the rank: Ray owns that process's signals.)
+if threading.current_thread() is threading.main_thread():
+    for _asked in STOP_SIGNALS:
+        signal.signal(_asked, signal.SIG_IGN)
 
 import faulthandler
 import gc
