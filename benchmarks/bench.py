@@ -105,9 +105,9 @@ SUITES = {
         _overhead_how("mlp"),
     ),
     "launchers": (
-        "launcher=ray against launcher=elastic: resnet18, synthetic 3x32x32, nproc=2 (Ray: 2 "
-        "workers), batch 16/rank, SGD lr 0.01, fp32; Ray's cluster is a local one each run "
-        "starts and stops (its start is in the time to first step)",
+        "launcher=ray against launcher=elastic: resnet18, synthetic 3x32x32, nproc=2 and 1 "
+        "(Ray: as many workers), batch 16/rank, SGD lr 0.01, fp32; Ray's cluster is a local "
+        "one each run starts and stops (its start is in the time to first step)",
         launchers_suite,
         f"one run of {LAUNCHER_STEPS} steps per configuration and repetition; s/step from the "
         f"run's own throughput records (one per {LAUNCHER_LOG} steps) after step "

@@ -84,27 +84,28 @@ def overhead_suite(model: str) -> Callable[[int], list[Config]]:
     return build
 
 
-LAUNCHER_STEPS, LAUNCHER_LOG = 400, 20  # s/step from the records after the first 40 steps
+LAUNCHER_STEPS, LAUNCHER_LOG = 300, 20  # s/step from the records after the first 40 steps
 
 
-def launcher_row(name: str, extra: tuple[str, ...], baseline: str) -> Config:
-    """One run of resnet18: seconds from the command's start to its first optimizer step
-    (summary.json's first_step_at), and seconds per step from the run's own throughput
-    records once past the first 40 steps: the launcher's start-up and shutdown stay out of
-    the per-step figure, which is the steady state a long run lives in."""
+def launcher_row(name: str, nproc: int, extra: tuple[str, ...], baseline: str) -> Config:
+    """One run of resnet18 (batch 16 per rank): seconds from the command's start to its
+    first optimizer step (summary.json's first_step_at), and seconds per step from the run's
+    own throughput records once past the first 40 steps: the launcher's start-up and
+    shutdown stay out of the per-step figure, which is the steady state a long run lives in."""
+    batch = 16 * nproc
 
     def measure() -> dict[str, float]:
         with tempfile.TemporaryDirectory() as tmp:
             run_dir = Path(tmp) / "run"
-            command = [venv_tool("runner"), "model=resnet18", "data=synthetic", "nproc=2"]
-            command += ["global_batch_size=32", f"max_steps={LAUNCHER_STEPS}", "max_epochs=null"]
-            command += ["eval_interval=1000000", f"log_interval={LAUNCHER_LOG}"]
+            command = [venv_tool("runner"), "model=resnet18", "data=synthetic", f"nproc={nproc}"]
+            command += [f"global_batch_size={batch}", f"max_steps={LAUNCHER_STEPS}"]
+            command += ["max_epochs=null", "eval_interval=1000000", f"log_interval={LAUNCHER_LOG}"]
             command += ["progress_bar=false", *SGD_RUNNER, *extra, f"hydra.run.dir={run_dir}"]
-            _, start, _ = time_command(command, tmp, 2)
+            _, start, _ = time_command(command, tmp, nproc)
             records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
             first = json.loads((run_dir / "summary.json").read_text())["first_step_at"]
         steady = [
-            32 / r["throughput/samples_per_sec"]
+            batch / r["throughput/samples_per_sec"]
             for r in records
             if r["step"] > 2 * LAUNCHER_LOG and "throughput/samples_per_sec" in r
         ]
@@ -115,13 +116,18 @@ def launcher_row(name: str, extra: tuple[str, ...], baseline: str) -> Config:
 
 def launchers_suite(_steps: int) -> list[Config]:
     """launcher=ray against launcher=elastic (the default), the same run: Ray Train's workers
-    against runner's own ranks, a local Ray cluster started and stopped by each run."""
-    elastic = "launcher=elastic (torch elastic, forked ranks)"
-    on_ray = "launcher=ray (Ray Train workers, local cluster)"
-    return [
-        launcher_row(elastic, (), elastic),
-        launcher_row(on_ray, ("launcher=ray",), elastic),
-    ]
+    against runner's own ranks, a local Ray cluster started and stopped by each run. With 2
+    ranks every core trains and Ray's own processes (GCS, raylet, Train's controller and
+    helper actors) take their share from the ranks; with 1, a core is left to them."""
+    configs = []
+    for nproc, what in ((2, "2 ranks: every core trains"), (1, "1 rank: a core left over")):
+        elastic = f"launcher=elastic (torch elastic), {what}"
+        on_ray = f"launcher=ray (Ray Train workers, local cluster), {what}"
+        configs += [
+            launcher_row(elastic, nproc, (), elastic),
+            launcher_row(on_ray, nproc, ("launcher=ray",), elastic),
+        ]
+    return configs
 
 
 TRACKER_STEPS = 2000
