@@ -106,8 +106,9 @@ SUITES = {
     ),
     "launchers": (
         "launcher=ray against launcher=elastic: resnet18, synthetic 3x32x32, nproc=2 and 1 "
-        "(Ray: as many workers), batch 16/rank, SGD lr 0.01, fp32; Ray's cluster is a local "
-        "one each run starts and stops (its start is in the time to first step)",
+        "(Ray: as many workers), a thread per rank, batch 16/rank, SGD lr 0.01, fp32; Ray's "
+        "cluster is a local one each run starts and stops (its start is in the time to first "
+        "step)",
         launchers_suite,
         f"one run of {LAUNCHER_STEPS} steps per configuration and repetition; s/step from the "
         f"run's own throughput records (one per {LAUNCHER_LOG} steps) after step "

@@ -91,7 +91,8 @@ def launcher_row(name: str, nproc: int, extra: tuple[str, ...], baseline: str) -
     """One run of resnet18 (batch 16 per rank): seconds from the command's start to its
     first optimizer step (summary.json's first_step_at), and seconds per step from the run's
     own throughput records once past the first 40 steps: the launcher's start-up and
-    shutdown stay out of the per-step figure, which is the steady state a long run lives in."""
+    shutdown stay out of the per-step figure, which is the steady state a long run lives in.
+    One intra-op thread per rank, so that with 1 rank a core is left over."""
     batch = 16 * nproc
 
     def measure() -> dict[str, float]:
@@ -101,7 +102,8 @@ def launcher_row(name: str, nproc: int, extra: tuple[str, ...], baseline: str) -
             command += [f"global_batch_size={batch}", f"max_steps={LAUNCHER_STEPS}"]
             command += ["max_epochs=null", "eval_interval=1000000", f"log_interval={LAUNCHER_LOG}"]
             command += ["progress_bar=false", *SGD_RUNNER, *extra, f"hydra.run.dir={run_dir}"]
-            _, start, _ = time_command(command, tmp, nproc)
+            start = time.time()
+            run(command, thread_env(nproc, threads=1), cwd=tmp)  # a thread per rank
             records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
             first = json.loads((run_dir / "summary.json").read_text())["first_step_at"]
         steady = [

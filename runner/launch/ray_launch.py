@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner import heartbeat
+from runner import hardware, heartbeat
 from runner.launch import outcomes
 from runner.launch.failures import root_cause
 from runner.launch.stopping import GracefulStop
@@ -55,7 +55,9 @@ def run_on_ray(
     address = getattr(launcher, "address", None) or os.environ.get("RAY_ADDRESS") or None
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     env["RUNNER_NODE_DIR"] = str(node_dir)
-    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+    threads = _threads(spec, address)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = threads
     unreachable = _unreachable(address)
     if unreachable:  # ray.init would retry for minutes
         problem = f"launcher.address={address}: {unreachable}"
@@ -200,6 +202,17 @@ def _no_graceful_stop(signum: int, _frame: Any) -> None:
         file=sys.stderr,
         flush=True,
     )
+
+
+def _threads(spec: RunSpec, address: str | None) -> str | None:
+    """Each worker's intra-op threads: the user's OMP_NUM_THREADS; on a local cluster this
+    host's cores split among the workers, as launcher=elastic splits them among its ranks;
+    else None: Ray sets OMP_NUM_THREADS to the CPUs each worker was given."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return os.environ["OMP_NUM_THREADS"]
+    if address is None:
+        return str(hardware.threads_per_rank(spec.world_size))
+    return None
 
 
 def _controller_env(launcher: Any) -> dict[str, str]:
