@@ -99,9 +99,7 @@ def _connect(ray: Any, spec: RunSpec, address: str | None, env: dict[str, str]) 
                      runtime_env={"env_vars": env})  # fmt: skip
         else:
             ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
-    except _Interrupted:
-        raise
-    except Exception as exc:
+    except Exception as exc:  # not _Interrupted: a BaseException, the caller's to handle
         if address is None:
             return f"launcher=ray: cannot start a local Ray cluster ({exc})"
         return f"launcher.address={address}: cannot join a Ray cluster there ({exc})".strip()
@@ -218,7 +216,7 @@ def _threads(spec: RunSpec, address: str | None) -> str | None:
 def _controller_env(launcher: Any) -> dict[str, str]:
     """Ray Train's controller waits launcher.start_timeout for room for the worker group
     (then fails: FailureConfig's controller_failure_limit=0), or without end when null."""
-    timeout = getattr(launcher, "start_timeout", None)
+    timeout = launcher.start_timeout
     return {} if timeout is None else {START_TIMEOUT_ENV: f"{timeout:g}"}
 
 
@@ -272,7 +270,7 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def latest_attempt(run_dir: RunDir, world_size: int) -> int:
+def _latest_attempt(run_dir: RunDir, world_size: int) -> int:
     """The last attempt any worker started (runner.train.ray_worker counts them)."""
     starts = [run_dir.starts(rank) for rank in range(world_size)]
     return max((int(path.read_text()) for path in starts if path.is_file()), default=1) - 1
@@ -292,20 +290,22 @@ def _trainer(spec: RunSpec, run_dir: RunDir, env: dict[str, str]) -> Any:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     cuda = spec.device == "cuda"
-    resources = getattr(spec.launcher, "resources_per_worker", None) or None
+    launcher: Any = spec.launcher  # launcher=ray's
     return TorchTrainer(
         _train_worker,
         train_loop_config={"run_dir": str(run_dir.root), "env": env},
         torch_config=TorchConfig(backend="nccl" if cuda else "gloo"),
         scaling_config=ScalingConfig(
-            num_workers=spec.world_size, use_gpu=cuda, resources_per_worker=resources
+            num_workers=spec.world_size,
+            use_gpu=cuda,
+            resources_per_worker=launcher.resources_per_worker or None,
         ),
         run_config=RunConfig(
             name="ray",
             storage_path=str(run_dir.root),
             failure_config=FailureConfig(
                 max_failures=spec.max_restarts,
-                controller_failure_limit=-1 if spec.launcher.start_timeout is None else 0,  # type: ignore[union-attr]
+                controller_failure_limit=-1 if launcher.start_timeout is None else 0,
             ),
         ),
     )
@@ -350,7 +350,7 @@ def _failed(
 ) -> int:
     """The root cause among the ranks' error files (the latest attempt's), the watchdog's
     hang first; else what Ray said."""
-    attempt = latest_attempt(run_dir, spec.world_size)
+    attempt = _latest_attempt(run_dir, spec.world_size)
     failures = [
         outcomes.rank_failure(run_dir, rank, path, 1, path.stat().st_mtime)
         for rank in range(spec.world_size)
