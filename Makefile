@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-fast test-gpu test-slurm lint bench profile clean-runs docs docs-serve
+.PHONY: install run test test-fast test-floor test-gpu test-slurm lint bench profile clean-runs docs docs-serve
 
 install: $(STAMP)
 
@@ -33,10 +33,39 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-# The CUDA-only suite (tests/gpu: NCCL, bf16/fp16, channels_last, compile, a real
-# out-of-memory error); every test is skipped on a machine without a GPU.
+# The oldest torch runner supports (runner/cli/torch_release.py; pyproject.toml declares
+# it), in an environment of its own, set up as a GPU image has it: torch and torchvision
+# first, then runner installed beside them, which must leave them as they are (checked).
+# The fast tier and the real runs marked `floor` (ddp, fsdp with an async checkpoint, zero2,
+# compile, restarts) run against it. Its own torch_extensions: DeepSpeed's op is built
+# for each torch.
+FLOOR_TORCH  := 2.11.0
+FLOOR_VISION := 0.26.0
+FLOOR_VENV   := .venv-floor
+FLOOR_STAMP  := $(FLOOR_VENV)/.installed
+
+$(FLOOR_STAMP): pyproject.toml constraints.txt $(STAMP)
+	rm -rf $(FLOOR_VENV)
+	$(BIN)/uv venv --quiet --python $(PYTHON) $(FLOOR_VENV)
+	$(BIN)/uv pip install --python $(FLOOR_VENV)/bin/python --quiet --compile-bytecode \
+		torch==$(FLOOR_TORCH) torchvision==$(FLOOR_VISION)
+	grep -vE '^(torch|torchvision|triton|nvidia-|cuda-)' constraints.txt > $(FLOOR_VENV)/constraints.txt
+	$(BIN)/uv pip install --python $(FLOOR_VENV)/bin/python --quiet --compile-bytecode \
+		-c $(FLOOR_VENV)/constraints.txt -e '.[dev]'
+	$(FLOOR_VENV)/bin/python -c "import torch, sys; v = torch.__version__; \
+		sys.exit(0 if v.startswith('$(FLOOR_TORCH)') else f'installing runner replaced torch $(FLOOR_TORCH) with {v}')"
+	$(FLOOR_VENV)/bin/python -m runner.engines.deepspeed_ops
+	touch $(FLOOR_STAMP)
+
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR_VENV)/bin/python -m pytest -m "not slow or floor" $(PYTEST_ARGS)
+
+# The CUDA-only suite (tests/gpu: every parallelism in fp32, bf16 and fp16 over NCCL, meta
+# init, async checkpoints and a restart, export and eval, the guards, compile, no host sync
+# on quiet steps, a real out-of-memory error), side by side where pytest-xdist is installed,
+# then a one-screen summary; every test is skipped on a machine without a GPU.
 test-gpu: install
-	$(BIN)/python -m pytest tests/gpu -m gpu $(PYTEST_ARGS)
+	$(BIN)/python tests/gpu/suite.py $(PYTEST_ARGS)
 
 # A real two-node SLURM cluster on this machine (root: network namespaces), the SLURM
 # packages installed when missing; tests/slurm/cluster.sh brings it up and down.

@@ -101,14 +101,20 @@ def run_runner(
     }
 
 
-def plain_command(*args: str, nproc: int, steps: int, warmup: int = WARMUP) -> list[str]:
+def plain_command(
+    *args: str, nproc: int, steps: int, warmup: int = WARMUP, script: str = "plain_ddp.py"
+) -> list[str]:
     command = [venv_tool("torchrun"), "--standalone", f"--nproc-per-node={nproc}"]
-    command += [str(REPO / "benchmarks" / "plain_ddp.py"), f"--steps={steps}"]
+    command += [str(REPO / "benchmarks" / script), f"--steps={steps}"]
     return [*command, f"--warmup={warmup}", *args]
 
 
-def run_plain(*args: str, nproc: int, steps: int, threads: int | None = None) -> dict[str, float]:
-    stdout = run(plain_command(*args, nproc=nproc, steps=steps), thread_env(nproc, threads))
+def run_plain(
+    *args: str, nproc: int, steps: int, threads: int | None = None, script: str = "plain_ddp.py"
+) -> dict[str, float]:
+    """One run of a plain script (plain_ddp.py, or plain_gpt.py: nanoGPT's way)."""
+    command = plain_command(*args, nproc=nproc, steps=steps, script=script)
+    stdout = run(command, thread_env(nproc, threads))
     result = json.loads(stdout.strip().splitlines()[-1])
     batch = int(next(a.split("=")[1] for a in args if a.startswith("--global-batch-size")))
     return {

@@ -4,10 +4,11 @@
     torchrun --standalone --nproc-per-node 1 benchmarks/plain_ddp.py --device cuda \
         --model resnet50 --image-size 224 --precision bf16 --channels-last
 
-DDP over gloo (nccl on CUDA), a DataLoader over a DistributedSampler, gradient
-accumulation with no_sync, AdamW. Prints one JSON line on rank 0: mean seconds per
-optimizer step after `--warmup` steps, when the first step was done (unix time),
-optimizer state bytes and peak RSS. `--model gpt` trains runner's gpt on random byte
+DDP over gloo (nccl on CUDA), a DataLoader over a DistributedSampler that cuts each batch
+from the in-memory tensors in one indexing op (`__getitems__`; pinned on CUDA), as runner's
+loader does, gradient accumulation with no_sync, AdamW. Prints one JSON line on rank 0:
+mean seconds per optimizer step after `--warmup` steps, when the first step was done (unix
+time), optimizer state bytes and peak RSS. `--model gpt` trains runner's gpt on random byte
 tokens (next-token loss), the same shapes runner's text data gives it.
 """
 
@@ -47,6 +48,20 @@ def build_model(name: str, args: argparse.Namespace) -> torch.nn.Module:
     import torchvision
 
     return getattr(torchvision.models, name)(weights=None, num_classes=10)
+
+
+class Batched(TensorDataset):
+    """A whole batch in one indexing op per tensor (torch's fetcher calls __getitems__ with
+    the batch's indices), not one sample at a time stacked by collate: at 224px a per-sample
+    collate of 128 images was the step's bottleneck, which runner's loader does not have."""
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        index = torch.as_tensor(indices)
+        return [tensor[index] for tensor in self.tensors]
+
+
+def _whole(batch: list[torch.Tensor]) -> list[torch.Tensor]:
+    return batch
 
 
 def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -91,11 +106,10 @@ def main() -> None:
         data = synthetic(image_size=args.image_size)
         inputs, labels = data.train.inputs, data.train.labels
     per_rank = args.global_batch_size // world
-    sampler = DistributedSampler(
-        TensorDataset(inputs, labels), shuffle=True, seed=0, drop_last=True
-    )
+    dataset = Batched(inputs, labels)
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0, drop_last=True)
     loader = DataLoader(
-        TensorDataset(inputs, labels), batch_size=per_rank, sampler=sampler, pin_memory=cuda
+        dataset, batch_size=per_rank, sampler=sampler, pin_memory=cuda, collate_fn=_whole
     )
     module = build_model(args.model, args).to(device)
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format

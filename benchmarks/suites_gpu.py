@@ -8,6 +8,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from harness import (
@@ -28,8 +29,8 @@ from harness import (
     venv_tool,
 )
 
-GPU_BATCH = {"resnet50": 128, "gpt": 16}  # global batch: images, or 1024-token sequences
 GPT_SHAPE = {"block_size": 1024, "n_layer": 12, "n_head": 12, "n_embd": 768}
+RESNET_BATCH = 128  # images a step, all GPUs together
 
 
 def cuda_devices() -> int:
@@ -40,37 +41,83 @@ def cuda_devices() -> int:
     return torch.cuda.device_count()
 
 
-def gpu_rows(model: str, steps: int, corpus: Path) -> list[Config]:
-    """Plain DDP and runner training `model` in bf16 on every visible GPU (nccl)."""
-    gpus, batch = cuda_devices(), GPU_BATCH[model]
-    per_item = GPT_SHAPE["block_size"] if model == "gpt" else 1  # tokens per sample
-    if model == "gpt":
-        plain_args = [f"--{k.replace('_', '-')}={v}" for k, v in GPT_SHAPE.items()]
-        runner_args = ["model=gpt", "data=text", f"data.root={corpus}", "loss=causal_lm"]
-        runner_args += ["metrics=language_model", f"data.block_size={GPT_SHAPE['block_size']}"]
-        runner_args += [f"model.{k}={v}" for k, v in GPT_SHAPE.items() if k != "block_size"]
-    else:
-        plain_args = ["--image-size=224", "--channels-last"]
-        runner_args = ["model=resnet50", "data=synthetic", "data.image_size=224"]
-        runner_args += ["model.channels_last=true"]
-    plain_args += [f"--model={model}", "--device=cuda", "--precision=bf16"]
-    plain_args += [f"--global-batch-size={batch}"]
-    runner_args += ["device=cuda", "precision=bf16", f"global_batch_size={batch}"]
-    runner_args += ["eval_interval=1000000", "checkpoint.interval=null"]
+def _items(per_item: int) -> Callable[[dict[str, float]], dict[str, float]]:
+    """images or tokens a second from a run's samples a second (`per_item` each)."""
 
     def with_items(result: dict[str, float]) -> dict[str, float]:
         return {STEP: result[STEP], ITEMS: result[SPS] * per_item, STATE: result[STATE]}
 
+    return with_items
+
+
+def resnet_rows(steps: int) -> list[Config]:
+    """resnet50 on 224px images, bf16, channels_last, every GPU: torchrun + plain DDP (its
+    batches cut from the in-memory images in one indexing op and pinned, as runner's loader
+    does) and runner."""
+    gpus, items = cuda_devices(), _items(1)
+    plain_args = ["--model=resnet50", "--image-size=224", "--channels-last", "--device=cuda"]
+    plain_args += ["--precision=bf16", f"--global-batch-size={RESNET_BATCH}"]
+    runner_args = ["model=resnet50", "data=synthetic", "data.image_size=224"]
+    runner_args += ["model.channels_last=true", "device=cuda", "precision=bf16"]
+    runner_args += [f"global_batch_size={RESNET_BATCH}", *QUIET]
     plain = Config(
-        f"torchrun + plain PyTorch DDP, {model}",
-        lambda: with_items(run_plain(*plain_args, nproc=gpus, steps=steps)),
+        "torchrun + plain PyTorch DDP, resnet50",
+        lambda: items(run_plain(*plain_args, nproc=gpus, steps=steps)),
     )
+    plain.baseline = plain.name
     ours = Config(
-        f"runner, {model}",
-        lambda: with_items(run_runner(*runner_args, nproc=gpus, steps=steps)),
+        "runner, resnet50",
+        lambda: items(run_runner(*runner_args, nproc=gpus, steps=steps)),
         baseline=plain.name,
     )
     return [plain, ours]
+
+
+QUIET = ["eval_interval=1000000", "checkpoint.interval=null"]  # no evaluation, no checkpoint
+
+
+def gpt_rows(steps: int, corpus: Path, batch: int, compiled: bool = False) -> list[Config]:
+    """The 12-layer gpt on 1024-token blocks, bf16, every GPU: nanoGPT's way (plain_gpt.py:
+    tokens on the device, fused AdamW) as the baseline, torchrun + plain DDP on runner's data
+    path beside it, and runner (ddp; fsdp too when eager)."""
+    gpus, items = cuda_devices(), _items(GPT_SHAPE["block_size"])
+    shape = [f"--{k.replace('_', '-')}={v}" for k, v in GPT_SHAPE.items()]
+    suffix = f"gpt, batch {batch}" + (", compiled" if compiled else "")
+    nano_args = [*shape, "--device=cuda", f"--global-batch-size={batch}"]
+    nano_args += ["--compile"] if compiled else []
+    nano = Config(
+        f"plain gpt, nanoGPT's way, {suffix}",
+        lambda: items(run_plain(*nano_args, nproc=gpus, steps=steps, script="plain_gpt.py")),
+    )
+    nano.baseline = nano.name
+    runner_args = ["model=gpt", "data=text", f"data.root={corpus}", "loss=causal_lm"]
+    runner_args += ["metrics=language_model", f"data.block_size={GPT_SHAPE['block_size']}"]
+    runner_args += [f"model.{k}={v}" for k, v in GPT_SHAPE.items() if k != "block_size"]
+    runner_args += ["device=cuda", "precision=bf16", f"global_batch_size={batch}", *QUIET]
+    runner_args += ["compile=true"] if compiled else []
+    rows = [
+        nano,
+        Config(
+            f"runner ddp, {suffix}",
+            lambda: items(run_runner(*runner_args, nproc=gpus, steps=steps)),
+            baseline=nano.name,
+        ),
+    ]
+    if not compiled:
+        plain_args = [*shape, "--model=gpt", "--device=cuda", "--precision=bf16"]
+        plain_args += [f"--global-batch-size={batch}"]
+        plain = Config(
+            f"torchrun + plain PyTorch DDP, {suffix}",
+            lambda: items(run_plain(*plain_args, nproc=gpus, steps=steps)),
+            baseline=nano.name,
+        )
+        fsdp = Config(
+            f"runner fsdp, {suffix} (ratio: against runner ddp)",
+            lambda: items(run_runner(*runner_args, "parallelism=fsdp", nproc=gpus, steps=steps)),
+            baseline=rows[1].name,
+        )
+        rows += [plain, fsdp]
+    return rows
 
 
 def random_corpus(characters: int) -> Path:
@@ -84,11 +131,27 @@ def random_corpus(characters: int) -> Path:
     return corpus
 
 
-def gpu_suite(steps: int) -> list[Config]:
+def _need_cuda() -> None:
     if cuda_devices() == 0:
-        sys.exit("the gpu suite needs a CUDA device; none is visible")
+        sys.exit("the gpu suites need a CUDA device; none is visible")
+
+
+def gpu_suite(steps: int) -> list[Config]:
+    """resnet50 and the gpt at batch 16, eager: the first look at a GPU."""
+    _need_cuda()
+    return [*resnet_rows(steps), *gpt_rows(steps, random_corpus(2_500_000), 16)]
+
+
+def gpu_gpt_suite(steps: int) -> list[Config]:
+    """Per-step parity on a GPU: the gpt at batch 16 and 32, eager and compiled, against
+    nanoGPT's way; fsdp on the same GPUs against ddp."""
+    _need_cuda()
     corpus = random_corpus(2_500_000)
-    return [*gpu_rows("resnet50", steps, corpus), *gpu_rows("gpt", steps, corpus)]
+    rows: list[Config] = []
+    for compiled in (False, True):
+        for batch in (16, 32):
+            rows += gpt_rows(steps, corpus, batch, compiled)
+    return rows
 
 
 # --- compile: time to first step and step time, eager against torch.compile --------------

@@ -34,6 +34,7 @@ def check_compiled(cli, overrides: list[str], compiled_as: str, eager: dict) -> 
     assert relative_error(weights, eager) < RTOL
 
 
+@pytest.mark.floor
 def test_whole_model_under_ddp(cli, mlp_reference):  # noqa: F811
     check_compiled(cli, ARGS, "the whole Sequential compiled", mlp_reference)
 

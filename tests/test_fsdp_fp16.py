@@ -14,23 +14,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import nn
 
 from runner.engines.fsdp import FSDPEngine
 from runner.spec.schema import FSDPSpec, OptimizerSpec, Precision, PrecisionSpec, RunSpec
+from tests.helpers.precision_probe import TanhBlocks
 
 WORLD = 2
-
-
-class Blocks(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = torch.tanh(block(x))
-        return x
 
 
 def full_weights(engine: FSDPEngine) -> dict[str, torch.Tensor]:
@@ -44,7 +33,7 @@ def run_steps(rank: int) -> None:
         optimizer=OptimizerSpec("torch.optim.SGD", {"lr": 0.1, "momentum": 0.9}),
         precision=PrecisionSpec(name=Precision.FP16, init_scale=1024.0),
     )
-    engine = FSDPEngine(spec, Blocks(), "cpu", total_steps=3)
+    engine = FSDPEngine(spec, TanhBlocks(), "cpu", total_steps=3)
     assert engine.scaler is not None
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
 

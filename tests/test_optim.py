@@ -149,3 +149,22 @@ def test_cosine_decays_after_warmup_to_its_floor() -> None:
         optimizer.step()
         schedule.step()
     assert seen == pytest.approx([0.5, 1.0, 1.0, 0.8682, 0.55, 0.2318, 0.1], abs=1e-4)
+
+
+def test_fused_kernels_where_every_parameter_is_on_a_gpu_and_the_config_leaves_it_open():
+    """A GPU's parameters (fake ones here: no memory, no device needed) get torch's fused
+    step where the optimizer has one; a CPU's, a choice the config made, or an optimizer
+    without one keep torch's default."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from runner.engines.optim import fused_default
+
+    with FakeTensorMode():
+        on_gpu = [{"params": [torch.nn.Parameter(torch.empty(4, device="cuda"))]}]
+    on_cpu = [{"params": [torch.nn.Parameter(torch.empty(4))]}]
+    assert fused_default(OptimizerSpec("torch.optim.AdamW"), on_gpu) == {"fused": True}
+    assert fused_default(OptimizerSpec("torch.optim.SGD", {"lr": 0.1}), on_gpu) == {"fused": True}
+    assert fused_default(OptimizerSpec("torch.optim.AdamW"), on_cpu) == {}
+    assert fused_default(OptimizerSpec("torch.optim.AdamW", {"foreach": True}), on_gpu) == {}
+    assert fused_default(OptimizerSpec("torch.optim.AdamW", {"fused": False}), on_gpu) == {}
+    assert fused_default(OptimizerSpec("torch.optim.Adafactor"), on_gpu) == {}

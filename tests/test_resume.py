@@ -65,7 +65,11 @@ def reference_of(tmp_path_factory, request):
     ("parallelism", "fault"),
     # zero3 saves and loads through the same DeepSpeed calls as zero2 (its checkpoints are
     # also resumed at another world size below); dropped from this list for test time
-    [("ddp", "sigkill"), ("zero2", "sigkill"), ("fsdp", "hang")],
+    [
+        pytest.param("ddp", "sigkill", marks=pytest.mark.floor),
+        pytest.param("zero2", "sigkill", marks=pytest.mark.floor),
+        ("fsdp", "hang"),
+    ],
 )
 def test_killed_rank_restarts_and_ends_bit_for_bit(
     cli, reference_of, parallelism: str, fault: str
@@ -233,7 +237,9 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(cli, ddp_reference
     assert same_weights(ddp_reference.run_dir, resumed.run_dir)
 
 
-@pytest.mark.parametrize(("parallelism", "rank"), [("ddp", 0), ("fsdp", 1)])
+@pytest.mark.parametrize(
+    ("parallelism", "rank"), [("ddp", 0), pytest.param("fsdp", 1, marks=pytest.mark.floor)]
+)
 def test_an_async_checkpoint_killed_in_its_write_is_never_the_resume_point(
     cli, reference_of, parallelism: str, rank: int
 ) -> None:

@@ -34,8 +34,16 @@ def test_checkpoint_resumes_at_another_world_size_and_split(
         assert spec.resume == str(checkpoint)
 
 
-def test_zero_checkpoint_keeps_its_precision(tmp_path: Path) -> None:
+def test_zero_checkpoint_resumes_at_another_precision(tmp_path: Path) -> None:
+    """ZeRO keeps fp32 weights in every precision, as ddp and fsdp do; a checkpoint written
+    when it kept 16-bit ones (its meta names no weights_dtype) must keep its precision."""
     checkpoint = save_checkpoint(tmp_path / "run", [*MLP, "parallelism=zero3"])
+    spec = resolve_spec(
+        compose_config([*MLP, "parallelism=zero3", "precision=bf16", f"resume={checkpoint}"])
+    )
+    assert spec.resume == str(checkpoint)
+    older = [*MLP, "parallelism=zero3"]
+    checkpoint = save_checkpoint(tmp_path / "older", older, without=("weights_dtype",))
     (problem,) = resume_problems(checkpoint, [*MLP, "parallelism=zero3", "precision=bf16"])
     assert problem.startswith("precision=bf16: the checkpoint")
     assert "resume with precision=fp32" in problem

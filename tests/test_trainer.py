@@ -186,3 +186,35 @@ def test_a_non_finite_loss_logs_the_records_before_it_and_stops(
     done, error = pending.reduce()
     assert [(r["step"], r["train/loss"]) for r in done] == [(2, 2.0)]
     assert isinstance(error, NonFiniteError) and error.step == 4
+
+
+class MiscountingLoss:
+    """A loss counting its own items whose count disagrees with what its calls return: the
+    mistake the first step's check names."""
+
+    def __call__(self, outputs: torch.Tensor, targets: torch.Tensor) -> tuple:
+        loss = torch.nn.functional.cross_entropy(outputs, targets, reduction="sum")
+        return loss, torch.tensor(len(targets) + 1)
+
+    def count(self, targets: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(len(targets))
+
+
+def test_a_loss_whose_items_disagree_with_its_count_is_named(
+    tmp_path: Path, one_rank_group: None
+) -> None:
+    """Checked where the host reads the device anyway: the first log step's reduction, not
+    the first step (a GPU would wait there)."""
+    trainer = build(
+        tmp_path,
+        "loss=custom",
+        "loss._target_=tests.test_trainer.MiscountingLoss",
+        "max_epochs=null",
+        "max_steps=6",
+        "log_interval=3",
+    )
+    steps_started: list[int] = []
+    trainer.faults.step_started = steps_started.append
+    with pytest.raises(ValueError, match=r"returned 65 items for a microbatch of 64 \(its count"):
+        trainer.fit(time.time())
+    assert steps_started == [1, 2, 3]

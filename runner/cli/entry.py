@@ -11,6 +11,9 @@ import sys
 
 
 def main() -> None:
+    from runner.cli import torch_release
+
+    torch_release.check()  # an image's torch older than runner supports: one line, exit 2
     if sys.argv[1:2] == ["export"]:  # no run: no agent to prestart, no Hydra
         from runner.export.command import main as export_main
 

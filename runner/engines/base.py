@@ -52,7 +52,8 @@ class Engine(ABC):
     scheduler: Any
     """The learning-rate schedule, stepped once per optimizer step."""
     scaler: torch.amp.GradScaler | None = None
-    """fp16's dynamic loss scaler (None for fp32 and bf16, and where DeepSpeed scales)."""
+    """fp16's dynamic loss scaler (None for fp32 and bf16, and under ZeRO, whose own is
+    DeepSpeedEngine.loss_scale)."""
     needs_warm_up = False
     """Whether the loop runs warm_up() before this start's first step."""
     _grad_bytes: int | None = None

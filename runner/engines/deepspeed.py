@@ -5,6 +5,10 @@ DeepSpeed counts microbatches itself: every microbatch's backward is followed by
 its `step()`, which only updates the weights at the accumulation boundary. Our
 loss is already weighted by the microbatch's share of the global batch, so it
 is not divided by grad_accum again (`scale_wrt_gas=False`).
+
+Mixed precision is what it is under ddp and fsdp (runner.spec.deepspeed_config): fp32
+weights, gradients and optimizer, the forward pass under torch.autocast, and for fp16 a
+dynamic loss scale (`LossScale`) that behaves as torch's GradScaler does.
 """
 
 from __future__ import annotations
@@ -92,6 +96,35 @@ def share_master_partitions(zero3: Any) -> None:
         masters[i] = flat  # the step updates the partition in place; the copy back is a no-op
 
 
+class LossScale:
+    """fp16's dynamic loss scale under ZeRO, kept as torch's GradScaler keeps it under ddp and
+    fsdp. ZeRO is handed the scale (`override_loss_scale`): it multiplies each microbatch's
+    loss by it, divides it out of the gradients before clipping and stepping, and skips a
+    step whose gradient norm is not finite (the norm is global, so every rank skips alike).
+    After each step the scale halves on an overflow, and doubles after `growth_interval`
+    steps in a row without one."""
+
+    def __init__(self, init_scale: float, growth_interval: int):
+        self.scale, self.growth_interval, self.good_steps = init_scale, growth_interval, 0
+
+    def update(self, overflow: bool) -> None:
+        if overflow:
+            self.scale, self.good_steps = self.scale * 0.5, 0
+            return
+        self.good_steps += 1
+        if self.good_steps == self.growth_interval:
+            self.scale, self.good_steps = self.scale * 2.0, 0
+
+    def state_dict(self) -> dict[str, float]:
+        return {"scale": self.scale, "good_steps": self.good_steps}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.scale, self.good_steps = float(state["scale"]), int(state["good_steps"])
+
+
+LOSS_SCALE_KEY = "runner_loss_scale"  # in DeepSpeed's client state, beside runner's own
+
+
 class DeepSpeedEngine(Engine):
     def __init__(
         self,
@@ -125,8 +158,14 @@ class DeepSpeedEngine(Engine):
         if self.stage == 3:
             share_master_partitions(self.model.optimizer)
         self.watch_state(optimizer)  # ZeRO steps our optimizer on its own partitions
-        self.full_precision = spec.precision.name is Precision.FP32
-        self.fp16 = spec.precision.name is Precision.FP16
+        self.loss_scale: LossScale | None = None
+        if spec.precision.name is Precision.FP16:
+            self.loss_scale = LossScale(spec.precision.init_scale, spec.precision.growth_interval)
+            zero = self.model.optimizer
+            # DeepSpeed's torch_autocast section brings a GradScaler of its own for fp16, which
+            # ZeRO would step without unscaling before it clips; ours replaces it.
+            zero.torch_autocast_gradscaler = None
+            zero.override_loss_scale(self.loss_scale.scale)
 
     def _held_parameters(self) -> list[torch.Tensor]:
         # ZeRO-3's optimizer holds its fp32 masters in its param_groups only while it steps.
@@ -152,7 +191,21 @@ class DeepSpeedEngine(Engine):
     def backward(self, loss: torch.Tensor) -> None:
         self.model.backward(loss, scale_wrt_gas=False)
         self.note_grad_bytes()  # ZeRO-1 holds whole gradients until the boundary's reduction
+        boundary = self.model.is_gradient_accumulation_boundary()
         self.model.step()  # a no-op for the weights except at the accumulation boundary
+        if boundary and self.loss_scale is not None:
+            self._rescale()
+
+    def _rescale(self) -> None:
+        """After an fp16 step: the next scale, from whether ZeRO found an overflow (a host
+        bool it has already read). A step skipped for one still advances the schedule, as
+        the optimizer step GradScaler skips does under ddp and fsdp."""
+        assert self.loss_scale is not None
+        overflow = bool(self.model.optimizer.overflow)
+        self.loss_scale.update(overflow)
+        self.model.optimizer.override_loss_scale(self.loss_scale.scale)
+        if overflow:
+            self.scheduler.step()
 
     def step(self) -> None:
         pass  # done by the last microbatch's backward()
@@ -171,11 +224,13 @@ class DeepSpeedEngine(Engine):
     def nonfinite_skips(self) -> int:
         """DeepSpeed skips a step whose global gradient norm is not finite (under fp16 that
         is its loss scaler at work, not a fault)."""
-        return 0 if self.fp16 else self.model.skipped_steps
+        return 0 if self.loss_scale is not None else self.model.skipped_steps
 
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         # DeepSpeed's own layout (directory/latest + directory/state/...), so its tools
         # such as zero_to_fp32.py work on a runner checkpoint directory.
+        if self.loss_scale is not None:
+            client_state = {**client_state, LOSS_SCALE_KEY: self.loss_scale.state_dict()}
         self.model.save_checkpoint(str(directory), tag=DEEPSPEED_TAG, client_state=client_state)
 
     def load_checkpoint(self, directory: Path, reshard: Path | None = None) -> dict[str, Any]:
@@ -185,6 +240,10 @@ class DeepSpeedEngine(Engine):
             path, client_state = self._load_universal(directory, reshard)
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint in {directory}")
+        saved_scale = client_state.pop(LOSS_SCALE_KEY, None)
+        if self.loss_scale is not None and saved_scale is not None:
+            self.loss_scale.load_state_dict(saved_scale)
+            self.model.optimizer.override_loss_scale(self.loss_scale.scale)
         return client_state
 
     def _load_universal(self, directory: Path, scratch: Path) -> tuple[Any, dict[str, Any]]:
@@ -202,12 +261,12 @@ class DeepSpeedEngine(Engine):
             config.load_universal_checkpoint = False
 
     def final_tensors(self) -> list[FinalTensor]:
-        """The fp32 weights. ZeRO 1/2 hold the full 16- or 32-bit weights on every rank but
-        partition the fp32 masters; ZeRO-3 partitions every parameter. Whatever is
-        partitioned is gathered when its turn comes (a collective per parameter)."""
+        """The fp32 weights. ZeRO 1/2 hold them whole on every rank (in every precision:
+        the forward pass casts them under autocast); ZeRO-3 partitions every parameter,
+        which is gathered when its turn comes (a collective per parameter)."""
         from deepspeed.utils import safe_get_full_fp32_param
 
-        partitioned = self.stage == 3 or not self.full_precision
+        partitioned = self.stage == 3
         params = dict(self.module.named_parameters(remove_duplicate=False))
         tensors = []
         for name, value in self.module.state_dict().items():

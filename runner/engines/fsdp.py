@@ -18,6 +18,7 @@ shards, and a checkpoint loads at another world size and another layout.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
@@ -153,6 +154,9 @@ class FSDPEngine(Engine):
 
         if self._checkpoint_group is None:  # every rank, at the same (first) save
             self._checkpoint_group = dist.new_group(backend="gloo")
+        if self._stager is None or not stager_reusable():
+            if self._stager is not None:  # its last save is written (CheckpointWriter waits)
+                self._stager.close()
             self._stager = _shared_memory_stager(self.device_type)
         future = dcp.async_save(
             self._sharded_state(),
@@ -220,6 +224,26 @@ def _shared_memory_stager(device_type: str) -> Any:
 
     cuda = device_type == "cuda"
     return DefaultStager(StagingOptions(cuda, True, False, cuda))
+
+
+@functools.cache
+def stager_reusable() -> bool:
+    """Whether one DefaultStager can stage one save after another. torch 2.11's closes its
+    copier at the end of each stage, and the next save through it fails while copying
+    (`KeyError: <class 'type'>`); later releases keep it open, so its shared-memory buffers
+    are reused. Found out by staging a small state twice."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    probe = DefaultStager(StagingOptions(False, False, False, False))
+    state = {"tensor": torch.zeros(1), "group": {"betas": (0.9, 0.95), "params": ["w"]}}
+    try:
+        probe.stage(state)
+        probe.stage(state)
+        return True
+    except KeyError:
+        return False
+    finally:
+        probe.close()
 
 
 def gathered(value: torch.Tensor) -> torch.Tensor:

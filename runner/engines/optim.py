@@ -10,6 +10,7 @@ optimizer set, so the schedule (built next) scales each group from its own start
 from __future__ import annotations
 
 import fnmatch
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -94,9 +95,28 @@ def build_optimizer(spec: OptimizerSpec, module: torch.nn.Module) -> torch.optim
     return optimizer
 
 
+def fused_default(spec: OptimizerSpec, groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """`fused=True` where torch has a fused kernel for the optimizer (AdamW, Adam, SGD: one
+    kernel a step for every tensor, not a few for each), every parameter is a floating
+    tensor on a GPU, and the config leaves the choice open (no `fused` or `foreach` set): the
+    step a hand-written script takes on a GPU (nanoGPT's). Elsewhere torch's own default."""
+    if "fused" in spec.args or "foreach" in spec.args:
+        return {}
+    params = [p for group in groups for p in group["params"]]
+    if not params or any(p.device.type != "cuda" or not p.is_floating_point() for p in params):
+        return {}
+    try:
+        target = components.locate(spec.target)
+        takes = "fused" in inspect.signature(target).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return {}
+    return {"fused": True} if takes else {}
+
+
 def make_optimizer(spec: OptimizerSpec, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     """Call the spec's target with the groups first; TypeError unless it is an optimizer."""
-    build = components.instantiate({**spec.node, "_partial_": True})
+    node = {**spec.node, **fused_default(spec, groups), "_partial_": True}
+    build = components.instantiate(node)
     optimizer = build(groups)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(

@@ -11,6 +11,7 @@ stops them all and writes summary.json with the root cause.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -210,6 +211,7 @@ def _launch_config(spec: RunSpec, run_dir: RunDir) -> Any:
     from torch.distributed.launcher.api import LaunchConfig
 
     return LaunchConfig(
+        **_shutdown_timeout(LaunchConfig),
         min_nodes=spec.nodes,
         max_nodes=spec.nodes,
         nproc_per_node=spec.nproc,  # type: ignore[arg-type]
@@ -221,8 +223,14 @@ def _launch_config(spec: RunSpec, run_dir: RunDir) -> Any:
         monitor_interval=0.1,
         start_method="spawn",
         logs_specs=_logs_specs(run_dir),
-        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
+
+
+def _shutdown_timeout(launch_config: type) -> dict[str, Any]:
+    """How long ranks get between SIGTERM and SIGKILL when the agent shuts them down, where
+    this torch lets us say (LaunchConfig.shutdown_timeout, newer than 2.11, which waits 30 s)."""
+    names = {f.name for f in dataclasses.fields(launch_config)}
+    return {"shutdown_timeout": SHUTDOWN_TIMEOUT_S} if "shutdown_timeout" in names else {}
 
 
 def _settle(link: nodes.NodeLink | None, watchdog: Watchdog | None) -> None:

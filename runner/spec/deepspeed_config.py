@@ -9,7 +9,6 @@ else. A user key that disagrees with the spec is an error naming both values.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +25,7 @@ OWNED: dict[str, tuple[str, Callable[[RunSpec], Any]]] = {
     "gradient_accumulation_steps": ("grad_accum", lambda s: s.accum_steps),
     "bf16": ("precision", lambda s: s.precision.name.value),
     "fp16": ("precision", lambda s: s.precision.name.value),
+    "torch_autocast": ("precision", lambda s: s.precision.name.value),
     "optimizer": ("optimizer", lambda s: s.optimizer.name),
     "scheduler": ("scheduler", lambda s: s.scheduler.name),
     "gradient_clipping": ("grad_clip_norm", lambda s: s.grad_clip_norm),
@@ -75,21 +75,11 @@ def generated_config(spec: RunSpec) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": spec.micro_batch_size,
         "gradient_accumulation_steps": spec.accum_steps,
         "zero_optimization": _zero_section(zero),
-        # bf16: DeepSpeed skips a step whose gradient norm is not finite only when asked to
-        # (fp32 and ZeRO-3 always do); the non-finite guard counts those skips.
-        "bf16": {"enabled": True, "check_grad_overflow": True}
-        if precision.name is Precision.BF16
-        else {"enabled": False},
-        "fp16": {"enabled": precision.name is Precision.FP16},
+        **_precision_sections(precision.name),
         "zero_allow_untested_optimizer": True,  # our torch optimizers, passed as client objects
         "steps_per_print": 2**31 - 1,  # runner logs its own metrics
         "wall_clock_breakdown": False,
     }
-    if precision.name is Precision.FP16:
-        config["fp16"].update(
-            initial_scale_power=int(math.log2(precision.init_scale)),
-            loss_scale_window=precision.growth_interval,
-        )
     if zero.offload_optimizer == "cpu" or getattr(zero, "offload_param", "none") == "cpu":
         # Our optimizer is a plain torch one (same numbers as ddp), not DeepSpeedCPUAdam.
         config["zero_force_ds_cpu_optimizer"] = False
@@ -97,6 +87,25 @@ def generated_config(spec: RunSpec) -> dict[str, Any]:
     # changed steps with a large gradient (caught by the equivalence tests).
     config["gradient_clipping"] = spec.grad_clip_norm if spec.grad_clip_norm is not None else 0.0
     return config
+
+
+def _precision_sections(precision: Precision) -> dict[str, Any]:
+    """bf16 and fp16 mean under ZeRO what they mean under ddp and fsdp: the weights, their
+    gradients, the reduction of those and the optimizer stay fp32, and the forward pass runs
+    under torch.autocast (DeepSpeed's `torch_autocast` section, for every module: no
+    gradient is reduced in 16 bits). DeepSpeed's own bf16/fp16 sections would keep the
+    weights themselves in 16 bits, and its engine switches off an enclosing autocast unless
+    this section is on: fp32 inputs then met bf16 weights on a GPU. fp16's loss scale is
+    runner's (runner.engines.deepspeed.LossScale), handed to ZeRO, which unscales, clips and
+    skips an overflowing step with it."""
+    sections: dict[str, Any] = {"bf16": {"enabled": False}, "fp16": {"enabled": False}}
+    if precision is not Precision.FP32:
+        sections["torch_autocast"] = {
+            "enabled": True,
+            "dtype": "bfloat16" if precision is Precision.BF16 else "float16",
+            "lower_precision_safe_modules": [],
+        }
+    return sections
 
 
 def _zero_section(zero: Any) -> dict[str, Any]:
@@ -157,6 +166,11 @@ def merge_user_config(spec: RunSpec) -> tuple[dict[str, Any], list[str]]:
         if owner is not None and mine != value:
             key, getter = owner
             effect = "runner sets this itself" if mine is None else f"which gives {mine!r}"
+            if key == "precision":
+                effect = (
+                    "runner keeps fp32 weights under ZeRO and runs the forward pass under "
+                    "torch.autocast, through DeepSpeed's torch_autocast section"
+                )
             problems.append(
                 f"parallelism.deepspeed_config.{path}={value!r}: conflicts with "
                 f"{key}={getter(spec)!r} ({effect}); change {key} instead"

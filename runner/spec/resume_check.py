@@ -41,6 +41,7 @@ def checkpoint_meta(
         "world_size": world_size,
         "parallelism": spec.parallelism.name,
         "precision": spec.precision.name.value,
+        "weights_dtype": "float32",  # under every precision and parallelism (ZeRO too)
         "optimizer": spec.optimizer.name,
         "global_batch_size": spec.global_batch_size,
         "model_input": _model_input(spec),
@@ -72,12 +73,12 @@ def check_resume(spec: RunSpec, checkpoint: Path) -> list[str]:
             "a step is one global batch, so the sample position and the schedule depend on it",
         ),
     ]
-    if isinstance(spec.parallelism, DEEPSPEED_SPECS):
-        kept.append(
+    if isinstance(spec.parallelism, DEEPSPEED_SPECS) and "weights_dtype" not in meta:
+        kept.append(  # written when ZeRO kept bf16/fp16 weights: its state has their layout
             (
                 "precision",
                 spec.precision.name.value,
-                "DeepSpeed stores fp32 master weights differently per precision",
+                "under ZeRO it kept the weights in that precision then",
             )
         )
     for key, value, why in kept:

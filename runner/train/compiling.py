@@ -58,10 +58,25 @@ def compile_model(module: nn.Module, options: CompileSpec) -> str:
         limit = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = max(limit, 2 * len(blocks))
         for block in blocks:
-            block.compile(**kwargs)
+            compile_in_place(block, kwargs)
         return f"{len(blocks)} blocks ({type(blocks[0]).__name__}) compiled one by one"
-    module.compile(**kwargs)
+    compile_in_place(module, kwargs)
     return f"the whole {type(module).__name__} compiled"
+
+
+def compile_in_place(module: nn.Module, options: dict[str, Any]) -> None:
+    """What `nn.Module.compile` does (the module's calls go through torch.compile), with
+    dynamo starting at a frame of runner's own. Module.compile compiles `_call_impl`, a
+    frame in torch.nn that dynamo skips, and counts on finding the module's forward below
+    it; where that forward is torch's own too (nn.Sequential, nn.Linear) torch 2.11 found
+    nothing to compile and ran the model eagerly, without a word (pytorch#150915, fixed in
+    a later release). From this frame dynamo inlines both."""
+    import torch
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return module._call_impl(*args, **kwargs)
+
+    module._compiled_call_impl = torch.compile(call, **options)
 
 
 class CompileClock:

@@ -1,6 +1,12 @@
 """What a step's loss is divided by: the items of the whole global batch (samples, or the
 tokens a loss counts itself with `count(targets)`; runner.train.losses has the contract),
-counted on every rank before any forward pass, and checked against the loss once."""
+counted on every rank before any forward pass, and checked against the loss once.
+
+Neither makes the host wait for the device on a step that logs nothing: tokens are counted
+in the batch as the loader made it, on the host, and the ranks sum their counts in one
+all-reduce of a tensor filled on the device (no copy from the host); the check compares its
+counts where the host reads device values anyway, at the first log step's reduction.
+"""
 
 from __future__ import annotations
 
@@ -16,25 +22,67 @@ def global_items(
     loss_fn: Any, microbatches: list[tuple[Any, bool]], n_global: int, device: str
 ) -> Any:
     """Samples in the global batch, or, for a loss that counts its own items (tokens),
-    those of every microbatch on every rank (an all-reduce)."""
+    those of every microbatch on every rank: a host number on one rank, else a tensor on
+    the device (an all-reduce)."""
     count = getattr(loss_fn, "count", None)
     if count is None:
         return n_global
-    local = sum(count(split(batch)[2]) for batch, real in microbatches if real)
-    total = torch.as_tensor(local, dtype=torch.float64).to(device)
+    on_host, on_device = 0, []
+    for batch, real in microbatches:
+        if not real:
+            continue
+        counted = count(split(batch)[2])
+        if isinstance(counted, torch.Tensor) and counted.device.type != "cpu":
+            on_device.append(counted)  # a batch already on the device: it stays there
+        else:
+            on_host += int(counted)
+    if rdist.get_world_size() == 1 and not on_device:
+        return float(on_host)
+    total = torch.full((), float(on_host), dtype=torch.float64, device=device)
+    for counted in on_device:
+        total += counted
     return rdist.all_reduce(total).float()
 
 
-def check_items(loss_fn: Any, target: str, count: Any, targets: Any) -> None:
-    """On the first step only (it syncs with the host): the loss's item count agrees with
-    the one the step was weighted by. `target` names the loss in the error."""
-    counts_itself = hasattr(loss_fn, "count")
-    expected = loss_fn.count(targets) if counts_itself else len(targets)
-    if int(count) != int(expected):
+class ItemCheck:
+    """The first step's item counts, each microbatch's as its loss returned them against
+    what its targets hold (its `count(targets)`, or its samples). Host numbers are compared
+    at once; counts on the device wait for `verify`, which the ranks call where they read
+    the device anyway (reducing log records, before a checkpoint, at the end)."""
+
+    def __init__(self, loss_fn: Any, target: str):
+        self.loss_fn, self.target = loss_fn, target  # `target` names the loss in the error
+        self.open = True  # noting the first step's microbatches
+        self.pending: list[tuple[Any, Any]] = []
+
+    def note(self, count: Any, targets: Any) -> None:
+        if not self.open:
+            return
+        expected = self.loss_fn.count(targets) if self.counts_itself else len(targets)
+        if isinstance(count, torch.Tensor) or isinstance(expected, torch.Tensor):
+            self.pending.append((count, expected))
+        else:
+            self._compare(count, expected)
+
+    def step_done(self) -> None:
+        self.open = False
+
+    def verify(self) -> None:
+        pending, self.pending = self.pending, []
+        for count, expected in pending:
+            self._compare(count, expected)
+
+    @property
+    def counts_itself(self) -> bool:
+        return hasattr(self.loss_fn, "count")
+
+    def _compare(self, count: Any, expected: Any) -> None:
+        if int(count) == int(expected):
+            return
         raise ValueError(
-            f"loss._target_={target}: returned {int(count)} items for a microbatch of "
+            f"loss._target_={self.target}: returned {int(count)} items for a microbatch of "
             f"{int(expected)} "
-            + ("(its count(targets))" if counts_itself else "samples")
+            + ("(its count(targets))" if self.counts_itself else "samples")
             + "; a loss whose items are not samples (tokens) needs a count(targets) method "
             "so every split of the batch is weighted alike"
         )

@@ -13,10 +13,10 @@ the ranks' verdicts and one read of it on the host per step. A skipped step leav
 weights, the optimizer state and the schedule as they were. `max_skips` consecutive skips
 end the run as stop would.
 
-DeepSpeed checks the gradient norm itself and skips a non-finite step (ZeRO-3 always; ZeRO-1/2
-in fp32, and in bf16 since runner turns its check on); the guard counts those skips from the
-engine, at no cost. Under fp16 the loss scaler owns gradient overflow: skipping such steps
-and lowering the scale is its job, so there only the loss and the weights are checked.
+DeepSpeed checks the gradient norm itself and skips a non-finite step (ZeRO keeps fp32 weights
+in every precision, where it always checks); the guard counts those skips from the engine, at
+no cost. Under fp16 the loss scale owns gradient overflow: skipping such steps and lowering
+the scale is its job, so there only the loss and the weights are checked.
 """
 
 from __future__ import annotations
@@ -59,11 +59,12 @@ class NonFiniteGuard:
         # as _LATER - step (0: never). A rank writes only its own slots, so a sum over ranks
         # gathers them.
         self.first = torch.zeros(3, world_size, dtype=torch.float64, device=device)
-        # stop: the last steps' loss and gradient norm, copied here on the device (one small
-        # kernel each per step) and folded into `first` where the notes are read.
-        self._history = torch.zeros(HISTORY, 2, dtype=torch.float64, device=device)
+        # stop: the last steps' loss, gradient norm and step number, written here on the
+        # device (one small kernel each per step, the step a fill: no copy from the host)
+        # and folded into `first` where the notes are read.
+        self._history = torch.zeros(HISTORY, 3, dtype=torch.float64, device=device)
         self._slots = [list(row.unbind()) for row in self._history.unbind()]  # views, made once
-        self._steps: list[int] = []  # the step of each slot in use
+        self._noted = 0  # slots in use
         self.skipped = 0  # steps skipped in all
         self.consecutive = 0
         self.engine_skips = 0  # the engine's own count (DeepSpeed), as last seen
@@ -123,27 +124,28 @@ class NonFiniteGuard:
     def _note(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None, step: int) -> None:
         """On device, one copy per value: keep this step's loss and gradient norm until the
         next fold (_fold), where the first non-finite one becomes a note."""
-        if len(self._steps) == HISTORY:
+        if self._noted == HISTORY:
             self._fold()
-        loss_slot, grad_slot = self._slots[len(self._steps)]
+        loss_slot, grad_slot, step_slot = self._slots[self._noted]
         loss_slot.copy_(loss_sum)
         if grad_norm is not None:
             grad_slot.copy_(grad_norm)
-        self._steps.append(step)
+        step_slot.fill_(step)
+        self._noted += 1
 
     def _fold(self) -> None:
         """Note the first step of the history whose loss or gradient norm was not finite: a
         note holds _LATER - step, so the first step is the largest mark (0: never), kept by
         a running maximum. A few kernels, no host sync."""
-        if not self._steps:
+        if not self._noted:
             return
-        used = self._history[: len(self._steps)]
-        steps = torch.tensor(self._steps, dtype=torch.float64).to(used.device, non_blocking=True)
-        marks = torch.where(torch.isfinite(used), 0.0, (_LATER - steps).unsqueeze(1))
+        used = self._history[: self._noted]
+        values, steps = used[:, :2], used[:, 2]
+        marks = torch.where(torch.isfinite(values), 0.0, (_LATER - steps).unsqueeze(1))
         notes = self.first[:2, self.rank]  # a view: updated in place
         torch.maximum(notes, marks.amax(dim=0), out=notes)
         used.zero_()
-        self._steps.clear()
+        self._noted = 0
 
     # ------------------------------------------------------------------ where ranks sync
 

@@ -33,7 +33,7 @@ from runner.train.checkpoint_writer import CheckpointWriter
 from runner.train.evaluation import Evaluator
 from runner.train.final_artifacts import peak_rss_bytes, write_final
 from runner.train.heap import give_back_freed_memory
-from runner.train.loss_items import check_items, global_items
+from runner.train.loss_items import ItemCheck, global_items
 from runner.train.loss_pass import LossPass
 from runner.train.loss_reduction import PendingRecords
 from runner.train.loss_spikes import LossSpikes, RollBack
@@ -45,6 +45,7 @@ from runner.train.progress import Progress
 from runner.train.rank_data import build_rank_data, with_warmup_steps
 from runner.train.sharded_init import build_for_rank
 from runner.train.step_figures import StepFigures, flops_per_token
+from runner.train.sync_debug import SyncDebug
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class Trainer:
         self.guard = NonFiniteGuard(
             self.world, self.rank, device, spec.nonfinite, spec.nonfinite_max_skips
         )
-        self.check_items = True  # the first step checks the loss's item counts
+        self.item_check = ItemCheck(self.loss_fn, spec.loss.target)  # the first step's
         self.first_step_at: float | None = None  # wall clock, for time-to-first-step
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.written = written if written is not None else written_config(run_dir.root)
@@ -115,6 +116,7 @@ class Trainer:
         )
         self.stand_in: Any = None  # the latest training microbatch (Evaluator.evaluate)
         self.faults = chaos.Faults(spec.chaos, self.rank, self.engine.module)  # chaos.*
+        self.sync_debug = SyncDebug(spec.sync_debug, device)  # sync_debug: quiet steps' waits
         self.passes = LossPass(
             spec, self.engine, self.loss_fn, device, self.channels_last, self.faults
         )
@@ -164,6 +166,11 @@ class Trainer:
             try:
                 for step_in_epoch in range(offset, self.data.steps_per_epoch):
                     step += 1
+                    last = step == self.data.total_steps
+                    evaluate = last or self._is_eval_step(step)
+                    logged = evaluate or step % spec.log_interval == 0
+                    saved = last or bool(interval and step % interval == 0)
+                    self.sync_debug.step(quiet=not (logged or saved))
                     self.faults.step_started(step)
                     n_global = self.data.sampler.global_count(step_in_epoch)
                     lr = self.engine.lr
@@ -172,9 +179,6 @@ class Trainer:
                     self.figures.waited(time.perf_counter() - waited)
                     self.stand_in = batch[0][0]  # a placeholder for an evaluation that has none
                     self.heart.beat(Phase.BATCH, step)
-                    last = step == self.data.total_steps
-                    evaluate = last or self._is_eval_step(step)
-                    logged = evaluate or step % spec.log_interval == 0
                     loss_sum, items, norm = self.train_step(batch, n_global, step, logged)
                     self.heart.beat(Phase.STEP)
                     self.writer.poll()  # an asynchronous checkpoint sealed once written
@@ -197,7 +201,6 @@ class Trainer:
                             self._log_pending()
                     elif self.spikes.on:  # the watch reads every step's loss
                         self.pending.add_loss(step, loss_sum, items)
-                    saved = last or bool(interval and step % interval == 0)
                     if saved:
                         self._save(step, samples)
                     if last:
@@ -258,6 +261,7 @@ class Trainer:
         """Stop after `step` as asked (SIGUSR1/SIGUSR2 to runner; SLURM's --signal): with a
         checkpoint, so that resume=auto (or SLURM's requeue) goes on from here. The agent
         writes summary.json: it knows why the run stopped."""
+        self.sync_debug.off()
         if not saved:
             self._save(step, samples)
         self.writer.finish()
@@ -308,14 +312,14 @@ class Trainer:
                 microbatches = microbatches[:i] + self.steps.recut(microbatches, i, step)
                 continue
             loss, count, targets = done
-            if self.check_items and real:
-                check_items(self.loss_fn, self.spec.loss.target, count, targets)
+            if real:
+                self.item_check.note(count, targets)
             if real:
                 self.figures.add_tokens(targets)
             loss = loss.detach().float()
             loss_sum = loss if loss_sum is None else loss_sum + loss
             i += 1
-        self.check_items = False
+        self.item_check.step_done()
         grad_norm = self.engine.prepare_step(norm_wanted=self.guard.mode == "skip")
         measured = logged and self.spec.log_grad_norm  # DeepSpeed stepped in backward already
         share = self.engine.grad_norm_share() if measured else -1.0
@@ -363,6 +367,7 @@ class Trainer:
         under nonfinite=stop). If a rank noted a non-finite value, the records before it
         are logged and the run stops; a loss spike is acted on (loss_spike) once the
         records are logged."""
+        self.item_check.verify()
         done, error = self.pending.reduce()
         spike = self.spikes.check(self.pending.reduced) if error is None else None
         if error is not None or spike is not None:
@@ -407,6 +412,7 @@ class Trainer:
         self.callbacks.call("on_step_end", dict(record), step=record["step"])  # once written
 
     def _finish(self, start_time: float, weights: bool = True) -> dict[str, Any]:
+        self.sync_debug.off()
         self.progress.close()
         self.writer.finish()
         self.heart.beat(Phase.FINISH)

@@ -1,43 +1,30 @@
-"""The CUDA paths on a real GPU: one-rank NCCL runs of every parallelism, bf16 and fp16
-(GradScaler; DeepSpeed's own scaler under ZeRO), channels_last, torch.compile with triton
-kernels, grad_accum=auto against a real out-of-memory error, and model.pt that loads on a
-machine without a GPU. `make test-gpu`; skipped without CUDA."""
+"""The CUDA paths on one real GPU: one-rank NCCL runs of every parallelism in fp32, bf16 and
+fp16 (autocast over fp32 weights everywhere; GradScaler, or runner's loss scale under ZeRO),
+meta init, asynchronous checkpoints and a bit-identical restart, init_from, `runner export`
+and `runner eval` from a GPU run, the non-finite guard, memory and MFU figures,
+channels_last, torch.compile with triton kernels, and no host sync on a step that logs
+nothing (`sync_debug=error`: torch raises at any wait). `make test-gpu` (tests/gpu/suite.py);
+skipped without CUDA. Every test works in its own directory, so they run side by side
+(`pytest -n auto`); the out-of-memory test is tests/gpu/test_out_of_memory.py, run alone.
+"""
 
 from __future__ import annotations
 
-import math
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from runner.data.datasets import build_datasets
-from runner.models import build_model
-from runner.spec import load_spec
-from tests.conftest import FAST
+from tests.conftest import FAST, child_env
 from tests.helpers.equivalence import relative_error
+from tests.helpers.gpu_runs import GPU, check_trained, gpt_args, load_on_cpu
+from tests.helpers.precision_probe import probed
+from tests.helpers.weights import same_weights
 
-GPU = ["device=cuda", "nproc=1", "max_epochs=null", "max_steps=20", "log_interval=5"]
 PARALLELISMS = ["ddp", "zero1", "zero2", "zero3", "fsdp"]
-
-
-def check_trained(run) -> dict:
-    assert run.returncode == 0, run.output
-    assert "process group: nccl, device cuda:0" in run.rank_log(0)
-    summary = run.summary()
-    assert summary["status"] == "completed" and summary["device"] == "cuda"
-    losses = [r["train/loss"] for r in run.metrics() if "train/loss" in r]
-    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
-    return summary
-
-
-def load_on_cpu(run) -> torch.nn.Module:
-    """model.pt into the model its config builds, on a CPU, strictly."""
-    spec = load_spec(run.run_dir)
-    model = build_model(spec.model, build_datasets(spec.data).info)
-    weights = torch.load(run.run_dir / "model.pt", map_location="cpu", weights_only=True)
-    model.load_state_dict(weights)
-    assert all(t.device.type == "cpu" for t in weights.values())
-    return model
+PROBE = ["model=custom", "model._target_=tests.helpers.precision_probe.ProbeMLP", "data=digits"]
 
 
 @pytest.mark.parametrize("parallelism", PARALLELISMS)
@@ -48,17 +35,86 @@ def test_every_parallelism_trains_over_nccl_and_its_model_loads_on_cpu(cli, para
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-@pytest.mark.parametrize("parallelism", ["ddp", "zero2", "fsdp"])
-def test_mixed_precision(cli, parallelism, precision):
-    summary = check_trained(cli(*FAST[:-2], *GPU, f"parallelism={parallelism}",
-                                f"precision={precision}", "progress_bar=false"))  # fmt: skip
-    assert summary["precision"] == precision
+@pytest.mark.parametrize("parallelism", PARALLELISMS)
+def test_mixed_precision_is_autocast_over_fp32_weights(cli, parallelism, precision):
+    """What tests/test_mixed_precision.py checks on CPU, on the GPU itself: the model sees
+    fp32 weights (FSDP2: its gathered bf16/fp16 copies) and computes in 16 bits."""
+    run = cli(*PROBE, *GPU, f"parallelism={parallelism}", f"precision={precision}",
+              "progress_bar=false")  # fmt: skip
+    assert check_trained(run)["precision"] == precision
+    seen = probed(run.rank_log(0))
+    half = {"bf16": "bfloat16", "fp16": "float16"}[precision]
+    assert seen["output"] == half
+    assert seen["weight"] == (half if parallelism == "fsdp" else "float32")
+    weights = torch.load(run.run_dir / "model.pt", map_location="cpu", weights_only=True)
+    assert all(w.dtype == torch.float32 for w in weights.values())
 
 
 def test_precision_auto_picks_bf16_on_a_gpu_that_has_it(cli):
-    run = cli(*FAST[:-2], *GPU, "precision=auto", "max_steps=5", "progress_bar=false")
+    run = cli(*FAST[:-2], *GPU, "precision=auto", "max_steps=10", "log_interval=2",
+              "progress_bar=false")  # fmt: skip
     expected = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     assert check_trained(run)["precision"] == expected
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "zero3"])
+def test_meta_init_builds_only_this_rank_s_shards(cli, parallelism):
+    run = cli(*FAST, *GPU, f"parallelism={parallelism}", "parallelism.meta_init=true")
+    check_trained(run)
+    load_on_cpu(run)
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_async_checkpoint_and_a_restart_end_bit_for_bit(cli, parallelism):
+    """checkpoint.async on CUDA (pinned staging), then a rank killed at step 7: the restart
+    from step 4's checkpoint ends on the uninterrupted run's weights, bit for bit."""
+    common = [*FAST, *GPU, f"parallelism={parallelism}", "max_steps=12", "log_interval=2",
+              "checkpoint.interval=4", "checkpoint.async=true"]  # fmt: skip
+    whole = cli(*common, name="whole")
+    check_trained(whole)
+    killed = cli(*common, "chaos.kill_rank=0", "chaos.at_step=7", "max_restarts=1", name="killed")
+    summary = check_trained(killed)
+    assert (summary["restarts"], summary["resumed_from"]) == (1, 4)
+    assert same_weights(whole.run_dir, killed.run_dir)
+
+
+def test_init_from_export_and_eval_of_a_gpu_run(cli, tmp_path):
+    run = cli(*FAST, *GPU, "parallelism=fsdp", "precision=bf16", name="train")
+    check_trained(run)
+    last_val = [r["val/loss"] for r in run.metrics() if "val/loss" in r][-1]
+    evaluated = cli("eval", str(run.run_dir), "device=cuda", "nproc=1", name="eval")
+    assert evaluated.returncode == 0, evaluated.output
+    metrics = json.loads((evaluated.run_dir / "eval.json").read_text())["metrics"]
+    assert metrics["val/loss"] == pytest.approx(last_val, rel=1e-3)  # bf16 on the same GPU
+    exported = subprocess.run(
+        [sys.executable, "-m", "runner.cli.entry", "export", str(run.run_dir), "--to",
+         str(tmp_path / "exported")],
+        capture_output=True, text=True, env=child_env(), timeout=300,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    tuned = cli(*FAST, *GPU, f"init_from={run.run_dir / 'model.pt'}", "max_steps=4",
+                "log_interval=2", name="tuned")  # fmt: skip
+    check_trained(tuned)
+
+
+def test_a_nan_stops_the_run_and_names_its_step(cli):
+    run = cli(*FAST, *GPU, "chaos.kill_rank=0", "chaos.at_step=6", "chaos.action=nan")
+    assert run.returncode != 0
+    summary = run.summary()
+    assert summary["status"] == "failed"
+    assert "non-finite loss (NaN or inf) at step 6" in summary["error"]["message"]
+
+
+def test_memory_and_mfu_are_plausible(cli, tmp_path):
+    run = cli(*gpt_args(tmp_path / "corpus"), *GPU, "precision=bf16")
+    check_trained(run)
+    total_mb = torch.cuda.get_device_properties(0).total_memory / 2**20
+    records = [r for r in run.metrics() if "throughput/mfu" in r]
+    assert records, "a GPU the MFU table knows gives throughput/mfu"
+    for record in records:
+        assert 0 < record["memory/peak_mb"] < total_mb
+        assert 0 < record["throughput/mfu"] < 1
+        assert record["throughput/tokens_per_sec"] > 0
 
 
 def test_channels_last_resnet(cli):
@@ -70,14 +126,7 @@ def test_channels_last_resnet(cli):
 
 @pytest.mark.parametrize(("model", "parallelism"), [("mlp", "ddp"), ("gpt", "fsdp")])
 def test_compile_with_triton_matches_eager(cli, tmp_path, model, parallelism):
-    if model == "gpt":
-        root = tmp_path / "corpus"
-        root.mkdir()
-        (root / "doc.txt").write_text("the runner trains a tiny gpt on the gpu. " * 400)
-        overrides = ["model=gpt", "data=text", f"data.root={root}", "loss=causal_lm",
-                     "metrics=language_model", "data.block_size=64"]  # fmt: skip
-    else:
-        overrides = FAST[:2]
+    overrides = gpt_args(tmp_path / "corpus") if model == "gpt" else FAST
     common = [*overrides, *GPU, f"parallelism={parallelism}", "progress_bar=false"]
     compiled = cli(*common, "compile=true", name="compiled", timeout=600)
     summary = check_trained(compiled)
@@ -89,14 +138,11 @@ def test_compile_with_triton_matches_eager(cli, tmp_path, model, parallelism):
     assert relative_error(a, b) < 1e-3  # TF32 and fused kernels round differently on a GPU
 
 
-def test_grad_accum_auto_recovers_from_a_real_out_of_memory_error(cli):
-    batch = 256
-    run = cli("model=custom", "model._target_=tests.gpu.memory_hog.MemoryHog",
-              f"+model.batch={batch}", "data=synthetic", f"global_batch_size={batch}",
-              "grad_accum=auto", *GPU, "max_steps=3", "progress_bar=false",
-              "metrics=none")  # fmt: skip
-    assert run.returncode == 0, run.output
-    summary = run.summary()
-    assert (summary["grad_accum"], summary["micro_batch_size"]) == (2, batch // 2)
-    assert summary["microbatch_retries"][0]["step"] == 1
-    assert "CUDA out of memory" in run.rank_log(0)
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_no_host_sync_on_a_step_that_logs_nothing(cli, tmp_path, parallelism):
+    """sync_debug=error: torch raises wherever the host waits for the GPU on a step that
+    logs nothing (runner.train.sync_debug). ZeRO is left out: DeepSpeed reads whether the
+    gradient norm is finite every step, by design."""
+    run = cli(*gpt_args(tmp_path / "corpus"), *GPU, f"parallelism={parallelism}",
+              "precision=bf16", "sync_debug=error", "grad_clip_norm=1.0")  # fmt: skip
+    check_trained(run)
