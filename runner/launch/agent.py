@@ -247,14 +247,23 @@ def _settle(link: nodes.NodeLink | None, watchdog: Watchdog | None) -> None:
 
 
 def _import_torch() -> None:
-    """Import torch without starting numpy's OpenBLAS thread pool (it sizes its pool when it
-    loads, from the environment): the fork server is forked from this process next. Without
-    the cyclic garbage collector while it imports."""
+    """Import torch, and what both this process and the fork server need of it, without
+    starting numpy's OpenBLAS thread pool (it sizes its pool when it loads, from the
+    environment): the fork server is forked from this process next. Without the cyclic
+    garbage collector while it imports.
+
+    torch._dynamo and Hydra's instantiate: the pre-launch check builds the optimizer on a
+    probe parameter, and a torch optimizer's constructor imports torch._dynamo (1.2-1.8 s
+    here). Imported once here, the fork server has them too; imported after the fork, both
+    processes paid for them at once, on 2 cores beside the parent's Hydra (+0.8 s to the
+    first step)."""
     blas = os.environ.get("OPENBLAS_NUM_THREADS")
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
     gc.disable()  # it would walk the growing heap over and over: a quarter of the import
     try:
-        import torch  # noqa: F401
+        import hydra.utils  # noqa: F401
+        import torch
+        import torch._dynamo  # noqa: F401
     finally:
         gc.enable()
         if blas is None:
