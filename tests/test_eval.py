@@ -13,7 +13,9 @@ from tests.conftest import FAST
 
 pytestmark = pytest.mark.slow
 
-TRAIN = [*FAST, "max_steps=4", "eval_interval=2", "checkpoint.interval=2", "log_interval=2"]
+# the progress bar left on, as a user's run has it: `runner eval` inherits the run's config
+TRAIN = ["model=mlp", "data=digits", "precision=fp32", "max_steps=4", "eval_interval=2"]
+TRAIN += ["checkpoint.interval=2", "log_interval=2"]
 
 
 def val_at(metrics: list[dict], step: int) -> float:
@@ -38,6 +40,7 @@ def test_eval_of_a_run_and_of_its_checkpoint_at_another_nproc(cli, tmp_path: Pat
 
     final = cli("eval", str(run.run_dir), "eval_batches=2", name="eval_run")
     assert final.returncode == 0, final.output
+    assert "evaluation | val_loss" in final.stderr  # the progress line of an evaluation alone
     result = json.loads((final.run_dir / "eval.json").read_text())
     assert result["eval_samples"] == 2 * 64 and result["world_size"] == 2
     assert set(result["metrics"]) == {"val/loss", "val/accuracy"}

@@ -6,8 +6,16 @@ from typing import Any, TextIO
 
 
 def _fmt(record: dict[str, Any]) -> str:
-    loss = record["train/loss"]
-    parts = [f"loss {loss:.4f}" if loss is not None else "batch skipped", f"lr {record['lr']:.2e}"]
+    """One record as the progress line shows it: a training record (its loss, or that its
+    batch was skipped), or an evaluation's alone (`runner eval`: no loss, no lr)."""
+    parts = []
+    if "train/loss" in record:
+        loss = record["train/loss"]
+        parts.append(f"loss {loss:.4f}" if loss is not None else "batch skipped")
+    elif "val/loss" in record:
+        parts.append(f"val_loss {record['val/loss']:.4f}")
+    if "lr" in record:
+        parts.append(f"lr {record['lr']:.2e}")
     if "val/accuracy" in record:
         parts.append(f"val_acc {record['val/accuracy']:.4f}")
     if "train/grad_norm" in record:
@@ -46,9 +54,8 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix_str(_fmt(record), refresh=False)
         elif self.stream is not None:
-            print(
-                f"step {record['step']}/{self.total} | {_fmt(record)}", file=self.stream, flush=True
-            )
+            where = f"step {record['step']}/{self.total}" if "lr" in record else "evaluation"
+            print(f"{where} | {_fmt(record)}", file=self.stream, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
