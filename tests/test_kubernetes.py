@@ -68,8 +68,15 @@ def test_nodes_auto_in_a_pod_and_unreadable_variables() -> None:
         "llm-node-0-0.llm",
         29400,
     )
+    assert spec.nproc == 2  # given: the job's 8 per node do not override it
+    auto = compose_config(["nodes=auto", "device=cpu", "nproc=auto", "global_batch_size=48"])
+    assert resolve_spec(auto, environ=TRAINJOB).nproc == 8  # the TrainJob's numProcPerNode
+    for ask in ("auto", "gpu"):  # torchrun's words: runner's own choice (here: the cores)
+        chosen = resolve_spec(auto, environ={**TRAINJOB, "PET_NPROC_PER_NODE": ask}).nproc
+        assert chosen == resolve_spec(auto, environ={}).nproc
     for bad, message in (
         ({**TRAINJOB, "PET_NODE_RANK": "x"}, "PET_NODE_RANK='x' is not a whole number"),
+        ({**TRAINJOB, "PET_NPROC_PER_NODE": "0"}, "PET_NPROC_PER_NODE=0: a node runs"),
         ({**TRAINJOB, "PET_NODE_RANK": "3"}, "PET_NODE_RANK=3 is not below PET_NNODES=3"),
         ({**TRAINJOB, "PET_MASTER_ADDR": ""}, "PET_MASTER_ADDR is not set"),
     ):

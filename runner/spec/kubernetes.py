@@ -4,7 +4,9 @@
 training operator's PyTorchJob set for torchrun: PET_NNODES, PET_NODE_RANK,
 PET_MASTER_ADDR and PET_MASTER_PORT; or, where only the plain forms are set (a PyTorchJob
 without nprocPerNode: one process per pod), WORLD_SIZE pods, this one RANK, at
-MASTER_ADDR:MASTER_PORT. runner then starts this pod's ranks itself, as on SLURM.
+MASTER_ADDR:MASTER_PORT. runner then starts this pod's ranks itself, as on SLURM:
+`nproc=auto` starts PET_NPROC_PER_NODE of them where the job gives a number (torchrun's
+`auto`, `gpu` or `cpu` leave the choice to runner: the pod's GPUs, else its cores).
 """
 
 from __future__ import annotations
@@ -34,7 +36,11 @@ def placement(environ: Mapping[str, str], master_port: int | None) -> SlurmPlace
         raise ValueError(f"{rank}={node_rank} is not below {count}={nodes}")
     if master_port is None:
         master_port = _number(environ, port, environ.get(port, str(DEFAULT_PORT)))
-    return SlurmPlacement(nodes, node_rank, environ[addr], master_port)
+    per_node = environ.get("PET_NPROC_PER_NODE", "").strip()
+    nproc = _number(environ, "PET_NPROC_PER_NODE", per_node) if per_node.isdigit() else None
+    if nproc == 0:
+        raise ValueError("PET_NPROC_PER_NODE=0: a node runs at least one process")
+    return SlurmPlacement(nodes, node_rank, environ[addr], master_port, nproc)
 
 
 def _number(environ: Mapping[str, str], name: str, text: str) -> int:

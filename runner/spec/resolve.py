@@ -51,8 +51,8 @@ def resolve_spec(
     """
     spec = from_dict(RunSpec, _migrate(config))
     problems: list[str] = []
-    spec = _resolve_hardware(spec, problems, cuda_devices)
     spec = _resolve_nodes(spec, problems, os.environ if environ is None else environ)
+    spec = _resolve_hardware(spec, problems, cuda_devices)
     spec = resolve_data_paths(spec, problems)
     spec = _resolve_code_dirs(spec, problems)
     spec = _resolve_init_from(spec, problems)
@@ -134,7 +134,8 @@ def _resolve_hardware(spec: RunSpec, problems: list[str], cuda_devices: int | No
 
 def _resolve_nodes(spec: RunSpec, problems: list[str], environ: Mapping[str, str]) -> RunSpec:
     """nodes=auto: the SLURM allocation or the Kubeflow job (TrainJob, PyTorchJob) this runs
-    in (nodes, node_rank, master), else 1 node."""
+    in (nodes, node_rank, master; and nproc=auto, where the job says how many processes a
+    node runs), else 1 node."""
     if spec.nodes != "auto":
         return spec
     from runner.spec import kubernetes, slurm
@@ -150,12 +151,14 @@ def _resolve_nodes(spec: RunSpec, problems: list[str], environ: Mapping[str, str
             break
     if place is None:
         return dataclasses.replace(spec, nodes=1)
+    nproc = place.nproc if spec.nproc == "auto" and place.nproc is not None else spec.nproc
     return dataclasses.replace(
         spec,
         nodes=place.nodes,
         node_rank=place.node_rank,
         master_addr=place.master_addr,
         master_port=place.master_port,
+        nproc=nproc,
     )
 
 

@@ -17,10 +17,13 @@ PORT_BASE, PORT_SPAN = 15000, 20000  # job-derived ports land in 15000..34999
 
 @dataclass(frozen=True)
 class SlurmPlacement:
+    """Where this process sits in its job (SLURM's, or a Kubeflow job's)."""
+
     nodes: int
     node_rank: int
     master_addr: str
     master_port: int
+    nproc: int | None = None  # the job's processes per node, where it says (nproc=auto)
 
 
 def expand_hostlist(hostlist: str) -> list[str]:
