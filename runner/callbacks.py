@@ -6,7 +6,8 @@ value; it may read, log or write files of its own, and must not change the train
 numbers: the weights, the optimizer, the data or the random streams the run draws from.
 
     on_fit_start(run)                 before the first step of this start (fresh or resumed)
-    on_step_end(run, record)          each record of metrics.jsonl (every log_interval steps)
+    on_step_end(run, record)          each record of metrics.jsonl: not every step, but every
+                                      log_interval steps, each evaluation's and the last
     on_eval_end(run, metrics)         each evaluation: {"step", "val/loss", "val/<metric>"}
     on_checkpoint_saved(run, path)    a checkpoint complete (on rank 0: sealed, the latest)
     on_fit_end(run, summary)          the run finished; summary.json's content (rank 0)
