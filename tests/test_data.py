@@ -117,9 +117,16 @@ def test_a_data_component_may_return_a_mapping_a_pair_or_datasets() -> None:
         Datasets.of([train], "data")
 
 
-def test_digits_read_directly_match_scikit_learn() -> None:
+def test_the_shipped_digits_are_scikit_learns() -> None:
+    """runner ships sklearn's digits file (no scikit-learn in the core install): the same
+    bytes, and read the same images and labels as load_digits."""
+    import sklearn
     from sklearn.datasets import load_digits
 
+    from runner.data.digits import DIGITS_FILE
+
+    theirs = Path(sklearn.__file__).parent / "datasets" / "data" / "digits.csv.gz"
+    assert DIGITS_FILE.read_bytes() == theirs.read_bytes()
     images, labels = read_digits()
     bunch = load_digits()
     assert np.array_equal(images, bunch.images) and np.array_equal(labels, bunch.target)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from runner.cli.report import differing_keys, run_config
+from tests.conftest import child_env
 
 
 def write_run(root: Path, name: str, config: dict, resolved: bool = True) -> Path:
@@ -32,3 +36,22 @@ def test_differing_keys(tmp_path: Path) -> None:
     # option-specific keys of a switched group are left out; `auto` of a rejected job is not
     # a difference; a key only one resolved run has is.
     assert differing_keys(runs, configs) == ["device", "parallelism.name", "seed"]
+
+
+@pytest.mark.slow
+def test_without_the_report_extra_it_names_the_extra(tmp_path: Path) -> None:
+    """A machine without matplotlib or rich (they are the `report` extra, not core): one
+    line naming the extra, exit 2, no traceback. rich is hidden behind a module that fails
+    to import, first on the path."""
+    hidden = tmp_path / "hidden" / "rich"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError(\"No module named 'rich'\")\n")
+    run = write_run(tmp_path, "run", {"seed": 0})
+    env = child_env()
+    env["PYTHONPATH"] = f"{hidden.parent}:{env['PYTHONPATH']}"
+    done = subprocess.run(
+        [sys.executable, "-m", "runner.cli.report", str(run)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "pip install 'runner[report]'" in done.stderr and "Traceback" not in done.stderr

@@ -181,6 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, help=f"the PNG to write (default: {REPORT_PNG} next to the runs)"
     )
     args = parser.parse_args(argv)
+    try:  # the `report` extra: not every machine that trains draws plots
+        import matplotlib  # noqa: F401
+        import rich  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"runner-report needs matplotlib and rich ({exc}); install them with "
+            "pip install 'runner[report]'",
+            file=sys.stderr,
+        )
+        return 2
 
     missing = [str(p) for p in args.dirs if not p.is_dir()]
     if missing:

@@ -1,9 +1,13 @@
-"""scikit-learn's bundled 8x8 digits: real data that ships with the package, no download."""
+"""The 8x8 digits: real data that ships with runner, no download, no scikit-learn.
+
+digits.csv.gz (57 KB) is scikit-learn's copy of the UCI hand-written digits test set, kept
+byte for byte beside this module under scikit-learn's BSD-3 license (DIGITS_LICENSE.txt);
+tests/test_data.py checks it against sklearn's load_digits.
+"""
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -12,18 +16,12 @@ import torch
 from runner.data.splits import Datasets
 from runner.data.tensors import TensorData
 
-
-def digits_file() -> Path:
-    """scikit-learn's digits.csv.gz, read directly: importing sklearn costs a rank ~1 s."""
-    package = importlib.util.find_spec("sklearn")
-    if package is None or not package.submodule_search_locations:
-        raise RuntimeError("data=digits needs scikit-learn installed (it ships the data)")
-    return Path(package.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+DIGITS_FILE = Path(__file__).with_name("digits.csv.gz")
 
 
 def read_digits() -> tuple[np.ndarray, np.ndarray]:
     """(images N x 8 x 8 with values 0..16, labels N) in the file's order, as sklearn gives them."""
-    with gzip.open(digits_file(), "rt") as f:
+    with gzip.open(DIGITS_FILE, "rt") as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.float64)
     return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
 

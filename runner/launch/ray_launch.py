@@ -20,7 +20,6 @@ import socket
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from runner import hardware, heartbeat
@@ -237,37 +236,34 @@ def _unreachable(address: str | None, timeout_s: float = 5.0) -> str | None:
 
 
 def _descendants(root: int) -> set[int]:
-    """Every process below `root` (Linux's /proc): a local cluster's GCS, raylet, workers."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents[int(stat.parent.name)] = int(fields[1])
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-    found, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
+    """Every process below `root`: a local cluster's GCS, raylet, workers."""
+    import psutil
+
+    try:
+        return {child.pid for child in psutil.Process(root).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
 
 
 def _reap(pids: set[int], timeout_s: float = 15.0) -> None:
-    """Wait for `pids` to end (ray.shutdown asked them to), then kill what is left."""
+    """Wait for `pids` to end (ray.shutdown asked them to), then kill what is left. A zombie
+    counts as ended: its parent, not us, collects it."""
     deadline = time.monotonic() + timeout_s
     while pids and time.monotonic() < deadline:
-        pids = {pid for pid in pids if Path(f"/proc/{pid}").exists() and not _zombie(pid)}
+        pids = {pid for pid in pids if _running(pid)}
         time.sleep(0.1)
     for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
 
 
-def _zombie(pid: int) -> bool:
+def _running(pid: int) -> bool:
+    import psutil
+
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _latest_attempt(run_dir: RunDir, world_size: int) -> int:
