@@ -1,82 +1,25 @@
-"""Shared helpers: run the real `runner` command in a subprocess and read what it leaves."""
+"""The suite's fixtures: runs shared between tests, a temporary token cache, the fast tier's
+rule. What tests import (running the command, FAST, ...) is in tests/helpers/cli.py."""
 
 from __future__ import annotations
 
 import atexit
-import json
 import multiprocessing.process
 import os
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-CONF_DIR = REPO / "conf"
+from tests.helpers.cli import RESTARTABLE, ZERO2_OFFLOAD, CliResult, run_cli
 
-# Small, fast runs: the mlp on digits, few steps, no progress bar noise.
-FAST = ["model=mlp", "data=digits", "precision=fp32", "progress_bar=false"]
 # Token caches (data=text) go to one temporary cache for the session, shared by its runs,
 # never to the user's ~/.cache/runner.
 os.environ["RUNNER_CACHE_DIR"] = tempfile.mkdtemp(prefix="runner-test-cache-")
 atexit.register(shutil.rmtree, os.environ["RUNNER_CACHE_DIR"], True)
-
-# 12 steps on 2 ranks with a checkpoint every 2: what the restart and resume tests train.
-RESTARTABLE = [*FAST, "max_epochs=null", "max_steps=12", "log_interval=2", "checkpoint.interval=2"]
-ZERO2_OFFLOAD = ["parallelism=zero2", "parallelism.offload_optimizer=cpu"]
-
-
-@dataclass
-class CliResult:
-    returncode: int
-    stdout: str
-    stderr: str
-    run_dir: Path
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-    def summary(self) -> dict:
-        return json.loads((self.run_dir / "summary.json").read_text())
-
-    def rank_log(self, rank: int) -> str:
-        return (self.run_dir / "logs" / f"rank{rank}.log").read_text()
-
-    def metrics(self) -> list[dict]:
-        return [
-            json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()
-        ]
-
-
-def runner_command(*overrides: str) -> list[str]:
-    return [sys.executable, "-m", "runner.cli.entry", *overrides]
-
-
-def run_cli(tmp_path: Path, *overrides: str, name: str = "run", timeout: float = 240) -> CliResult:
-    """Run `runner OVERRIDES hydra.run.dir=tmp_path/name` to completion."""
-    run_dir = tmp_path / name
-    proc = subprocess.run(
-        runner_command(*overrides, f"hydra.run.dir={run_dir}"),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=child_env(),
-    )
-    return CliResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("OMP_NUM_THREADS", None)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 @pytest.fixture
@@ -105,28 +48,6 @@ def zero2_offload_run(tmp_path_factory) -> CliResult:
     result = run_cli(tmp_path_factory.mktemp("zero2"), *RESTARTABLE, *ZERO2_OFFLOAD, name="zero2")
     assert result.returncode == 0, result.output
     return result
-
-
-def start_runner(tmp_path: Path, run_dir: Path, *overrides: str) -> subprocess.Popen:
-    """Start `runner` in the background (for tests that signal it mid-run)."""
-    return subprocess.Popen(
-        runner_command(*overrides, f"hydra.run.dir={run_dir}"),
-        cwd=tmp_path,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_until(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
-    """Poll `ready()` while `proc` runs; fail with its output if it exits or time runs out."""
-    import time
-
-    deadline = time.time() + timeout
-    while not ready():
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.1)
 
 
 # ------------------------------------------------------------------ the fast tier

@@ -9,8 +9,8 @@ import torch
 
 from runner.data.loaders import Batches
 from runner.data.sampler import GlobalBatchSampler, Microbatch
-from tests.conftest import FAST
 from tests.helpers.augmenting import noisy_digits
+from tests.helpers.cli import FAST
 from tests.helpers.weights import same_weights
 
 AUGMENTING = [*FAST, "data=custom", "data._target_=tests.helpers.augmenting.noisy_digits"]

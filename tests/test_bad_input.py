@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from runner.spec import SpecError, resolve_spec
-from tests.conftest import CONF_DIR
+from tests.helpers.cli import CONF_DIR
 from tests.helpers.config import compose_config
 
 CONF = str(CONF_DIR)  # a folder that exists, with no .md file and no tokenizer.json
@@ -450,7 +450,7 @@ def test_rejected_run_or_sweep_leaves_no_default_runs_dir(
 ) -> None:
     import subprocess
 
-    from tests.conftest import child_env, runner_command
+    from tests.helpers.cli import child_env, runner_command
 
     proc = subprocess.run(
         runner_command(*overrides),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runner.callbacks import Callback, hook_problems
-from tests.conftest import FAST
+from tests.helpers.cli import FAST
 
 RECORDER = '''
 import json, os

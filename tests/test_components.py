@@ -13,7 +13,7 @@ from typing import Literal
 import pytest
 
 from runner.components import instantiate, problems
-from tests.conftest import REPO, CliResult, child_env, runner_command
+from tests.helpers.cli import REPO, CliResult, child_env, runner_command
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from runner.spec import RunSpec, SyncStrategy, load_spec, resolve_spec, save_spec, to_dict
-from tests.conftest import CONF_DIR
+from tests.helpers.cli import CONF_DIR
 from tests.helpers.config import compose_config
 
 # Every config group that ships (conf/<group>/), Hydra's own and recipes aside.

@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 from runner.spec import schema
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
 
 
 def hook(name: str) -> ModuleType:

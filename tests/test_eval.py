@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runner.cli.evaluate import batch_overrides
-from tests.conftest import FAST
+from tests.helpers.cli import FAST
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import FAST, RESTARTABLE, start_runner, wait_until
+from tests.helpers.cli import FAST, RESTARTABLE, start_runner, wait_until
 from tests.helpers.nodes import chaos_time
 
 pytestmark = pytest.mark.slow

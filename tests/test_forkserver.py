@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from runner.spec import SpecError, resolve_spec
-from tests.conftest import REPO, child_env, start_runner, wait_until
+from tests.helpers.cli import REPO, child_env, start_runner, wait_until
 from tests.helpers.config import compose_config
 
 # Run in a new interpreter, as the agent's first act is: the fork server is forked from a

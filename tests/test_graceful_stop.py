@@ -17,7 +17,7 @@ from runner import heartbeat
 from runner.cli.requeue import continue_after_stop, first_run_dir
 from runner.heartbeat import Heartbeat, Phase
 from runner.launch.stopping import GracefulStop
-from tests.conftest import FAST, start_runner, wait_until
+from tests.helpers.cli import FAST, start_runner, wait_until
 from tests.helpers.nodes import finish, free_port, only_run, start_node
 from tests.helpers.weights import same_weights
 

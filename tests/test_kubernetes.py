@@ -113,7 +113,7 @@ def test_k8s_manifest_prints_a_job_or_names_what_is_missing(tmp_path) -> None:
 
     import yaml
 
-    from tests.conftest import child_env, runner_command
+    from tests.helpers.cli import child_env, runner_command
 
     def manifest(*args: str) -> subprocess.CompletedProcess:
         command = runner_command("k8s-manifest", *args)

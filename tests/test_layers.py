@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from tests.conftest import REPO, child_env
+from tests.helpers.cli import REPO, child_env
 
 PACKAGE = REPO / "runner"
 SHARED = "shared"  # runner/*.py and runner/rundir/: what every process shares

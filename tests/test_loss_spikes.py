@@ -7,7 +7,7 @@ import pytest
 
 from runner.spec.schema import LossSpikeSpec
 from runner.train.loss_spikes import SpikeWatch
-from tests.conftest import FAST
+from tests.helpers.cli import FAST
 
 
 def test_a_spike_is_factor_times_the_window_mean_for_patience_steps_in_a_row() -> None:

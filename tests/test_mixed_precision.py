@@ -43,7 +43,7 @@ def fp32_weights() -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def ddp_bf16(tmp_path_factory) -> dict[str, torch.Tensor]:
-    from tests.conftest import run_cli
+    from tests.helpers.cli import run_cli
 
     run = run_cli(tmp_path_factory.mktemp("ddp"), *BF16, "parallelism=ddp")
     assert run.returncode == 0, run.output

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from runner.spec import resolve_spec
-from tests.conftest import FAST
+from tests.helpers.cli import FAST
 from tests.helpers.config import compose_config
 from tests.helpers.equivalence import relative_error, train_plain
 from tests.helpers.nodes import chaos_time, finish, free_port, only_run, start_node

@@ -12,7 +12,7 @@ from runner.cli.main import node_subdir
 from runner.launch.failures import RankFailure
 from runner.launch.network import interface_towards, local_address_towards
 from runner.launch.nodes import config_differences
-from tests.conftest import child_env, runner_command
+from tests.helpers.cli import child_env, runner_command
 
 
 def test_config_differences_name_each_key_but_node_rank() -> None:

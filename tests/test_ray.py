@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import FAST
+from tests.helpers.cli import FAST
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("ray")
@@ -46,7 +46,7 @@ def test_sigusr1_stops_a_run_on_a_local_cluster_with_a_checkpoint(tmp_path: Path
     cluster: the workers share the agent's heartbeat file), and the cluster is gone."""
     import signal
 
-    from tests.conftest import start_runner, wait_until
+    from tests.helpers.cli import start_runner, wait_until
 
     run_dir = tmp_path / "stopped"
     before = ray_processes()  # another test's cluster, if any
@@ -147,7 +147,7 @@ def test_sigterm_ends_a_run_on_a_cluster_and_its_workers(tmp_path: Path, two_nod
     so and goes on; SIGTERM ends the run at once, interrupted, and Ray ends its workers."""
     import signal
 
-    from tests.conftest import start_runner, wait_until
+    from tests.helpers.cli import start_runner, wait_until
 
     cluster, _ = two_nodes
     run_dir = tmp_path / "terminated"
@@ -183,7 +183,7 @@ def test_a_node_removed_mid_run_costs_a_restart_from_the_last_checkpoint(
     the weights of an uninterrupted run."""
     import subprocess
 
-    from tests.conftest import child_env, runner_command
+    from tests.helpers.cli import child_env, runner_command
 
     cluster, node = two_nodes
     longer = [*FAST, "max_steps=200", "max_epochs=null", "log_interval=10", "checkpoint.interval=8"]

@@ -12,7 +12,7 @@ import yaml
 from runner.data.datasets import build_datasets
 from runner.models import build_model
 from runner.spec import load_spec
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
 from tests.helpers.datasets import make_cifar10, make_image_folder
 
 pytestmark = pytest.mark.slow
@@ -75,7 +75,7 @@ def test_recipe_rerun_reproduces(cli) -> None:
 def test_user_recipe_directory(tmp_path: Path) -> None:
     import subprocess
 
-    from tests.conftest import child_env, runner_command
+    from tests.helpers.cli import child_env, runner_command
 
     (tmp_path / "mine" / "recipe").mkdir(parents=True)
     (tmp_path / "mine" / "recipe" / "tiny.yaml").write_text(

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from runner.cli.report import differing_keys, run_config
-from tests.conftest import child_env
+from tests.helpers.cli import child_env
 
 
 def write_run(root: Path, name: str, config: dict, resolved: bool = True) -> Path:

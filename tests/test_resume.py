@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import FAST, ZERO2_OFFLOAD, CliResult, run_cli, start_runner, wait_until
-from tests.conftest import RESTARTABLE as ARGS
+from tests.helpers.cli import FAST, ZERO2_OFFLOAD, CliResult, run_cli, start_runner, wait_until
+from tests.helpers.cli import RESTARTABLE as ARGS
 from tests.helpers.weights import max_relative_difference, same_weights
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import yaml
 
 from runner.models import build_model
 from runner.spec import load_spec
-from tests.conftest import FAST, REPO, RESTARTABLE, child_env, runner_command
+from tests.helpers.cli import FAST, REPO, RESTARTABLE, child_env, runner_command
 
 DIGITS_INFO = {"input_shape": (1, 8, 8), "num_classes": 10}  # what data=digits reports
 

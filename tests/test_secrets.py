@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from runner.secrets import MASK, Secrets, is_secret_key, masked_problems, restore
-from tests.conftest import FAST, child_env, runner_command
+from tests.helpers.cli import FAST, child_env, runner_command
 
 FAKE_TOKEN = "hf_FAKE0token0for0tests0123456789"
 FAKE_KEY = "sk-FAKE0api0key0987654321"

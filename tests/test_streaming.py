@@ -15,7 +15,7 @@ import torch
 
 from runner.data.hf_text import hf_text
 from runner.data.streams import EveryNth, TrainStream, is_iterable, rank_part
-from tests.conftest import FAST
+from tests.helpers.cli import FAST
 from tests.helpers.streaming import DigitStream, write_shards
 from tests.helpers.weights import same_weights
 

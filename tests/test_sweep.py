@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import FAST, child_env, runner_command
+from tests.helpers.cli import FAST, child_env, runner_command
 from tests.helpers.wandb_records import records
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ import torch
 from runner.data import corpus, token_build, token_cache
 from runner.data.text import text_files
 from runner.data.tokenizing import ByteTokenizer, load_tokenizer
-from tests.conftest import REPO, child_env, runner_command
+from tests.helpers.cli import REPO, child_env, runner_command
 
 WORDS = ["alpha", "beta", "gamma", "delta", "runner", "token", "batch", "rank", "step"]
 

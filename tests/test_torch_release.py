@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runner.cli import torch_release
-from tests.conftest import REPO, child_env
+from tests.helpers.cli import REPO, child_env
 
 
 def test_pyproject_declares_the_floor_the_parent_checks():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RESTARTABLE, child_env
+from tests.helpers.cli import RESTARTABLE, child_env
 from tests.helpers.wandb_records import history, records, summary
 
 mlflow = pytest.importorskip("mlflow")

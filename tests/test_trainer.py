@@ -17,7 +17,7 @@ from runner.spec import resolve_spec, save_spec
 from runner.train.nonfinite import NonFiniteError
 from runner.train.step_figures import StepFigures
 from runner.train.trainer import Trainer
-from tests.conftest import FAST
+from tests.helpers.cli import FAST
 from tests.helpers.config import compose_config
 
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import FAST, child_env
+from tests.helpers.cli import FAST, child_env
 from tests.helpers.equivalence import relative_error
 from tests.helpers.gpu_runs import GPU, check_trained, gpt_args, load_on_cpu
 from tests.helpers.precision_probe import probed

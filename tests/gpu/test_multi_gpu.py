@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import FAST
+from tests.helpers.cli import FAST
 from tests.helpers.gpu_runs import check_trained, load_on_cpu
 
 pytestmark = pytest.mark.multi_gpu

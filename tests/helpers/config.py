@@ -5,7 +5,7 @@ from __future__ import annotations
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from tests.conftest import CONF_DIR
+from tests.helpers.cli import CONF_DIR
 
 
 def compose_config(overrides: list[str]) -> dict:

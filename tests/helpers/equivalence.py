@@ -14,7 +14,7 @@ from runner.engines.schedules import build_scheduler
 from runner.models import build_model
 from runner.models.initial_weights import seed_everything
 from runner.spec import RunSpec
-from tests.conftest import FAST
+from tests.helpers.cli import FAST
 
 GLOBAL_BATCH = 84  # 1438 digits = 17 x 84 + 10: step 18 trains 10 samples, in uneven microbatches
 

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import child_env, runner_command
+from tests.helpers.cli import child_env, runner_command
 
 
 def free_port() -> int:

@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import FAST, child_env, runner_command
+from tests.helpers.cli import FAST, child_env, runner_command
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = [*FAST, "max_epochs=null", "max_steps=20", "checkpoint.interval=null"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import runner_command
+from tests.helpers.cli import runner_command
 from tests.slurm import jobs
 from tests.slurm.jobs import SUBMITIT_2_NODES
 
