@@ -40,10 +40,12 @@ class CheckpointWriter:
         spec: RunSpec,
         heart: Heartbeat,
         saved: Callable[[Path, int], None] | None = None,
+        config: dict[str, Any] | None = None,
     ):
         """`saved(path, step)`: called once a checkpoint is complete on this rank (rank 0:
-        sealed)."""
+        sealed). `config`: the run's config as config.yaml holds it, kept in each one."""
         self.store, self.engine, self.spec, self.heart = store, engine, spec, heart
+        self.config = config
         self.saved = saved or (lambda path, step: None)
         self.background = spec.checkpoint.async_
         self.rank = rdist.get_global_rank()
@@ -57,10 +59,12 @@ class CheckpointWriter:
         if self._future is not None:  # the one before, first (the caller beat Phase.SAVE)
             self._complete()
         if not self.background:
-            checkpointing.save(self.store, self.engine, self.spec, step, samples, extra)
+            checkpointing.save(
+                self.store, self.engine, self.spec, step, samples, extra, self.config
+            )
             self.saved(self.store.root / checkpoint_name(step), step)
         else:
-            client = checkpointing.start(self.store, self.spec, step, samples, extra)
+            client = checkpointing.start(self.store, step, samples, extra, self.config)
             partial = self.store.partial_dir(step)
             with checkpointing.failing_write(self.store, step):
                 chaos.maybe_fill_disk(self.spec.chaos, self.rank, step, partial)

@@ -28,7 +28,6 @@ from runner.models.shapes import state_shapes
 from runner.rundir.checkpoints import CheckpointStore, resolve_checkpoint_path, step_of
 from runner.rundir.files import write_atomic
 from runner.spec import RunSpec, slurm
-from runner.spec.resolve import written_config
 from runner.spec.resume_check import META_FILE, checkpoint_meta, read_meta
 from runner.train import chaos
 
@@ -65,9 +64,11 @@ def save(
     step: int,
     samples: int,
     extra: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> None:
-    """Write a checkpoint of `step` (every rank calls this); `extra` joins the client state."""
-    client = start(store, spec, step, samples, extra)
+    """Write a checkpoint of `step` (every rank calls this); `extra` joins the client state,
+    `config` is the run's config as config.yaml holds it."""
+    client = start(store, step, samples, extra, config)
     with failing_write(store, step):
         chaos.maybe_fill_disk(spec.chaos, rdist.get_global_rank(), step, store.partial_dir(step))
         engine.save_checkpoint(store.partial_dir(step), client)
@@ -79,18 +80,23 @@ def save(
 
 
 def start(
-    store: CheckpointStore, spec: RunSpec, step: int, samples: int, extra: dict[str, Any] | None
+    store: CheckpointStore,
+    step: int,
+    samples: int,
+    extra: dict[str, Any] | None,
+    config: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """Every rank: the client state of a checkpoint of `step`, once rank 0 made its empty
     partial directory (before the gather of every rank's RNG streams, a collective no rank
-    leaves before rank 0 joined it: no barrier of its own)."""
+    leaves before rank 0 joined it: no barrier of its own). `config`: the run's config as
+    written (placeholders and masked secrets, never their values), kept with the state."""
     if rdist.get_global_rank() == 0:
         store.begin(step)
     return {
         "step": step,
         "samples": samples,
         "world_size": rdist.get_world_size(),
-        "spec": _written_config(store),
+        "spec": config,
         "rng": rdist.all_gather_object(rng_state()),
         **(extra or {}),
     }
@@ -211,12 +217,3 @@ def newest_before(store: CheckpointStore, step: int) -> Path | None:
         found = str(earlier[-1]) if earlier else None
     found = rdist.broadcast_object(found)
     return Path(found) if found else None
-
-
-def _written_config(store: CheckpointStore) -> dict[str, Any] | None:
-    """The run's config.yaml as written (placeholders and masked secrets, never their
-    values): RUN/checkpoints is the store."""
-    try:
-        return written_config(store.root.parent)
-    except OSError:
-        return None

@@ -101,7 +101,12 @@ class Trainer:
         self.callbacks = Callbacks(spec, run)  # the user's hooks (runner.callbacks)
         self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
         self.writer = CheckpointWriter(  # or asynchronous
-            self.store, self.engine, spec, self.heart, saved=self.callbacks.checkpoint_saved
+            self.store,
+            self.engine,
+            spec,
+            self.heart,
+            saved=self.callbacks.checkpoint_saved,
+            config=self.written,
         )
         stream = self.data.train_loader if self.data.streaming else None
         client = checkpointing.resume(self.store, spec.resume, self.engine, stream)
