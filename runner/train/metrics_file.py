@@ -4,7 +4,6 @@ the same records handed to the selected trackers (runner.train.loggers)."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from runner.rundir.files import RunDir, read_jsonl, write_atomic
@@ -67,21 +66,3 @@ class MetricsLog:
             self._file = None
         self.trackers.close(timeout, outcome)
 
-
-class Throughput:
-    """Samples per second between two log points, with evaluation time left out."""
-
-    def __init__(self, samples: int = 0):
-        self._t0 = time.perf_counter()
-        self._samples0 = samples
-        self._paused = 0.0
-
-    def pause(self, seconds: float) -> None:
-        self._paused += seconds
-
-    def rate(self, samples: int) -> float:
-        now = time.perf_counter()
-        elapsed = max(1e-9, now - self._t0 - self._paused)
-        rate = (samples - self._samples0) / elapsed
-        self._t0, self._samples0, self._paused = now, samples, 0.0
-        return rate
