@@ -62,3 +62,14 @@ def test_stop_ends_the_run_naming_the_step(cli) -> None:
     assert result.returncode == 1
     message = result.summary()["error"]["message"]
     assert "loss spike at step 10" in message and "loss_spike.action=stop" in message
+
+
+@pytest.mark.slow
+def test_log_warns_and_writes_every_record_once(cli) -> None:
+    """The default action: a warning, and the run goes on. (Its records were written twice
+    once: the spike's reduction wrote them, and so did the loop after it.)"""
+    result = cli(*SPIKED, "loss_spike.action=log")
+    assert result.returncode == 0, result.output
+    assert "loss spike at step 10: loss" in result.rank_log(0)
+    steps = [r["step"] for r in result.metrics()]
+    assert steps == sorted(set(steps)) and 10 in steps and steps[-1] == 24

@@ -12,6 +12,10 @@ it. A loss over `factor` times that mean is a spike; spikes do not join the mean
 - rollback: every rank restores the newest checkpoint written before the first of those
   steps, and on the way forward again skips their batches (drawn, not trained on; the
   optimizer does not step). Without such a checkpoint the run stops as with `stop`.
+
+The step log (runner.train.step_log) watches the losses it reduces and hands a spike that
+asks for a rollback to the trainer, which restores the checkpoint: a value, not an
+exception.
 """
 
 from __future__ import annotations
@@ -23,10 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.rundir.checkpoints import CheckpointStore
 from runner.spec.schema import LossSpikeSpec
-from runner.train import checkpointing
-from runner.train.checkpoint_writer import CheckpointWriter
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +50,6 @@ class Spike:
             f"loss spike at {where}: loss {self.loss:.4g} is {self.loss / self.mean:.1f}x the "
             f"mean {self.mean:.4g} of the steps before"
         )
-
-
-class RollBack(Exception):  # noqa: N818 (control flow, not an error)
-    """Raised inside the training loop to go back to `checkpoint` (the loop catches it)."""
-
-    def __init__(self, checkpoint: Path, spike: Spike):
-        super().__init__(f"roll back to {checkpoint}")
-        self.checkpoint, self.spike = checkpoint, spike
 
 
 class SpikeWatch:
@@ -117,31 +110,12 @@ class LossSpikes:
                 return spike
         return None
 
-    def act(self, spike: Spike, writer: CheckpointWriter, store: CheckpointStore) -> None:
-        """Every rank alike: log the spike; for stop raise LossSpikeError, for rollback
-        RollBack to the newest checkpoint before it (LossSpikeError without one)."""
-        action = self.spec.action
-        log.warning("%s (loss_spike.action=%s)", spike.describe(), action)
-        if action == "log":
-            return
-        if action == "rollback":
-            writer.finish()  # an asynchronous checkpoint still being written counts
-            target = checkpointing.newest_before(store, spike.steps[0])
-            if target is not None:
-                raise RollBack(target, spike)
-            raise LossSpikeError(
-                f"{spike.describe()}; no checkpoint before step {spike.steps[0]} to roll "
-                "back to (loss_spike.action=rollback): set checkpoint.interval"
-            )
-        raise LossSpikeError(f"{spike.describe()} (loss_spike.action=stop)")
-
-    def rolled_back(self, back: RollBack, step: int) -> None:
-        """The run is at `step` again: skip the spike's batches, forget the later losses."""
-        steps = back.spike.steps
+    def rolled_back(self, checkpoint: Path, spike: Spike, step: int) -> None:
+        """The run is at `step` again (`checkpoint`'s): skip the spike's batches, forget the
+        later losses."""
+        steps = spike.steps
         self.skipped.update(steps)
         self.watch.rewind(step)
         self.rollbacks.append({"steps": steps, "to_step": step})
         what = f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(map(str, steps))}"
-        log.warning(
-            "rolled back to %s (step %d); skipping the batch of %s", back.checkpoint, step, what
-        )
+        log.warning("rolled back to %s (step %d); skipping the batch of %s", checkpoint, step, what)

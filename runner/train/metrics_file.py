@@ -65,4 +65,3 @@ class MetricsLog:
             self._file.close()
             self._file = None
         self.trackers.close(timeout, outcome)
-

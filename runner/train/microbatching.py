@@ -29,6 +29,8 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,58 @@ def cut_batch(batch: Any, real: bool, start: int, stop: int, parts: int) -> list
 
 Forward = Callable[[], tuple[torch.Tensor, Any, Any]]  # a microbatch's (loss, items, targets)
 Backward = Callable[[torch.Tensor], None]
+
+
+@dataclass
+class Pass:
+    """One microbatch's forward and backward pass that counts: its loss (this rank's sum,
+    detached), the items the loss says it covered, its targets, and whether it held
+    samples (a placeholder's loss is zero and counts nothing)."""
+
+    loss: torch.Tensor
+    count: Any
+    targets: Any
+    real: bool
+
+
+def accumulate(
+    strategy: FixedMicrobatches | AutoMicrobatching,
+    engine: Engine,
+    microbatches: list[Any],
+    step: int,
+    forward: Callable[[Any, bool], tuple[torch.Tensor, Any, Any]],
+    backward: Backward,
+    warm_up: Callable[[Any], None],
+) -> list[Pass]:
+    """Every microbatch of this rank's share of `step`: its forward pass
+    (`forward(batch, real)`) and backward pass, under the engine's context for microbatch
+    i of n. Returns the passes that count.
+
+    Under grad_accum=auto a pass that runs out of memory on any rank is dropped on every
+    rank and the rest of the step is cut finer (the strategy's `recut`); an engine that
+    cannot keep the gradients of the microbatches already done (not ZeRO's partitions)
+    starts the step again from its first. Before this start's first step, the engine's
+    warm-up pass (`warm_up(first microbatch)`; DDP's) where it needs one."""
+    microbatches = strategy.start(microbatches)
+    if engine.needs_warm_up and not strategy.cuts:
+        engine.warm_up(lambda: warm_up(microbatches[0]))
+    done: list[Pass] = []
+    while len(done) < len(microbatches):
+        i = len(done)
+        batch, real = microbatches[i][:2]
+        with engine.microbatch(i, len(microbatches)):
+            result = strategy.run(
+                partial(forward, batch, real), backward, engine.backward_communicates
+            )
+        if result is None:  # out of memory on some rank: cut finer, and go on
+            engine.drop_pass()
+            if not engine.keeps_microbatches:
+                i, done = 0, []  # from the start
+            microbatches = microbatches[:i] + strategy.recut(microbatches, i, step)
+            continue
+        loss, count, targets = result
+        done.append(Pass(loss.detach().float(), count, targets, real))
+    return done
 
 
 def microbatch_steps(

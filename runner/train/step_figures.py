@@ -88,9 +88,10 @@ class StepFigures:
         """Time the loop spent waiting for its next batch."""
         self._waited += seconds
 
-    def add_tokens(self, targets: Any) -> None:
-        if self.token_data and isinstance(targets, torch.Tensor):
-            self._tokens += targets.numel()
+    def add_tokens(self, tokens: int) -> None:
+        """A step's tokens on this rank (its real microbatches')."""
+        if self.token_data:
+            self._tokens += tokens
 
     def take(self, samples: int) -> tuple[dict[str, Any], float, float]:
         """At a log step: the record's local figures, the training seconds they cover, and

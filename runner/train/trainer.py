@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from functools import partial
 from typing import Any, TextIO
 
 import torch
@@ -35,16 +34,14 @@ from runner.train.final_artifacts import peak_rss_bytes, write_final
 from runner.train.heap import give_back_freed_memory
 from runner.train.loss_items import ItemCheck, global_items
 from runner.train.loss_pass import LossPass
-from runner.train.loss_reduction import PendingRecords
-from runner.train.loss_spikes import LossSpikes, RollBack
-from runner.train.metrics_file import MetricsLog
-from runner.train.microbatching import microbatch_steps
+from runner.train.loss_spikes import LossSpikeError, LossSpikes, Spike
+from runner.train.microbatching import accumulate, microbatch_steps
 from runner.train.nonfinite import NonFiniteGuard
 from runner.train.parallelize import parallelize
-from runner.train.progress import Progress
 from runner.train.rank_data import build_rank_data, with_warmup_steps
 from runner.train.sharded_init import build_for_rank
 from runner.train.step_figures import StepFigures, flops_per_token
+from runner.train.step_log import Step, StepLog
 from runner.train.sync_debug import SyncDebug
 
 log = logging.getLogger(__name__)
@@ -113,9 +110,6 @@ class Trainer:
         self.step, self.samples = client.get("step", 0), client.get("samples", 0)
         self.resumed_from: int | None = client.get("step")
         self.spikes = LossSpikes(spec.loss_spike, client.get("skipped_batches", ()))
-        self.figures = StepFigures(spec, device, self.samples, flops, self.world)
-        # log records awaiting their loss and the other figures that need every rank
-        self.pending = PendingRecords(self.guard, self.world, self.rank, self.figures)
         self.steps = microbatch_steps(  # grad_accum: fixed, or auto (cut finer on OOM)
             spec, run_dir.root, device, self.engine, client.get("grad_accum", 1)
         )
@@ -126,21 +120,14 @@ class Trainer:
             spec, self.engine, self.loss_fn, device, self.channels_last, self.faults
         )
         self.heart.beat(Phase.START, self.step)  # where this attempt starts (a stop needs it)
-        self.metrics, self.progress = self._reporting(terminal)
+        if self.is_main:  # this attempt in the run's history
+            record_attempt(run_dir, self.attempt, self.resumed_from)
+        figures = StepFigures(spec, device, self.samples, flops, self.world)
+        self.log = StepLog(  # records: metrics.jsonl, trackers, progress, on_step_end, spikes
+            spec, run_dir, self.guard, self.spikes, self.callbacks, self.item_check, figures,
+            (self.step, self.data.total_steps), terminal, self.written,
+        )  # fmt: skip
         self.build_peak_rss = peak_rss_bytes()  # built, sharded, loaded: before any step
-
-    def _reporting(self, terminal: TextIO | None) -> tuple[MetricsLog, Progress]:
-        """Rank 0: this attempt in the run's history, metrics.jsonl and the trackers from
-        this step on, the progress bar."""
-        spec, main = self.spec, self.is_main
-        if main:
-            record_attempt(self.run_dir, self.attempt, self.resumed_from)
-        config = self.written if main else None
-        metrics = MetricsLog(
-            self.run_dir, enabled=main, keep_until=self.step, loggers=spec.logger, config=config
-        )
-        show = main and spec.progress_bar
-        return metrics, Progress(self.data.total_steps, terminal, enabled=show, initial=self.step)
 
     # ------------------------------------------------------------------ the loop
 
@@ -150,11 +137,11 @@ class Trainer:
         except BaseException as exc:
             outcome = {
                 "status": str(Status.FAILED if isinstance(exc, Exception) else Status.INTERRUPTED),
-                "steps": self.metrics.records[-1]["step"] if self.metrics.records else self.step,
+                "steps": self.log.records[-1]["step"] if self.log.records else self.step,
                 "wall_time_s": round(time.time() - start_time, 3),
                 "error": {"message": f"{type(exc).__name__}: {exc}"},
             }
-            self.metrics.close(timeout=15.0, outcome=outcome)  # what is queued, briefly
+            self.log.close(outcome, timeout=15.0)  # what is queued, briefly
             raise
 
     def _fit(self, start_time: float) -> dict[str, Any]:
@@ -168,59 +155,46 @@ class Trainer:
             epoch, offset = divmod(step, self.data.steps_per_epoch)
             self.data.sampler.set_epoch(epoch, offset)
             microbatches = iter(self.data.train_loader)
-            try:
-                for step_in_epoch in range(offset, self.data.steps_per_epoch):
-                    step += 1
-                    last = step == self.data.total_steps
-                    evaluate = last or self._is_eval_step(step)
-                    logged = evaluate or step % spec.log_interval == 0
-                    saved = last or bool(interval and step % interval == 0)
-                    self.sync_debug.step(quiet=not (logged or saved))
-                    self.faults.step_started(step)
-                    n_global = self.data.sampler.global_count(step_in_epoch)
-                    lr = self.engine.lr
-                    waited = time.perf_counter()
-                    batch = [next(microbatches) for _ in range(self.data.sampler.grad_accum)]
-                    self.figures.waited(time.perf_counter() - waited)
-                    self.stand_in = batch[0][0]  # a placeholder for an evaluation that has none
-                    self.heart.beat(Phase.BATCH, step)
-                    loss_sum, items, norm = self.train_step(batch, n_global, step, logged)
-                    self.heart.beat(Phase.STEP)
-                    self.writer.poll()  # an asynchronous checkpoint sealed once written
-                    if self.first_step_at is None:
-                        self.first_step_at = time.time()
-                    samples += n_global
-                    self.progress.advance()
-
-                    if loss_sum is None:  # a batch skipped after a loss spike's rollback
-                        self._skipped_record(step, samples, lr, evaluate)
-                    elif logged:
-                        record, elapsed, tokens = self._train_record(step, samples, lr)
-                        self.pending.add(record, loss_sum, items, elapsed, (tokens, norm))
-                        if evaluate:  # its record waits for the evaluation's metrics
-                            *earlier, record = self._reduce_pending()
-                            for done in earlier:
-                                self._log(done)
-                            self._log(record | self._timed_evaluation(step))
-                        elif self.pending.due:
-                            self._log_pending()
-                    elif self.spikes.on:  # the watch reads every step's loss
-                        self.pending.add_loss(step, loss_sum, items)
-                    if saved:
-                        self._save(step, samples)
-                    if last:
-                        break
-                    if self.heart.stop_after(step):  # a graceful stop: every rank stops here
-                        return self._stop(step, samples, saved, start_time)
-            except RollBack as back:  # a loss spike: to a checkpoint before it
-                step, samples = self._roll_back(back)
+            for step_in_epoch in range(offset, self.data.steps_per_epoch):
+                step += 1
+                last = step == self.data.total_steps
+                evaluate = last or self._is_eval_step(step)
+                logged = evaluate or step % spec.log_interval == 0
+                saved = last or bool(interval and step % interval == 0)
+                self.sync_debug.step(quiet=not (logged or saved))
+                self.faults.step_started(step)
+                n_global = self.data.sampler.global_count(step_in_epoch)
+                lr = self.engine.lr
+                waited = time.perf_counter()
+                batch = [next(microbatches) for _ in range(self.data.sampler.grad_accum)]
+                waited = time.perf_counter() - waited
+                self.stand_in = batch[0][0]  # a placeholder for an evaluation that has none
+                self.heart.beat(Phase.BATCH, step)
+                result = self.train_step(batch, n_global, step, logged)
+                self.heart.beat(Phase.STEP)
+                self.writer.poll()  # an asynchronous checkpoint sealed once written
+                if self.first_step_at is None:
+                    self.first_step_at = time.time()
+                samples += n_global
+                done = Step(step, samples, lr, self._epoch(step), *result, waited)
+                evaluation = self._timed_evaluation(step) if evaluate else None
+                spike = self.log.step(done, logged, evaluation)
+                if spike is None and saved:
+                    spike = self._save(step, samples)
+                if spike is not None:  # back to the checkpoint before it, and on from there
+                    step, samples = self._roll_back(spike)
+                    break
+                if last:
+                    break
+                if self.heart.stop_after(step):  # a graceful stop: every rank stops here
+                    return self._stop(step, samples, saved, start_time)
         return self._finish(start_time)
 
     def _evaluate_only(self, start_time: float) -> dict[str, Any]:
         """eval_only (`runner eval`): the starting weights on the validation data, no step;
         rank 0 writes eval.json."""
         metrics = self._timed_evaluation(self.step)
-        self._log({"step": self.step, "samples": self.samples, **metrics})
+        self.log.evaluated(self.step, self.samples, metrics)
         if self.is_main:
             write_json(
                 self.run_dir.root / EVAL_FILE,
@@ -237,20 +211,16 @@ class Trainer:
         started = time.perf_counter()
         metrics = self.evaluate()
         self.heart.beat(Phase.STEP)
-        self._pause(time.perf_counter() - started)
+        self.log.pause(time.perf_counter() - started)
         self.callbacks.call("on_eval_end", {"step": step, **metrics}, step=step)
         return metrics
 
-    def _skipped_record(self, step: int, samples: int, lr: float, evaluate: bool) -> None:
-        """A skipped batch's step has no loss: a record only for its evaluation."""
-        if evaluate:
-            for done in self._reduce_pending():
-                self._log(done)
-            base = {"step": step, "samples": samples, "train/loss": None, "lr": lr}
-            self._log(base | {"train/skipped_batch": True} | self._timed_evaluation(step))
-
-    def _save(self, step: int, samples: int) -> None:
-        self._log_pending()  # a restart from this checkpoint keeps the records up to it
+    def _save(self, step: int, samples: int) -> Spike | None:
+        """A checkpoint of `step`, once the records up to it are written (a restart from it
+        keeps them); a spike among them asks for a rollback instead."""
+        spike = self.log.flush()
+        if spike is not None:
+            return spike
         started = time.perf_counter()
         self.heart.beat(Phase.SAVE)
         self.guard.check_before_saving(self.engine.module, step)
@@ -260,70 +230,53 @@ class Trainer:
             extra["data"] = rdist.all_gather_object(self.data.train_loader.state_dict())
         self.writer.save(step, samples, extra)
         self.heart.beat(Phase.STEP)
-        self._pause(time.perf_counter() - started)
+        self.log.pause(time.perf_counter() - started)
+        return None
 
     def _stop(self, step: int, samples: int, saved: bool, start_time: float) -> dict[str, Any]:
         """Stop after `step` as asked (SIGUSR1/SIGUSR2 to runner; SLURM's --signal): with a
         checkpoint, so that resume=auto (or SLURM's requeue) goes on from here. The agent
         writes summary.json: it knows why the run stopped."""
         self.sync_debug.off()
-        if not saved:
-            self._save(step, samples)
+        if not saved and self._save(step, samples) is not None:
+            log.warning("a loss spike asks for a rollback: no checkpoint at the stop's step")
         self.writer.finish()
         self.heart.beat(Phase.STOPPED, step)  # tells the agent how this rank ended
-        self.progress.close()
         log.info("stopped after step %d as asked; checkpoint saved", step)
         outcome = {
             "status": str(Status.INTERRUPTED),
             "steps": step,
             "wall_time_s": round(time.time() - start_time, 3),
         }
-        self.metrics.close(outcome=outcome)
+        self.log.close(outcome)
         return outcome
 
     def train_step(
         self, microbatches: list[tuple[Any, bool]], n_global: int, step: int, logged: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | int, torch.Tensor | float]:
+    ) -> tuple[torch.Tensor | None, Any, torch.Tensor | float, int]:
         """Forward and backward every microbatch of this rank, then step (or skip the step,
         when the guard says so: a non-finite loss or gradient norm under nonfinite=skip).
         Under grad_accum=auto the rank's batch is cut here, and cut finer when a pass runs
         out of memory on any rank (runner.train.microbatching).
 
-        Returns this rank's loss sum, the items of the whole global batch, and on a `logged`
-        step this rank's share of the gradient norm's square (Engine.grad_norm_share;
-        negative where not measured)."""
+        Returns this rank's loss sum (None: a batch skipped after a rollback), the items of
+        the whole global batch, on a `logged` step this rank's share of the gradient norm's
+        square (Engine.grad_norm_share; negative where not measured), and this rank's
+        tokens."""
         if step in self.spikes.skipped:  # after a loss spike's rollback: not trained on
             self.engine.skip_step()
-            return None, 0, -1.0
+            return None, 0, -1.0, 0
         items = global_items(self.loss_fn, microbatches, n_global, self.device)
         weight = self.world / items  # DDP averages over ranks; this makes it a mean over items
-        loss_sum: Any = None  # this rank's summed loss, a tensor from the first microbatch on
-        microbatches = self.steps.start(microbatches)
-        if self.engine.needs_warm_up and not self.steps.cuts:
-            self.engine.warm_up(lambda: self.passes.warm_up(microbatches[0]))
-        i = 0
-        while i < len(microbatches):
-            batch, real = microbatches[i][:2]
-            with self.engine.microbatch(i, len(microbatches)):
-                done = self.steps.run(
-                    partial(self.passes.train, batch, real),
-                    lambda loss: self.engine.backward(loss * weight),
-                    self.engine.backward_communicates,
-                )
-            if done is None:  # out of memory on some rank (grad_accum=auto): cut finer, again
-                self.engine.drop_pass()
-                if not self.engine.keeps_microbatches:
-                    i, loss_sum = 0, None  # from the start
-                microbatches = microbatches[:i] + self.steps.recut(microbatches, i, step)
-                continue
-            loss, count, targets = done
-            if real:
-                self.item_check.note(count, targets)
-            if real:
-                self.figures.add_tokens(targets)
-            loss = loss.detach().float()
-            loss_sum = loss if loss_sum is None else loss_sum + loss
-            i += 1
+        loss_sum, tokens = None, 0
+        for done in accumulate(
+            self.steps, self.engine, microbatches, step, self.passes.train,
+            lambda loss: self.engine.backward(loss * weight), self.passes.warm_up,
+        ):  # fmt: skip
+            loss_sum = done.loss if loss_sum is None else loss_sum + done.loss
+            if done.real:
+                self.item_check.note(done.count, done.targets)
+                tokens += done.targets.numel() if isinstance(done.targets, torch.Tensor) else 0
         self.item_check.step_done()
         grad_norm = self.engine.prepare_step(norm_wanted=self.guard.mode == "skip")
         measured = logged and self.spec.log_grad_norm  # DeepSpeed stepped in backward already
@@ -333,7 +286,7 @@ class Trainer:
         else:
             self.engine.step()
             self.guard.after_step(self.engine.nonfinite_skips, step)
-        return loss_sum, items, share
+        return loss_sum, items, share, tokens
 
     def evaluate(self) -> dict[str, float]:
         """val/loss and val/<metric> over every rank's share of the validation set."""
@@ -346,79 +299,33 @@ class Trainer:
             return step % self.data.steps_per_epoch == 0
         return step % self.spec.eval_interval == 0
 
-    def _train_record(
-        self, step: int, samples: int, lr: float
-    ) -> tuple[dict[str, Any], float, float]:
-        """A log step's record, the training seconds since the last and this rank's tokens
-        over them; its train/loss and the figures that need every rank come when the ranks
-        reduce it (_log_pending)."""
-        figures, elapsed, tokens = self.figures.take(samples)
-        record = {
-            "step": step,
-            "epoch": self.data.train_loader.passes
-            if self.data.streaming
-            else round(step / self.data.steps_per_epoch, 4),
-            "samples": samples,
-            "train/loss": None,
-            "lr": lr,
-            **figures,
-        }
-        if self.spec.nonfinite == "skip":
-            record["train/skipped_steps"] = self.guard.skipped
-        return record, elapsed, tokens
+    def _epoch(self, step: int) -> float:
+        """The record's epoch: passes over a stream, or steps over the steps of an epoch."""
+        if self.data.streaming:
+            return self.data.train_loader.passes
+        return round(step / self.data.steps_per_epoch, 4)
 
-    def _reduce_pending(self) -> list[dict[str, Any]]:
-        """Every rank: the pending records with their loss (the only host sync of a step
-        under nonfinite=stop). If a rank noted a non-finite value, the records before it
-        are logged and the run stops; a loss spike is acted on (loss_spike) once the
-        records are logged."""
-        self.item_check.verify()
-        done, error = self.pending.reduce()
-        spike = self.spikes.check(self.pending.reduced) if error is None else None
-        if error is not None or spike is not None:
-            for record in done:
-                self._log(record)
-        if error is not None:
-            raise error
-        if spike is not None:
-            self.spikes.act(spike, self.writer, self.store)  # may roll back: RollBack
-        return done
-
-    def _roll_back(self, back: RollBack) -> tuple[int, int]:
-        """Every rank: the state of the checkpoint before the spike; its batches skipped on
-        the way forward again. Returns the step and sample count to go on from."""
+    def _roll_back(self, spike: Spike) -> tuple[int, int]:
+        """Every rank: the state of the newest checkpoint before the spike (loss_spike.action
+        =rollback); its batches are skipped on the way forward again. Returns the step and
+        sample count to go on from. Without such a checkpoint the run stops."""
+        self.writer.finish()  # an asynchronous checkpoint still being written counts
+        target = checkpointing.newest_before(self.store, spike.steps[0])
+        if target is None:
+            raise LossSpikeError(
+                f"{spike.describe()}; no checkpoint before step {spike.steps[0]} to roll "
+                "back to (loss_spike.action=rollback): set checkpoint.interval"
+            )
         self.heart.beat(Phase.SAVE)
         stream = self.data.train_loader if self.data.streaming else None
-        client = checkpointing.restore(back.checkpoint, self.engine, self.store, stream)
+        client = checkpointing.restore(target, self.engine, self.store, stream)
         self.heart.beat(Phase.STEP)
-        self.spikes.rolled_back(back, client["step"])
-        self.pending.clear()
-        self.metrics.rewind(client["step"])
+        self.spikes.rolled_back(target, spike, client["step"])
+        self.log.rewind(client["step"])
         return client["step"], client["samples"]
-
-    def _log_pending(self) -> None:
-        for record in self._reduce_pending():
-            self._log(record)
-
-    def _pause(self, seconds: float) -> None:
-        self.figures.pause(seconds)
-        self.pending.pause(seconds)
-
-    def _log(self, record: dict[str, Any]) -> None:
-        if self.is_main:
-            self.metrics.write(record)
-            self.progress.logged(record)
-            log.info(
-                " ".join(
-                    f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
-                    for k, v in record.items()
-                )
-            )
-        self.callbacks.call("on_step_end", dict(record), step=record["step"])  # once written
 
     def _finish(self, start_time: float, weights: bool = True) -> dict[str, Any]:
         self.sync_debug.off()
-        self.progress.close()
         self.writer.finish()
         self.heart.beat(Phase.FINISH)
         self.guard.check_before_saving(self.engine.module, self.data.total_steps)
@@ -426,7 +333,7 @@ class Trainer:
             self.run_dir,
             self.spec,
             self.engine,
-            self.metrics.records,
+            self.log.records,
             self.build_peak_rss,
             weights=weights,
             start_time=start_time,
@@ -438,7 +345,7 @@ class Trainer:
             loss_spike_rollbacks=self.spikes.rollbacks,
             **self.steps.summary(),
         )
-        self.metrics.close(outcome=summary)
+        self.log.close(summary)
         self.callbacks.call("on_fit_end", summary, step=self.step if not weights else None)
         return summary
 

@@ -1,0 +1,189 @@
+"""The step log: what each optimizer step leaves for the record, in one object the trainer
+calls once a step with what the step gave (values; it never calls back into the trainer).
+
+A logged step's record is made here: its local figures now (runner.train.step_figures:
+samples/s, the data-wait share), its loss and the figures that need every rank later, when
+the ranks reduce the records that wait (runner.train.loss_reduction: together, about once a
+second, or at once before anything that must see them). A finished record goes to
+metrics.jsonl and the trackers (runner.train.metrics_file), the progress line and the
+callbacks' on_step_end, each once. The reduced losses are watched for spikes
+(runner.train.loss_spikes): the log warns of one, ends the run for `stop`, and hands a
+spike that asks for a rollback back to the trainer as a value (`step` returns it), which
+restores the checkpoint and goes on from there.
+
+One clock: time that is not training (an evaluation, a checkpoint) is paused out of both
+the records' figures and the reduction's estimate of the seconds a record takes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import torch
+
+from runner.callbacks import Run
+from runner.rundir.files import RunDir
+from runner.spec import RunSpec
+from runner.train.callbacks import Callbacks
+from runner.train.loss_items import ItemCheck
+from runner.train.loss_reduction import PendingRecords
+from runner.train.loss_spikes import LossSpikeError, LossSpikes, Spike
+from runner.train.metrics_file import MetricsLog
+from runner.train.nonfinite import NonFiniteGuard
+from runner.train.progress import Progress
+from runner.train.step_figures import StepFigures
+
+log = logging.getLogger("runner.train.trainer")
+
+
+@dataclass
+class Step:
+    """What one optimizer step gave: its loss sum on this rank (None: a batch skipped after
+    a rollback), the items of the whole global batch it is divided by, this rank's share of
+    the gradient norm's square (negative: not measured), this rank's tokens, and the
+    seconds the loop waited for its batch."""
+
+    step: int
+    samples: int
+    lr: float
+    epoch: float
+    loss_sum: torch.Tensor | None
+    items: Any
+    norm_share: torch.Tensor | float
+    tokens: int
+    waited: float
+
+
+class StepLog:
+    def __init__(
+        self,
+        spec: RunSpec,
+        run_dir: RunDir,
+        guard: NonFiniteGuard,
+        spikes: LossSpikes,
+        callbacks: Callbacks,
+        item_check: ItemCheck,
+        figures: StepFigures,
+        steps: tuple[int, int],
+        terminal: TextIO | None,
+        written: dict[str, Any],
+    ):
+        """`steps`: (the step this start begins at, the run's last step); `written`: the
+        config as config.yaml holds it (what trackers may see)."""
+        self.spec, self.guard, self.spikes, self.callbacks = spec, guard, spikes, callbacks
+        self.item_check, self.figures = item_check, figures
+        run: Run = callbacks.run
+        self.is_main = run.is_main
+        self.pending = PendingRecords(guard, run.world_size, run.rank, figures)
+        self.evaluations: dict[int, dict[str, float]] = {}  # a waiting record's evaluation
+        first, last = steps
+        self.metrics = MetricsLog(
+            run_dir,
+            enabled=self.is_main,
+            keep_until=first,
+            loggers=spec.logger,
+            config=written if self.is_main else None,
+        )
+        show = self.is_main and spec.progress_bar
+        self.progress = Progress(last, terminal, enabled=show, initial=first)
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """metrics.jsonl's records so far (rank 0; none elsewhere)."""
+        return self.metrics.records
+
+    def pause(self, seconds: float) -> None:
+        """Leave `seconds` that were not training (evaluation, a checkpoint) out of the clock."""
+        self.figures.pause(seconds)
+        self.pending.pause(seconds)
+
+    def step(
+        self, done: Step, logged: bool, evaluation: dict[str, float] | None = None
+    ) -> Spike | None:
+        """Every rank, once a step: note it; on a logged step make its record (with the
+        `evaluation` that ran at this step, whose seconds were paused already), and write
+        what is ready. Returns a spike that asks for a rollback, else None."""
+        self.figures.waited(done.waited)
+        self.figures.add_tokens(done.tokens)
+        self.progress.advance()
+        if done.loss_sum is None:  # a batch skipped after a rollback: no loss to record
+            if evaluation is None:
+                return None
+            spike = self.flush()
+            base = {"step": done.step, "samples": done.samples, "train/loss": None}
+            self._write(base | {"lr": done.lr, "train/skipped_batch": True} | evaluation)
+            return spike
+        if not logged:
+            if self.spikes.on:  # the watch reads every step's loss
+                self.pending.add_loss(done.step, done.loss_sum, done.items)
+            return None
+        record, elapsed, tokens = self._record(done)
+        self.pending.add(record, done.loss_sum, done.items, elapsed, (tokens, done.norm_share))
+        if evaluation is not None:  # written now, with the evaluation's metrics
+            self.evaluations[done.step] = evaluation
+            return self.flush()
+        return self.flush() if self.pending.due else None
+
+    def flush(self) -> Spike | None:
+        """Every rank: reduce what waits and write it (before a checkpoint, an evaluation,
+        the end). Raises the non-finite guard's error after writing the records before it,
+        and LossSpikeError for loss_spike.action=stop; returns a spike to roll back from."""
+        self.item_check.verify()
+        done, error = self.pending.reduce()
+        spike = self.spikes.check(self.pending.reduced) if error is None else None
+        for record in done:
+            self._write(record | self.evaluations.pop(record["step"], {}))
+        if error is not None:
+            raise error
+        if spike is None:
+            return None
+        log.warning("%s (loss_spike.action=%s)", spike.describe(), self.spikes.spec.action)
+        if self.spikes.spec.action == "stop":
+            raise LossSpikeError(f"{spike.describe()} (loss_spike.action=stop)")
+        return spike if self.spikes.spec.action == "rollback" else None
+
+    def evaluated(self, step: int, samples: int, metrics: dict[str, float]) -> None:
+        """An evaluation that is no training step's (eval_only)."""
+        self._write({"step": step, "samples": samples, **metrics})
+
+    def rewind(self, step: int) -> None:
+        """After a rollback to `step`: what waits is trained again; metrics.jsonl keeps the
+        records up to it."""
+        self.pending.clear()
+        self.evaluations.clear()
+        self.metrics.rewind(step)
+
+    def close(self, outcome: dict[str, Any], timeout: float = 60.0) -> None:
+        self.progress.close()
+        self.metrics.close(timeout=timeout, outcome=outcome)
+
+    def _record(self, done: Step) -> tuple[dict[str, Any], float, float]:
+        """A log step's record, the training seconds since the last and this rank's tokens
+        over them; its train/loss and the figures that need every rank come with the
+        reduction."""
+        figures, elapsed, tokens = self.figures.take(done.samples)
+        record = {
+            "step": done.step,
+            "epoch": done.epoch,
+            "samples": done.samples,
+            "train/loss": None,
+            "lr": done.lr,
+            **figures,
+        }
+        if self.spec.nonfinite == "skip":
+            record["train/skipped_steps"] = self.guard.skipped
+        return record, elapsed, tokens
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.is_main:
+            self.metrics.write(record)
+            self.progress.logged(record)
+            log.info(
+                " ".join(
+                    f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in record.items()
+                )
+            )
+        self.callbacks.call("on_step_end", dict(record), step=record["step"])  # once written
