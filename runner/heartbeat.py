@@ -15,12 +15,14 @@ batches), so the beat counts of two ranks say which one fell behind.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import signal
 import struct
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -208,6 +210,16 @@ class Heartbeat:
         if self._map is not None:
             head, step, beats = self._head, self.step, self.beats
             _SLOT.pack_into(self._map, self._offset, *head, phase, step, beats, time.time())
+
+    @contextlib.contextmanager
+    def during(self, phase: Phase) -> Iterator[None]:
+        """Beat `phase` for what runs inside (a checkpoint, a rollback), then STEP again:
+        the watchdog gives each phase its own time limit."""
+        self.beat(phase)
+        try:
+            yield
+        finally:
+            self.beat(Phase.STEP)
 
     def stop_after(self, step: int) -> bool:
         """At the end of `step`: whether a graceful stop was asked and every rank stops here.

@@ -271,7 +271,7 @@ class Snapshot:
     """Copies of a training state in CPU memory that training cannot change, made into the
     same buffers each time (fresh memory costs a page fault per 4 KB: about as much as the
     copy). The caller must not take a snapshot while the previous one is still being
-    written (CheckpointWriter waits for it first)."""
+    written (the Checkpointer waits for it first)."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}

@@ -155,7 +155,7 @@ class FSDPEngine(Engine):
         if self._checkpoint_group is None:  # every rank, at the same (first) save
             self._checkpoint_group = dist.new_group(backend="gloo")
         if self._stager is None or not stager_reusable():
-            if self._stager is not None:  # its last save is written (CheckpointWriter waits)
+            if self._stager is not None:  # its last save is written (the Checkpointer waits)
                 self._stager.close()
             self._stager = _shared_memory_stager(self.device_type)
         future = dcp.async_save(

@@ -29,7 +29,6 @@ from runner.rundir.checkpoints import CheckpointStore, resolve_checkpoint_path, 
 from runner.rundir.files import write_atomic
 from runner.spec import RunSpec, slurm
 from runner.spec.resume_check import META_FILE, checkpoint_meta, read_meta
-from runner.train import chaos
 
 log = logging.getLogger(__name__)
 
@@ -55,28 +54,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
-
-
-def save(
-    store: CheckpointStore,
-    engine: Engine,
-    spec: RunSpec,
-    step: int,
-    samples: int,
-    extra: dict[str, Any] | None = None,
-    config: dict[str, Any] | None = None,
-) -> None:
-    """Write a checkpoint of `step` (every rank calls this); `extra` joins the client state,
-    `config` is the run's config as config.yaml holds it."""
-    client = start(store, step, samples, extra, config)
-    with failing_write(store, step):
-        chaos.maybe_fill_disk(spec.chaos, rdist.get_global_rank(), step, store.partial_dir(step))
-        engine.save_checkpoint(store.partial_dir(step), client)
-    chaos.maybe_kill_in_checkpoint(spec.chaos, rdist.get_global_rank(), step)
-    rdist.barrier()
-    if rdist.get_global_rank() == 0:
-        seal(store, engine, spec, client)
-    rdist.barrier()
 
 
 def start(

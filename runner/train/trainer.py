@@ -21,14 +21,13 @@ from runner.callbacks import Run
 from runner.components import instantiate
 from runner.heartbeat import Heartbeat, Phase
 from runner.models.initial_weights import seed_everything
-from runner.rundir.checkpoints import CheckpointStore
 from runner.rundir.files import EVAL_FILE, RunDir, write_json
 from runner.rundir.summary import Status, record_attempt
 from runner.spec import RunSpec
 from runner.spec.resolve import written_config
-from runner.train import chaos, checkpointing
+from runner.train import chaos
 from runner.train.callbacks import Callbacks
-from runner.train.checkpoint_writer import CheckpointWriter
+from runner.train.checkpointer import Checkpointer
 from runner.train.evaluation import Evaluator
 from runner.train.final_artifacts import peak_rss_bytes, write_final
 from runner.train.heap import give_back_freed_memory
@@ -96,17 +95,12 @@ class Trainer:
         self.written = written if written is not None else written_config(run_dir.root)
         run = Run(run_dir.root, self.rank, self.world, self.written, self.engine.module)
         self.callbacks = Callbacks(spec, run)  # the user's hooks (runner.callbacks)
-        self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
-        self.writer = CheckpointWriter(  # or asynchronous
-            self.store,
-            self.engine,
-            spec,
-            self.heart,
-            saved=self.callbacks.checkpoint_saved,
-            config=self.written,
-        )
         stream = self.data.train_loader if self.data.streaming else None
-        client = checkpointing.resume(self.store, spec.resume, self.engine, stream)
+        self.checkpoints = Checkpointer(  # when and how checkpoints are written, resumed
+            spec, run_dir, self.engine, self.heart, self.guard, stream, self.written,
+            saved=self.callbacks.checkpoint_saved,
+        )  # fmt: skip
+        client = self.checkpoints.resume()
         self.step, self.samples = client.get("step", 0), client.get("samples", 0)
         self.resumed_from: int | None = client.get("step")
         self.spikes = LossSpikes(spec.loss_spike, client.get("skipped_batches", ()))
@@ -146,7 +140,6 @@ class Trainer:
 
     def _fit(self, start_time: float) -> dict[str, Any]:
         spec, step, samples = self.spec, self.step, self.samples
-        interval = spec.checkpoint.interval
         self.engine.model.train()  # once, not every step: evaluate() switches it back
         self.callbacks.call("on_fit_start", step=step)
         if spec.eval_only:
@@ -160,7 +153,7 @@ class Trainer:
                 last = step == self.data.total_steps
                 evaluate = last or self._is_eval_step(step)
                 logged = evaluate or step % spec.log_interval == 0
-                saved = last or bool(interval and step % interval == 0)
+                saved = self.checkpoints.due(step, last)
                 self.sync_debug.step(quiet=not (logged or saved))
                 self.faults.step_started(step)
                 n_global = self.data.sampler.global_count(step_in_epoch)
@@ -172,7 +165,7 @@ class Trainer:
                 self.heart.beat(Phase.BATCH, step)
                 result = self.train_step(batch, n_global, step, logged)
                 self.heart.beat(Phase.STEP)
-                self.writer.poll()  # an asynchronous checkpoint sealed once written
+                self.checkpoints.poll()  # an asynchronous checkpoint sealed once written
                 if self.first_step_at is None:
                     self.first_step_at = time.time()
                 samples += n_global
@@ -221,16 +214,8 @@ class Trainer:
         spike = self.log.flush()
         if spike is not None:
             return spike
-        started = time.perf_counter()
-        self.heart.beat(Phase.SAVE)
-        self.guard.check_before_saving(self.engine.module, step)
-        extra = self.steps.checkpoint_state()
-        extra["skipped_batches"] = sorted(self.spikes.skipped)
-        if self.data.streaming:  # every rank's position in its part of the stream
-            extra["data"] = rdist.all_gather_object(self.data.train_loader.state_dict())
-        self.writer.save(step, samples, extra)
-        self.heart.beat(Phase.STEP)
-        self.log.pause(time.perf_counter() - started)
+        extra = {**self.steps.checkpoint_state(), "skipped_batches": sorted(self.spikes.skipped)}
+        self.log.pause(self.checkpoints.save(step, samples, extra))
         return None
 
     def _stop(self, step: int, samples: int, saved: bool, start_time: float) -> dict[str, Any]:
@@ -240,7 +225,7 @@ class Trainer:
         self.sync_debug.off()
         if not saved and self._save(step, samples) is not None:
             log.warning("a loss spike asks for a rollback: no checkpoint at the stop's step")
-        self.writer.finish()
+        self.checkpoints.finish()
         self.heart.beat(Phase.STOPPED, step)  # tells the agent how this rank ended
         log.info("stopped after step %d as asked; checkpoint saved", step)
         outcome = {
@@ -309,24 +294,20 @@ class Trainer:
         """Every rank: the state of the newest checkpoint before the spike (loss_spike.action
         =rollback); its batches are skipped on the way forward again. Returns the step and
         sample count to go on from. Without such a checkpoint the run stops."""
-        self.writer.finish()  # an asynchronous checkpoint still being written counts
-        target = checkpointing.newest_before(self.store, spike.steps[0])
-        if target is None:
+        found = self.checkpoints.restore_before(spike.steps[0])
+        if found is None:
             raise LossSpikeError(
                 f"{spike.describe()}; no checkpoint before step {spike.steps[0]} to roll "
                 "back to (loss_spike.action=rollback): set checkpoint.interval"
             )
-        self.heart.beat(Phase.SAVE)
-        stream = self.data.train_loader if self.data.streaming else None
-        client = checkpointing.restore(target, self.engine, self.store, stream)
-        self.heart.beat(Phase.STEP)
-        self.spikes.rolled_back(target, spike, client["step"])
+        checkpoint, client = found
+        self.spikes.rolled_back(checkpoint, spike, client["step"])
         self.log.rewind(client["step"])
         return client["step"], client["samples"]
 
     def _finish(self, start_time: float, weights: bool = True) -> dict[str, Any]:
         self.sync_debug.off()
-        self.writer.finish()
+        self.checkpoints.finish()
         self.heart.beat(Phase.FINISH)
         self.guard.check_before_saving(self.engine.module, self.data.total_steps)
         summary = write_final(
@@ -341,7 +322,7 @@ class Trainer:
             resumed_from=self.resumed_from,
             first_step_at=self.first_step_at,
             compile_s=round(self.compile_clock.seconds, 3) if self.compile_clock else None,
-            checkpoint_blocked_s=[round(s, 4) for s in self.writer.blocked_s],
+            checkpoint_blocked_s=[round(s, 4) for s in self.checkpoints.blocked_s],
             loss_spike_rollbacks=self.spikes.rollbacks,
             **self.steps.summary(),
         )
