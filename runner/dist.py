@@ -23,6 +23,12 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value not in (None, "") else default
 
 
+def get_attempt() -> int:
+    """This process's attempt at the run: 0 at first, one more after each restart (torch
+    elastic's TORCHELASTIC_RESTART_COUNT; runner's Ray workers set it too)."""
+    return _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+
+
 def get_world_size() -> int:
     """Number of ranks in the job (1 when not distributed)."""
     if _initialized():

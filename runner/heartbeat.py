@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
+from runner.dist import get_attempt
+
 ENV = "RUNNER_HEARTBEAT"
 _SLOT = struct.Struct("<6qd")  # pid, global rank, attempt, phase, step, beats, time of the beat
 # The control block, before the slots: a stop was asked (0/1); the step every rank stops
@@ -200,7 +202,7 @@ class Heartbeat:
             env.get(ENV),
             int(env.get("LOCAL_RANK", "0")),
             int(env.get("RANK", "0")),
-            int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            get_attempt(),
         )
 
     def beat(self, phase: Phase, step: int | None = None) -> None:

@@ -25,6 +25,7 @@ from runner.callbacks import hook_problems
 from runner.data.datasets import build_datasets, prepare_data
 from runner.data.splits import Datasets
 from runner.data.streams import is_iterable
+from runner.errors import describe, first_line
 from runner.models.blocks import find_blocks
 from runner.models.builders import build_model
 from runner.spec import RunSpec
@@ -56,7 +57,7 @@ def component_problems(spec: RunSpec) -> list[str]:
                     else:
                         found.append(
                             f"data._target_={spec.data.target}: building the data raised "
-                            f"{type(exc).__name__}: {_first_line(exc)}"
+                            + describe(exc)
                         )
         return built["data"]
 
@@ -92,10 +93,7 @@ def _prepare_problems(spec: RunSpec) -> list[str]:
     except (ValueError, OSError) as exc:
         return [_first_line(exc)]
     except Exception as exc:
-        return [
-            f"data._target_={spec.data.target}: preparing the data raised "
-            f"{type(exc).__name__}: {_first_line(exc)}"
-        ]
+        return [f"data._target_={spec.data.target}: preparing the data raised " + describe(exc)]
     if prepared is not None:
         log.info("runner: data: %s", prepared)
     return []
@@ -121,7 +119,7 @@ def _stream_problems(spec: RunSpec, datasets: Callable[[], Datasets | None]) -> 
 
 
 def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return first_line(exc) or type(exc).__name__
 
 
 def _optimizer_problems(spec: RunSpec) -> list[str]:
@@ -173,7 +171,7 @@ def _built(key: str, target: str, exc: Exception) -> str:
     exc = cause if isinstance(cause, Exception) else exc
     if isinstance(exc, TypeError) and str(exc).startswith(f"{key}._target_="):
         return str(exc)  # runner's own: it gave something else
-    return f"{key}._target_={target}: building it raised {type(exc).__name__}: {_first_line(exc)}"
+    return f"{key}._target_={target}: building it raised {describe(exc)}"
 
 
 def _pattern_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
@@ -212,10 +210,7 @@ def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
         with torch.device("meta"):
             model = build_model(spec.model, info)
     except Exception as exc:
-        return [
-            f"model._target_={spec.model.target}: building it raised {type(exc).__name__}: "
-            + _first_line(exc)
-        ]
+        return [f"model._target_={spec.model.target}: building it raised {describe(exc)}"]
     found = []
     wrap = list(getattr(spec.parallelism, "wrap", ()))
     if wrap and not find_blocks(model, wrap):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from runner import dist as rdist
 from runner.models.blocks import find_blocks
 from runner.spec.schema import ChaosSpec
 from runner.train.microbatching import batch_size
@@ -36,7 +37,7 @@ class ChaosError(RuntimeError):
 
 
 def _first_attempt() -> bool:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+    return rdist.get_attempt() == 0
 
 
 def maybe_fail(chaos: ChaosSpec, rank: int, step: int) -> None:

@@ -125,7 +125,7 @@ def find_resume_point(store: CheckpointStore, resume: str | None) -> Path | None
     choice = None
     if rdist.get_global_rank() == 0:
         store.discard_unfinished()  # what an earlier attempt left half written
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        restarted = rdist.get_attempt() > 0
         if restarted or resume == "auto" or slurm.requeued(os.environ):
             choice = store.latest()
         if choice is None and resume not in (None, "auto"):

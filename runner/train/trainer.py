@@ -10,7 +10,6 @@ runner.data.sampler and runner.train.losses).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, TextIO
 
@@ -19,6 +18,7 @@ import torch
 from runner import dist as rdist
 from runner.callbacks import Run
 from runner.components import instantiate
+from runner.errors import describe
 from runner.heartbeat import Heartbeat, Phase
 from runner.models.initial_weights import seed_everything
 from runner.rundir.files import EVAL_FILE, RunDir, write_json
@@ -91,7 +91,7 @@ class Trainer:
         )
         self.item_check = ItemCheck(self.loss_fn, spec.loss.target)  # the first step's
         self.first_step_at: float | None = None  # wall clock, for time-to-first-step
-        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.attempt = rdist.get_attempt()
         self.written = written if written is not None else written_config(run_dir.root)
         run = Run(run_dir.root, self.rank, self.world, self.written, self.engine.module)
         self.callbacks = Callbacks(spec, run)  # the user's hooks (runner.callbacks)
@@ -133,7 +133,7 @@ class Trainer:
                 "status": str(Status.FAILED if isinstance(exc, Exception) else Status.INTERRUPTED),
                 "steps": self.log.records[-1]["step"] if self.log.records else self.step,
                 "wall_time_s": round(time.time() - start_time, 3),
-                "error": {"message": f"{type(exc).__name__}: {exc}"},
+                "error": {"message": describe(exc)},
             }
             self.log.close(outcome, timeout=15.0)  # what is queued, briefly
             raise

@@ -33,7 +33,8 @@ import traceback
 from pathlib import Path
 from typing import TextIO
 
-from runner.errors import first_line
+from runner.dist import get_attempt
+from runner.errors import describe, first_line
 from runner.processes import FORKED_ENV, RANK_PARENT_ENV, die_with_parent
 from runner.rundir.files import RunDir, write_atomic
 
@@ -82,7 +83,7 @@ def _record_failure(exc: BaseException, rank: int) -> None:
     message = first_line(exc)
     data = {
         "message": {
-            "message": f"{type(exc).__name__}: {message}",
+            "message": describe(exc),
             "extraInfo": {"py_callstack": tb, "timestamp": str(int(now))},
         },
         "runner": {
@@ -131,7 +132,7 @@ def run(run_dir: RunDir, terminal: TextIO | None, heart: Heartbeat) -> None:
 def main() -> None:
     run_dir = RunDir(Path(sys.argv[1]))
     rank = int(os.environ.get("RANK", "0"))
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    attempt = get_attempt()
     terminal = _redirect_output(run_dir.rank_log(rank), rank, attempt)
     faulthandler.enable()  # a native crash still leaves a Python stack in the log
     faulthandler.register(STACK_SIGNAL, all_threads=True)  # the watchdog asks where we are
