@@ -190,7 +190,7 @@ class MlflowRun:
 
 
 class MlflowTracker:
-    """Rank 0's tracker (runner.train.loggers): any ending but completion is the parent's to
+    """Rank 0's tracker (runner.train.trackers): any ending but completion is the parent's to
     record (`finish_run`), since it knows how every rank ended."""
 
     name = NAME

@@ -146,10 +146,10 @@ def test_pending_records_are_reduced_together_when_steps_are_fast(
     """The first record is reduced at once; records that come fast wait for each other
     (one all-reduce for many); slow ones are reduced one at a time. Their values are the
     same either way."""
-    from runner.train import loss_reduction
+    from runner.train import pending_records
     from runner.train.nonfinite import NonFiniteGuard
 
-    pending = loss_reduction.PendingRecords(NonFiniteGuard(1, 0, "cpu"), 1, 0, figures())
+    pending = pending_records.PendingRecords(NonFiniteGuard(1, 0, "cpu"), 1, 0, figures())
     pending.add({"step": 10}, torch.tensor(3.0), 2, 1.0, NO_SUMS)
     assert pending.due
     done, error = pending.reduce()
@@ -161,7 +161,7 @@ def test_pending_records_are_reduced_together_when_steps_are_fast(
     done, _ = pending.reduce()  # an evaluation, a checkpoint, the last step: at once
     assert [r["train/loss"] for r in done] == [5.0, 7.5, 10.0]
 
-    monkeypatch.setattr(loss_reduction, "FLUSH_S", 0.01)
+    monkeypatch.setattr(pending_records, "FLUSH_S", 0.01)
     pending.add({"step": 50}, torch.tensor(1.0), 1, 1.0, NO_SUMS)
     time.sleep(0.05)  # a record slower than FLUSH_S
     pending.reduce()
@@ -173,8 +173,8 @@ def test_pending_records_are_reduced_together_when_steps_are_fast(
 def test_a_non_finite_loss_logs_the_records_before_it_and_stops(
     tmp_path: Path, one_rank_group: None
 ) -> None:
-    from runner.train.loss_reduction import PendingRecords
     from runner.train.nonfinite import NonFiniteGuard
+    from runner.train.pending_records import PendingRecords
 
     guard = NonFiniteGuard(1, 0, "cpu")
     pending = PendingRecords(guard, 1, 0, figures())

@@ -1,6 +1,6 @@
 """The parent ends what rank 0 could not, once the run's outcome is known (summary.json):
 MLflow's run (runner.mlflow_runs.finish_run) and a sweep's parent run. W&B runs are ended by
-rank 0 itself (runner.train.loggers.wandb_tracker). Trackers rank 0 dropped are repeated on
+rank 0 itself (runner.train.trackers.wandb_tracker). Trackers rank 0 dropped are repeated on
 the console."""
 
 from __future__ import annotations

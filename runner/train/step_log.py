@@ -3,7 +3,7 @@ calls once a step with what the step gave (values; it never calls back into the 
 
 A logged step's record is made here: its local figures now (runner.train.step_figures:
 samples/s, the data-wait share), its loss and the figures that need every rank later, when
-the ranks reduce the records that wait (runner.train.loss_reduction: together, about once a
+the ranks reduce the records that wait (runner.train.pending_records: together, about once a
 second, or at once before anything that must see them). A finished record goes to
 metrics.jsonl and the trackers (runner.train.metrics_file), the progress line and the
 callbacks' on_step_end, each once. The reduced losses are watched for spikes
@@ -26,12 +26,12 @@ import torch
 from runner.callbacks import Run
 from runner.rundir.files import RunDir
 from runner.spec import RunSpec
-from runner.train.callbacks import Callbacks
+from runner.train.callback_calls import Callbacks
 from runner.train.loss_items import ItemCheck
-from runner.train.loss_reduction import PendingRecords
 from runner.train.loss_spikes import LossSpikeError, LossSpikes, Spike
 from runner.train.metrics_file import MetricsLog
 from runner.train.nonfinite import NonFiniteGuard
+from runner.train.pending_records import PendingRecords
 from runner.train.progress import Progress
 from runner.train.step_figures import StepFigures
 

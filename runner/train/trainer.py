@@ -26,7 +26,7 @@ from runner.rundir.summary import Status, record_attempt
 from runner.spec import RunSpec
 from runner.spec.resolve import written_config
 from runner.train import chaos
-from runner.train.callbacks import Callbacks
+from runner.train.callback_calls import Callbacks
 from runner.train.checkpointer import Checkpointer
 from runner.train.evaluation import Evaluator
 from runner.train.final_artifacts import peak_rss_bytes, write_final

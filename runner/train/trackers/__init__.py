@@ -12,7 +12,7 @@ from typing import Any
 from runner.rundir.files import RunDir
 from runner.rundir.tracker_runs import note_tracker_failure
 from runner.spec.tracker_specs import LoggerSpec
-from runner.train.loggers.background import Tracker, Trackers
+from runner.train.trackers.background import Tracker, Trackers
 
 __all__ = ["Tracker", "Trackers", "build_trackers"]
 
@@ -28,9 +28,9 @@ def build_trackers(
     parameters). A resumed run keeps metrics.jsonl's records up to step `keep_until` (`kept`)
     and trains the steps after it again."""
     from runner.mlflow_runs import MlflowTracker
-    from runner.train.loggers.csv_file import CsvTracker
-    from runner.train.loggers.tensorboard import TensorBoardTracker
-    from runner.train.loggers.wandb_tracker import WandbTracker
+    from runner.train.trackers.csv_file import CsvTracker
+    from runner.train.trackers.tensorboard import TensorBoardTracker
+    from runner.train.trackers.wandb_tracker import WandbTracker
 
     trackers: list[Tracker] = []
     if spec.tensorboard is not None:
