@@ -1,7 +1,8 @@
 """The config reference page, generated at build time from conf/ and the schema.
 
 conf/ holds the defaults and says what each key means (the YAML's comments); the schema
-(runner.spec.schema) says what is valid: the type, the choices and the bounds. This hook
+(runner.spec.schema, runner.spec.parallelism_specs) says what is valid: the type, the
+choices and the bounds. This hook
 puts the two side by side in docs/config.md, in place of the marker line
 `<!-- config-reference -->`, so the page cannot drift from either. A key that one has and
 the other lacks fails the build (`make docs` is strict).
@@ -17,7 +18,7 @@ from typing import Any
 import yaml
 
 from runner.cli.rerun import GROUPS  # the config groups, in conf/config.yaml's order
-from runner.spec import schema, tracker_specs
+from runner.spec import parallelism_specs, schema, tracker_specs
 from runner.spec.convert import config_key
 
 MARKER = "<!-- config-reference -->"
@@ -26,11 +27,11 @@ CONF = ROOT / "conf"
 
 # conf/ file -> the dataclass that checks it (None: a component, whose keys are arguments)
 OPTION_CLASSES: dict[str, type | None] = {
-    "parallelism/ddp": schema.DDPSpec,
-    "parallelism/zero1": schema.ZeroSpec,
-    "parallelism/zero2": schema.ZeroSpec,
-    "parallelism/zero3": schema.Zero3Spec,
-    "parallelism/fsdp": schema.FSDPSpec,
+    "parallelism/ddp": parallelism_specs.DDPSpec,
+    "parallelism/zero1": parallelism_specs.ZeroSpec,
+    "parallelism/zero2": parallelism_specs.ZeroSpec,
+    "parallelism/zero3": parallelism_specs.Zero3Spec,
+    "parallelism/fsdp": parallelism_specs.FSDPSpec,
     "launcher/elastic": schema.ElasticLauncherSpec,
     "launcher/ray": schema.RayLauncherSpec,
 }

@@ -13,7 +13,7 @@ from runner.errors import describe
 from runner.mlflow_runs import finish_run, finish_sweep_run
 from runner.rundir.files import RunDir
 from runner.rundir.tracker_runs import tracker_failures
-from runner.spec.resolve import written_config
+from runner.spec.config_file import written_config
 from runner.spec.schema import RunSpec
 
 log = logging.getLogger("runner")

@@ -17,11 +17,17 @@ from enum import Enum
 from typing import Any, ClassVar, Literal
 
 from runner.components import TARGET
+from runner.spec.bounds import bound as _bound
+from runner.spec.parallelism_specs import (  # noqa: F401  (the schema's names, re-exported)
+    DEEPSPEED_SPECS,
+    DDPSpec,
+    DeepSpeedSpec,
+    FSDPSpec,
+    ParallelismSpec,
+    Zero3Spec,
+    ZeroSpec,
+)
 from runner.spec.tracker_specs import LoggerSpec, TensorBoardLoggerSpec
-
-
-def _bound(default: Any, **limits: float) -> Any:
-    return field(default=default, metadata=limits)
 
 
 class SyncStrategy(str, Enum):
@@ -179,91 +185,6 @@ class RayLauncherSpec:
 
 
 LauncherSpec = ElasticLauncherSpec | RayLauncherSpec
-
-# ----------------------------------------------------------------------- parallelism
-
-
-@dataclass(frozen=True)
-class DDPSpec:
-    """torch DistributedDataParallel; every rank holds the full optimizer state."""
-
-    name: Literal["ddp"] = "ddp"
-    syncs_gradients_itself: ClassVar[bool] = False  # True for engines that ignore sync_strategy
-    find_unused_parameters: bool = False
-    bucket_cap_mb: float = _bound(25.0, gt=0.0)
-    gradient_as_bucket_view: bool | None = None  # null: true unless multi_auto_sync
-    static_graph: bool = False
-    shm_allreduce: bool | None = None  # null: on where it applies (cpu, one machine, x86-64)
-
-
-@dataclass(frozen=True)
-class ZeroSpec:
-    """DeepSpeed ZeRO: stage 1 partitions optimizer state, stage 2 also gradients."""
-
-    name: Literal["zero1", "zero2"] = "zero2"
-    syncs_gradients_itself: ClassVar[bool] = True
-    overlap_comm: bool = False
-    contiguous_gradients: bool = True
-    reduce_bucket_size: int = _bound(500_000_000, min=1)
-    allgather_bucket_size: int = _bound(500_000_000, min=1)
-    offload_optimizer: Literal["none", "cpu"] = "none"
-    deepspeed_config: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def stage(self) -> int:
-        return int(self.name[-1])
-
-
-@dataclass(frozen=True)
-class Zero3Spec:
-    """DeepSpeed ZeRO stage 3: parameters partitioned too, gathered block by block."""
-
-    name: Literal["zero3"] = "zero3"
-    syncs_gradients_itself: ClassVar[bool] = True
-    stage: ClassVar[int] = 3
-    overlap_comm: bool = False
-    contiguous_gradients: bool = True
-    # Not DeepSpeed's own defaults (5e8, 5e7, 1e9, 1e9): with those a rank holds every
-    # gathered parameter from forward to backward (prefetched ones, and any within the reuse
-    # distance), a bucket that fills with every gradient, and optimizer temporaries the size
-    # of its whole partition: each a whole copy of a model below 0.5B parameters.
-    reduce_bucket_size: int = _bound(5_000_000, min=1)
-    prefetch_bucket_size: int = _bound(0, min=0)
-    sub_group_size: int = _bound(10_000_000, min=1)
-    param_persistence_threshold: int = _bound(100_000, min=0)
-    max_live_parameters: int = _bound(1_000_000_000, min=1)
-    max_reuse_distance: int = _bound(0, min=0)
-    offload_param: Literal["none", "cpu"] = "none"
-    offload_optimizer: Literal["none", "cpu"] = "none"
-    deepspeed_config: dict[str, Any] = field(default_factory=dict)
-    meta_init: bool = True  # no rank holds the whole model: built partitioned (zero.Init)
-
-
-DeepSpeedSpec = ZeroSpec | Zero3Spec
-DEEPSPEED_SPECS = (ZeroSpec, Zero3Spec)
-
-
-@dataclass(frozen=True)
-class FSDPSpec:
-    """PyTorch FSDP2: parameters, gradients and optimizer state sharded, block by block."""
-
-    name: Literal["fsdp"] = "fsdp"
-    syncs_gradients_itself: ClassVar[bool] = True
-    reshard_after_forward: bool = True  # free gathered weights after forward (ZeRO-3-like)
-    cpu_offload: bool = False  # parameters, gradients and optimizer state in CPU memory
-    wrap: tuple[str, ...] = ()  # block classes to shard on their own; () = found automatically
-    meta_init: bool = True  # no rank holds the whole model: built on meta, shards filled in
-    # HSDP: `replicate` groups of world/replicate ranks, each group holding a whole sharded
-    # copy; null = nodes (shard within a node, replicate across nodes)
-    replicate: int | None = _bound(None, min=1)
-
-    @property
-    def replicas(self) -> int:
-        """Copies of the model (an unresolved null: one node's, so 1)."""
-        return self.replicate or 1
-
-
-ParallelismSpec = DDPSpec | ZeroSpec | Zero3Spec | FSDPSpec
 
 # ------------------------------------------------------------------ small groups
 

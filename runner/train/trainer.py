@@ -24,7 +24,7 @@ from runner.models.initial_weights import seed_everything
 from runner.rundir.files import EVAL_FILE, RunDir, write_json
 from runner.rundir.summary import Status, record_attempt
 from runner.spec import RunSpec
-from runner.spec.resolve import written_config
+from runner.spec.config_file import written_config
 from runner.train import chaos
 from runner.train.callback_calls import Callbacks
 from runner.train.checkpointer import Checkpointer

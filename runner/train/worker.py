@@ -104,7 +104,7 @@ def run(run_dir: RunDir, terminal: TextIO | None, heart: Heartbeat) -> None:
 
     from runner import dist as rdist
     from runner.spec import load_spec
-    from runner.spec.resolve import written_config
+    from runner.spec.config_file import written_config
     from runner.train.trainer import Trainer
 
     node_dir = os.environ.get("RUNNER_NODE_DIR", run_dir.root)
