@@ -9,9 +9,10 @@ this list (tests/test_layers.py checks it):
     engines/  how the model is distributed and stepped: ddp, deepspeed; optimizer, precision
     models/   built-in models, and the shapes of a model's state
     data/     datasets, the global-batch sampler, loaders
+    trackers/ TensorBoard, CSV, MLflow, W&B: fed by rank 0, ended by the parent
     spec/     the run spec: schema, resolution and every check made before a rank starts
     rundir/   the run directory, shared by every process: its files and how they are
               written, summary.json, checkpoints, the tracker runs it logs to
     *.py      what else every process shares: dist, hardware, heartbeat, processes,
-              components, errors, nested, mlflow_runs
+              components, callbacks, errors, secrets
 """

@@ -9,7 +9,7 @@ import pytest
 
 from runner.rundir.files import RunDir
 from runner.spec.tracker_specs import CsvLoggerSpec, LoggerSpec, TensorBoardLoggerSpec
-from runner.train.trackers import Trackers, build_trackers
+from runner.trackers import Trackers, build_trackers
 from tests.helpers.trackers import scalars
 
 BOTH = LoggerSpec(tensorboard=TensorBoardLoggerSpec(), csv=CsvLoggerSpec())

@@ -152,7 +152,7 @@ def test_mlflow_default_store_failed_then_resumed_is_one_run(cli, tmp_path: Path
 
 
 def open_store(uri: str) -> str:
-    from runner.mlflow_runs import mlflow_client
+    from runner.trackers.mlflow_runs import mlflow_client
 
     try:
         mlflow_client(uri).search_experiments()

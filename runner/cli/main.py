@@ -36,7 +36,6 @@ from runner.cli.rerun import rerun_argv
 from runner.cli.resolving import problems_text, resolve_cfg
 from runner.cli.supervise import run_agent
 from runner.cli.sweep import SweepTable, write_sweep_table
-from runner.cli.trackers import finish_trackers
 from runner.processes import add_code_dirs, keep_extensions_in_environment
 from runner.rundir.files import RunDir, environment_info, read_json, write_json
 from runner.rundir.summary import (
@@ -48,6 +47,7 @@ from runner.rundir.summary import (
 from runner.rundir.tracker_runs import SWEEP_DIR_ENV
 from runner.secrets import SECRETS_ENV, Secrets
 from runner.spec import RunSpec, SpecError, save_spec, slurm
+from runner.trackers.finish import finish_trackers
 
 log = logging.getLogger("runner")
 INVALID_CONFIG = 2  # exit code of a configuration rejected before any rank started

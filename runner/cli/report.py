@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from runner.nested import flatten
 from runner.rundir.files import read_json, read_jsonl
+from runner.spec.convert import flatten
 
 METRICS = ("val/accuracy", "val/loss", "train/loss")  # runs from before sweep.metric
 

@@ -20,10 +20,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from runner.cli.report import job_order, metric_columns, run_config
-from runner.cli.trackers import finish_sweep_trackers
 from runner.errors import first_line
 from runner.rundir.files import file_lock, read_json, write_atomic
 from runner.rundir.summary import Status
+from runner.trackers.finish import finish_sweep_trackers
 
 SWEEP_CSV, SWEEP_MD = "sweep.csv", "sweep.md"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runner.nested import flatten
+from runner.spec.convert import flatten
 from runner.spec.schema import DEEPSPEED_SPECS, Precision, RunSpec, Zero3Spec
 
 # Dotted keys the spec owns -> (the spec key to change instead, its value in a spec).

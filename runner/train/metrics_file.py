@@ -1,5 +1,5 @@
 """metrics.jsonl: one JSON object per logged step, appended and flushed by rank 0, and
-the same records handed to the selected trackers (runner.train.trackers)."""
+the same records handed to the selected trackers (runner.trackers)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from runner.rundir.files import RunDir, read_jsonl, write_atomic
 from runner.spec.tracker_specs import LoggerSpec
-from runner.train.trackers import Trackers, build_trackers
+from runner.trackers import Trackers, build_trackers
 
 
 class MetricsLog:

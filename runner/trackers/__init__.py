@@ -12,7 +12,7 @@ from typing import Any
 from runner.rundir.files import RunDir
 from runner.rundir.tracker_runs import note_tracker_failure
 from runner.spec.tracker_specs import LoggerSpec
-from runner.train.trackers.background import Tracker, Trackers
+from runner.trackers.background import Tracker, Trackers
 
 __all__ = ["Tracker", "Trackers", "build_trackers"]
 
@@ -27,10 +27,10 @@ def build_trackers(
     """The selected trackers for rank 0; `config` is the resolved run config (the trackers'
     parameters). A resumed run keeps metrics.jsonl's records up to step `keep_until` (`kept`)
     and trains the steps after it again."""
-    from runner.mlflow_runs import MlflowTracker
-    from runner.train.trackers.csv_file import CsvTracker
-    from runner.train.trackers.tensorboard import TensorBoardTracker
-    from runner.train.trackers.wandb_tracker import WandbTracker
+    from runner.trackers.csv_file import CsvTracker
+    from runner.trackers.mlflow_runs import MlflowTracker
+    from runner.trackers.tensorboard import TensorBoardTracker
+    from runner.trackers.wandb_tracker import WandbTracker
 
     trackers: list[Tracker] = []
     if spec.tensorboard is not None:

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner.nested import flatten
 from runner.rundir.files import RunDir, file_lock, read_jsonl
 from runner.rundir.summary import Status
 from runner.rundir.tracker_runs import (
@@ -26,6 +25,7 @@ from runner.rundir.tracker_runs import (
     tracker_run_once,
 )
 from runner.secrets import ENV_REFERENCE, resolve_placeholder
+from runner.spec.convert import flatten
 
 NAME = "mlflow"
 # A tracker that cannot reach its server costs the run a warning, not minutes of retries:
@@ -190,7 +190,7 @@ class MlflowRun:
 
 
 class MlflowTracker:
-    """Rank 0's tracker (runner.train.trackers): any ending but completion is the parent's to
+    """Rank 0's tracker (runner.trackers): any ending but completion is the parent's to
     record (`finish_run`), since it knows how every rank ended."""
 
     name = NAME

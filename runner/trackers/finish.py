@@ -1,7 +1,7 @@
 """The parent ends what rank 0 could not, once the run's outcome is known (summary.json):
-MLflow's run (runner.mlflow_runs.finish_run) and a sweep's parent run. W&B runs are ended by
-rank 0 itself (runner.train.trackers.wandb_tracker). Trackers rank 0 dropped are repeated on
-the console."""
+MLflow's run (runner.trackers.mlflow_runs.finish_run) and a sweep's parent run. W&B runs are
+ended by rank 0 itself (runner.trackers.wandb_tracker). Trackers rank 0 dropped are repeated
+on the console."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import describe
-from runner.mlflow_runs import finish_run, finish_sweep_run
 from runner.rundir.files import RunDir
 from runner.rundir.tracker_runs import tracker_failures
 from runner.spec.config_file import written_config
 from runner.spec.schema import RunSpec
+from runner.trackers.mlflow_runs import finish_run, finish_sweep_run
 
 log = logging.getLogger("runner")
 
