@@ -105,26 +105,47 @@ def problems(
 
 
 def _check(key: str, node: Mapping[str, Any], provided: Any, found: list[str]) -> None:
-    path = node.get(TARGET)
-    try:
-        target = locate(str(path))
-    except ComponentError as exc:
-        found.append(f"{key}.{TARGET}={path}: {exc}")
-        return
-    except Exception as exc:  # the user's module raised while importing
-        found.append(f"{key}.{TARGET}={path}: importing it raised {type(exc).__name__}: {exc}")
-        return
-    if not callable(target):
-        found.append(
-            f"{key}.{TARGET}={path}: is a {type(target).__name__}, not a class or function"
-        )
+    target = _target(key, node, found)
+    if target is None:
         return
     for name, value in node.items():  # nested components first: their problems stand alone
         if isinstance(value, Mapping) and TARGET in value:
             _check(f"{key}.{name}", value, {}, found)
     params = _parameters(target)
-    if params is None:
-        return
+    if params is not None:
+        _check_arguments(key, node, target, params, provided, found)
+
+
+def _target(key: str, node: Mapping[str, Any], found: list[str]) -> Callable[..., Any] | None:
+    """The callable `_target_` names, or None with the reason in `found`."""
+    path = node.get(TARGET)
+    try:
+        target = locate(str(path))
+    except ComponentError as exc:
+        found.append(f"{key}.{TARGET}={path}: {exc}")
+        return None
+    except Exception as exc:  # the user's module raised while importing
+        found.append(f"{key}.{TARGET}={path}: importing it raised {type(exc).__name__}: {exc}")
+        return None
+    if not callable(target):
+        found.append(
+            f"{key}.{TARGET}={path}: is a {type(target).__name__}, not a class or function"
+        )
+        return None
+    return target
+
+
+def _check_arguments(
+    key: str,
+    node: Mapping[str, Any],
+    target: Callable[..., Any],
+    params: Mapping[str, inspect.Parameter],
+    provided: Any,
+    found: list[str],
+) -> None:
+    """The node's arguments against the target's signature and type hints: unknown names,
+    mismatched types, an argument given twice, required ones missing."""
+    path = node.get(TARGET)
     args = {k: v for k, v in node.items() if k not in _HYDRA_KEYS}
     positional = list(node.get("_args_") or [])
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())

@@ -80,31 +80,45 @@ def _discard_rejected(run_dir: RunDir) -> None:
     _discard(run_dir.root)
 
 
-def _run(cfg: DictConfig) -> float | None:
-    start_time = time.time()
-    hydra_cfg = HydraConfig.get()
+def _this_start(hydra_cfg: Any) -> tuple[RunDir, bool]:
+    """The run directory this start writes to, and whether SLURM requeued the job: a
+    requeued job goes on with the run its first start began."""
     run_dir = RunDir(Path(hydra_cfg.runtime.output_dir))
-    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     requeued = slurm.requeued(os.environ)
-    if requeued:  # SLURM started this job again: go on with the run it started
+    if requeued:
         first = first_run_dir(run_dir.root)
         if first != run_dir.root:
             _discard(run_dir.root)  # holds only Hydra's files of this start
             run_dir = RunDir(first)
             log.info("runner: SLURM job restarted; continuing the run in %s", shown(first))
+    return run_dir, requeued
+
+
+def _never_started(
+    problems: list[str], run_dir: RunDir, hydra_cfg: Any, start_time: float
+) -> float:
+    """An invalid configuration: exit 2, or, in a sweep, a failed job whose directory says
+    why it never started (the sweep goes on)."""
+    log.error("%s", problems_text(problems))
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        _discard(run_dir.root)
+        sys.exit(INVALID_CONFIG)
+    message = "invalid configuration: " + "; ".join(problems)
+    error = {"rank": None, "exitcode": INVALID_CONFIG, "message": message}
+    write_unfinished_summary(run_dir, Status.FAILED, 0, start_time, error)
+    _update_sweep_table(hydra_cfg)
+    return math.nan
+
+
+def _run(cfg: DictConfig) -> float | None:
+    start_time = time.time()
+    hydra_cfg = HydraConfig.get()
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    run_dir, requeued = _this_start(hydra_cfg)
     try:
         spec, secrets = resolve_cfg(cfg, run_dir.root, requeued)
     except SpecError as err:
-        log.error("%s", problems_text(err.problems))
-        if not in_sweep:
-            _discard(run_dir.root)
-            sys.exit(INVALID_CONFIG)
-        # In a sweep the job stays visible: its directory says why it never started.
-        message = "invalid configuration: " + "; ".join(err.problems)
-        error = {"rank": None, "exitcode": INVALID_CONFIG, "message": message}
-        write_unfinished_summary(run_dir, Status.FAILED, 0, start_time, error)
-        _update_sweep_table(hydra_cfg)
-        return math.nan
+        return _never_started(err.problems, run_dir, hydra_cfg, start_time)
 
     if in_sweep:
         wrong_direction = sweeper_problem(hydra_cfg.sweeper, spec)

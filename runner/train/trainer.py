@@ -63,9 +63,42 @@ class Trainer:
         self.rank, self.world = rdist.get_global_rank(), rdist.get_world_size()
         self.is_main = self.rank == 0
 
-        # Seeded alike on every rank: identical initial weights (or, under meta_init, each
-        # rank's shards of them); the data is built first, as the seed weights were.
-        data, module, fill = build_for_rank(spec, device, run_dir.seed_weights)
+        self.written = written if written is not None else written_config(run_dir.root)
+        flops = self._build()
+        seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
+
+        self.guard = NonFiniteGuard(
+            self.world, self.rank, device, spec.nonfinite, spec.nonfinite_max_skips
+        )
+        self.item_check = ItemCheck(self.loss_fn, spec.loss.target)  # the first step's
+        self.first_step_at: float | None = None  # wall clock, for time-to-first-step
+        self.attempt = rdist.get_attempt()
+        run = Run(run_dir.root, self.rank, self.world, self.written, self.engine.module)
+        self.callbacks = Callbacks(spec, run)  # the user's hooks (runner.callbacks)
+        self._resume()
+        self.stand_in: Any = None  # the latest training microbatch (Evaluator.evaluate)
+        self.faults = chaos.Faults(spec.chaos, self.rank, self.engine.module)  # chaos.*
+        self.sync_debug = SyncDebug(spec.sync_debug, device)  # sync_debug: quiet steps' waits
+        self.passes = LossPass(
+            spec, self.engine, self.loss_fn, device, self.channels_last, self.faults
+        )
+        self.heart.beat(Phase.START, self.step)  # where this attempt starts (a stop needs it)
+        if self.is_main:  # this attempt in the run's history
+            record_attempt(run_dir, self.attempt, self.resumed_from)
+        figures = StepFigures(spec, device, self.samples, flops, self.world)
+        self.log = StepLog(  # records: metrics.jsonl, trackers, progress, on_step_end, spikes
+            spec, run_dir, self.guard, self.spikes, self.callbacks, self.item_check, figures,
+            (self.step, self.data.total_steps), terminal, self.written,
+        )  # fmt: skip
+        self.build_peak_rss = peak_rss_bytes()  # built, sharded, loaded: before any step
+
+    def _build(self) -> float | None:
+        """The data, the model under its engine, the loss, the metrics and the evaluator.
+        Seeded alike on every rank: identical initial weights (or, under meta_init, each
+        rank's shards of them); the data is built first, as the seed weights were. Returns
+        the model's FLOPs per token (token data only)."""
+        spec, device = self.spec, self.device
+        data, module, fill = build_for_rank(spec, device, self.run_dir.seed_weights)
         give_back_freed_memory()  # what building freed (zero.Init builds each module whole)
         token_data = {"vocab_size", "block_size"} <= data.info.keys()
         flops = flops_per_token(module) if token_data else None  # before sharding: all of it
@@ -84,20 +117,14 @@ class Trainer:
             spec, self.engine, self.loss_fn, metrics, self.data.val_loader, device,
             self.channels_last, self.heart,
         )  # fmt: skip
-        seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
+        return flops
 
-        self.guard = NonFiniteGuard(
-            self.world, self.rank, device, spec.nonfinite, spec.nonfinite_max_skips
-        )
-        self.item_check = ItemCheck(self.loss_fn, spec.loss.target)  # the first step's
-        self.first_step_at: float | None = None  # wall clock, for time-to-first-step
-        self.attempt = rdist.get_attempt()
-        self.written = written if written is not None else written_config(run_dir.root)
-        run = Run(run_dir.root, self.rank, self.world, self.written, self.engine.module)
-        self.callbacks = Callbacks(spec, run)  # the user's hooks (runner.callbacks)
+    def _resume(self) -> None:
+        """Where this attempt starts: the newest checkpoint's state (a first start has none)."""
+        spec = self.spec
         stream = self.data.train_loader if self.data.streaming else None
         self.checkpoints = Checkpointer(  # when and how checkpoints are written, resumed
-            spec, run_dir, self.engine, self.heart, self.guard, stream, self.written,
+            spec, self.run_dir, self.engine, self.heart, self.guard, stream, self.written,
             saved=self.callbacks.checkpoint_saved,
         )  # fmt: skip
         client = self.checkpoints.resume()
@@ -105,23 +132,8 @@ class Trainer:
         self.resumed_from: int | None = client.get("step")
         self.spikes = LossSpikes(spec.loss_spike, client.get("skipped_batches", ()))
         self.steps = microbatch_steps(  # grad_accum: fixed, or auto (cut finer on OOM)
-            spec, run_dir.root, device, self.engine, client.get("grad_accum", 1)
+            spec, self.run_dir.root, self.device, self.engine, client.get("grad_accum", 1)
         )
-        self.stand_in: Any = None  # the latest training microbatch (Evaluator.evaluate)
-        self.faults = chaos.Faults(spec.chaos, self.rank, self.engine.module)  # chaos.*
-        self.sync_debug = SyncDebug(spec.sync_debug, device)  # sync_debug: quiet steps' waits
-        self.passes = LossPass(
-            spec, self.engine, self.loss_fn, device, self.channels_last, self.faults
-        )
-        self.heart.beat(Phase.START, self.step)  # where this attempt starts (a stop needs it)
-        if self.is_main:  # this attempt in the run's history
-            record_attempt(run_dir, self.attempt, self.resumed_from)
-        figures = StepFigures(spec, device, self.samples, flops, self.world)
-        self.log = StepLog(  # records: metrics.jsonl, trackers, progress, on_step_end, spikes
-            spec, run_dir, self.guard, self.spikes, self.callbacks, self.item_check, figures,
-            (self.step, self.data.total_steps), terminal, self.written,
-        )  # fmt: skip
-        self.build_peak_rss = peak_rss_bytes()  # built, sharded, loaded: before any step
 
     # ------------------------------------------------------------------ the loop
 
