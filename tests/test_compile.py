@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from runner.spec.schema import CompileSpec
-from runner.train.compiling import blocks_to_compile
+from runner.train.build.compiling import blocks_to_compile
 from tests.helpers.equivalence import ARGS, relative_error
 from tests.helpers.language_model import lm_args
 

@@ -1,4 +1,4 @@
-"""Freed host memory handed back to the system after building (runner.train.heap)."""
+"""Freed host memory handed back to the system after building (runner.train.build.heap)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from runner.train.heap import give_back_freed_memory
+from runner.train.build.heap import give_back_freed_memory
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
 

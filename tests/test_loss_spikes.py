@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from runner.spec.schema import LossSpikeSpec
-from runner.train.loss_spikes import SpikeWatch
+from runner.train.guards.loss_spikes import SpikeWatch
 from tests.helpers.cli import FAST
 
 

@@ -12,7 +12,7 @@ import torch
 
 from runner.models.initial_weights import build_data_and_model
 from runner.spec import load_spec, resolve_spec
-from runner.train.sharded_init import build_for_rank
+from runner.train.build.sharded_init import build_for_rank
 from tests.helpers.cli import FAST
 from tests.helpers.config import compose_config
 from tests.helpers.language_model import lm_args

@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from runner.train.microbatching import batch_size, cut_batch, slice_batch
+from runner.train.step.microbatching import batch_size, cut_batch, slice_batch
 from tests.helpers.equivalence import ARGS, RTOL, relative_error
 from tests.helpers.language_model import lm_args
 

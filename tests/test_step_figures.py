@@ -11,7 +11,7 @@ from torch import nn
 from runner.hardware import PEAK_TFLOPS, gpu_row, peak_tflops
 from runner.models.gpt import GPT
 from runner.spec import resolve_spec
-from runner.train.step_figures import StepFigures, device_peak_flops, flops_per_token
+from runner.train.records.step_figures import StepFigures, device_peak_flops, flops_per_token
 from tests.helpers.config import compose_config
 
 

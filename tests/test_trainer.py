@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 from runner.rundir.files import RunDir
 from runner.spec import resolve_spec, save_spec
-from runner.train.nonfinite import NonFiniteError
-from runner.train.step_figures import StepFigures
+from runner.train.guards.nonfinite import NonFiniteError
+from runner.train.records.step_figures import StepFigures
 from runner.train.trainer import Trainer
 from tests.helpers.cli import FAST
 from tests.helpers.config import compose_config
@@ -146,8 +146,8 @@ def test_pending_records_are_reduced_together_when_steps_are_fast(
     """The first record is reduced at once; records that come fast wait for each other
     (one all-reduce for many); slow ones are reduced one at a time. Their values are the
     same either way."""
-    from runner.train import pending_records
-    from runner.train.nonfinite import NonFiniteGuard
+    from runner.train.guards.nonfinite import NonFiniteGuard
+    from runner.train.records import pending_records
 
     pending = pending_records.PendingRecords(NonFiniteGuard(1, 0, "cpu"), 1, 0, figures())
     pending.add({"step": 10}, torch.tensor(3.0), 2, 1.0, NO_SUMS)
@@ -173,8 +173,8 @@ def test_pending_records_are_reduced_together_when_steps_are_fast(
 def test_a_non_finite_loss_logs_the_records_before_it_and_stops(
     tmp_path: Path, one_rank_group: None
 ) -> None:
-    from runner.train.nonfinite import NonFiniteGuard
-    from runner.train.pending_records import PendingRecords
+    from runner.train.guards.nonfinite import NonFiniteGuard
+    from runner.train.records.pending_records import PendingRecords
 
     guard = NonFiniteGuard(1, 0, "cpu")
     pending = PendingRecords(guard, 1, 0, figures())

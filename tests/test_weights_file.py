@@ -1,5 +1,5 @@
-"""model.pt written one tensor at a time (runner.train.weights_file): what torch.load reads
-back, a valid archive, and nothing left behind by a write that fails halfway."""
+"""model.pt written one tensor at a time (runner.train.checkpoints.weights_file): what
+torch.load reads back, a valid archive, and nothing left behind by a write that fails halfway."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from runner.engines.base import FinalTensor
-from runner.train.weights_file import write_weights
+from runner.train.checkpoints.weights_file import write_weights
 
 
 def entries(state: dict[str, torch.Tensor], gathered: list[str]) -> list[FinalTensor]:

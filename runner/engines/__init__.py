@@ -24,7 +24,7 @@ def build_engine(
     fill: Fill | None = None,
 ) -> Engine:
     """The engine of `spec.parallelism` around `module`. `fill`: the module was built
-    without its weights (runner.train.sharded_init); the engine calls it once the module
+    without its weights (runner.train.build.sharded_init); the engine calls it once the module
     is sharded, before it builds the optimizer."""
     if fill is not None and spec.parallelism.name not in ("zero3", "fsdp"):
         raise ValueError(f"parallelism={spec.parallelism.name} needs the whole model built")

@@ -20,7 +20,7 @@ from runner.engines.optim import optimizer_state_bytes
 
 Fill = Callable[[nn.Module], None]
 """Fills in a rank's shards of a model built without its weights, once the engine sharded
-it and before it builds the optimizer (runner.train.sharded_init)."""
+it and before it builds the optimizer (runner.train.build.sharded_init)."""
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ class Engine(ABC):
     def final_tensors(self) -> list[FinalTensor]:
         """model.pt's tensors, in state_dict order, under the plain model's names: one
         consolidated fp32 `state_dict` whatever the parallelism, gathered one tensor at a
-        time (runner.train.weights_file). Every rank calls it."""
+        time (runner.train.checkpoints.weights_file). Every rank calls it."""
 
     @abstractmethod
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:

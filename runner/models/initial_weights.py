@@ -5,7 +5,7 @@ fsdp and zero3 with `parallelism.meta_init` no rank holds the whole model, so ea
 launcher builds it once on the CPU, before any rank starts, in the same order (seed, data,
 model), and writes its tensors to the run directory (`write_seed_weights`): a seed
 checkpoint, as torchtitan makes one. Each rank then fills in only its own shards from that
-file, one tensor at a time (runner.train.sharded_init, through runner.models.tensor_files).
+file, one tensor at a time (runner.train.build.sharded_init, through runner.models.tensor_files).
 The weights are those of a run that built the whole model on every rank, bit for bit.
 """
 

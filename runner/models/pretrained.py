@@ -15,7 +15,7 @@ With `init_from.strict` (the default) missing or unexpected names are an error, 
 before any rank starts; without it they are logged, and missing tensors keep the seeded
 initialisation. Each tensor is copied in with a conversion to the model's dtype, one at a
 time: a rank that builds the whole model reads every tensor, one that holds only shards
-(fsdp and zero3 with meta_init) reads only its own part of each (runner.train.sharded_init).
+(fsdp and zero3 with meta_init) reads only its own part of each (runner.train.build.sharded_init).
 A run that restores a checkpoint (`resume`) loads it over these weights: resume wins.
 """
 

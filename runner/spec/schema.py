@@ -346,7 +346,7 @@ class RunSpec:
     eval_only: bool = False  # evaluate the starting weights (init_from), write eval.json, stop
     progress_bar: bool = True
     log_grad_norm: bool = True  # the global gradient norm in every log record
-    # torch's CUDA sync debug mode on the steps that log nothing (runner.train.sync_debug)
+    # torch's CUDA sync debug mode on the steps that log nothing (runner.train.step.sync_debug)
     sync_debug: Literal["warn", "error"] | None = None
 
     resume: str | None = None

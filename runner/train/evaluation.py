@@ -14,7 +14,7 @@ from runner.engines.base import Engine
 from runner.engines.precision import autocast
 from runner.heartbeat import Heartbeat, Phase
 from runner.spec import RunSpec
-from runner.train.batch_parts import logits_of, split, to_device
+from runner.train.step.batch_parts import logits_of, split, to_device
 
 
 class Evaluator:

@@ -25,23 +25,23 @@ from runner.rundir.files import EVAL_FILE, RunDir, write_json
 from runner.rundir.summary import Status, record_attempt
 from runner.spec import RunSpec
 from runner.spec.config_file import written_config
-from runner.train import chaos
+from runner.train.build.heap import give_back_freed_memory
+from runner.train.build.parallelize import parallelize
+from runner.train.build.rank_data import build_rank_data, with_warmup_steps
+from runner.train.build.sharded_init import build_for_rank
 from runner.train.callback_calls import Callbacks
-from runner.train.checkpointer import Checkpointer
+from runner.train.checkpoints.checkpointer import Checkpointer
+from runner.train.checkpoints.final_artifacts import peak_rss_bytes, write_final
 from runner.train.evaluation import Evaluator
-from runner.train.final_artifacts import peak_rss_bytes, write_final
-from runner.train.heap import give_back_freed_memory
-from runner.train.loss_items import ItemCheck, global_items
-from runner.train.loss_pass import LossPass
-from runner.train.loss_spikes import LossSpikeError, LossSpikes, Spike
-from runner.train.microbatching import accumulate, microbatch_steps
-from runner.train.nonfinite import NonFiniteGuard
-from runner.train.parallelize import parallelize
-from runner.train.rank_data import build_rank_data, with_warmup_steps
-from runner.train.sharded_init import build_for_rank
-from runner.train.step_figures import StepFigures, flops_per_token
-from runner.train.step_log import Step, StepLog
-from runner.train.sync_debug import SyncDebug
+from runner.train.guards import chaos
+from runner.train.guards.loss_spikes import LossSpikeError, LossSpikes, Spike
+from runner.train.guards.nonfinite import NonFiniteGuard
+from runner.train.records.step_figures import StepFigures, flops_per_token
+from runner.train.records.step_log import Step, StepLog
+from runner.train.step.loss_items import ItemCheck, global_items
+from runner.train.step.loss_pass import LossPass
+from runner.train.step.microbatching import accumulate, microbatch_steps
+from runner.train.step.sync_debug import SyncDebug
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ class Trainer:
         """Forward and backward every microbatch of this rank, then step (or skip the step,
         when the guard says so: a non-finite loss or gradient norm under nonfinite=skip).
         Under grad_accum=auto the rank's batch is cut here, and cut finer when a pass runs
-        out of memory on any rank (runner.train.microbatching).
+        out of memory on any rank (runner.train.step.microbatching).
 
         Returns this rank's loss sum (None: a batch skipped after a rollback), the items of
         the whole global batch, on a `logged` step this rank's share of the gradient norm's

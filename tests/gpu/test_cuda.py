@@ -141,7 +141,7 @@ def test_compile_with_triton_matches_eager(cli, tmp_path, model, parallelism):
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 def test_no_host_sync_on_a_step_that_logs_nothing(cli, tmp_path, parallelism):
     """sync_debug=error: torch raises wherever the host waits for the GPU on a step that
-    logs nothing (runner.train.sync_debug). ZeRO is left out: DeepSpeed reads whether the
+    logs nothing (runner.train.step.sync_debug). ZeRO is left out: DeepSpeed reads whether the
     gradient norm is finite every step, by design."""
     run = cli(*gpt_args(tmp_path / "corpus"), *GPU, f"parallelism={parallelism}",
               "precision=bf16", "sync_debug=error", "grad_clip_norm=1.0")  # fmt: skip

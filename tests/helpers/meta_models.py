@@ -1,4 +1,4 @@
-"""Models that cannot be built on the meta device (runner.train.sharded_init falls back to
+"""Models that cannot be built on the meta device (runner.train.build.sharded_init falls back to
 building them whole): one reads its weights while it is built, one keeps a tensor that is
 neither a parameter nor a buffer. Both take what the digits data reports."""
 

@@ -3,7 +3,7 @@
 It decides (every `checkpoint.interval` steps, and the last), checks that nothing
 non-finite is saved, adds each rank's position in a stream to what the trainer gives it,
 and writes through one path: the client state is gathered, the engine's state is copied
-and written (runner.train.checkpointing has the layout), and the checkpoint becomes one,
+and written (runner.train.checkpoints.checkpointing has the layout), and the checkpoint becomes one,
 and the latest, when rank 0 seals it. Without `checkpoint.async` that happens at once: every
 rank's files are written, rank 0 seals, and training goes on. With it, the engine writes the
 copy in the background (ddp: rank 0's writer thread; fsdp: torch.distributed.checkpoint's
@@ -31,8 +31,9 @@ from runner.heartbeat import Heartbeat, Phase
 from runner.rundir.checkpoints import CheckpointStore, checkpoint_name
 from runner.rundir.files import RunDir
 from runner.spec import RunSpec
-from runner.train import chaos, checkpointing
-from runner.train.nonfinite import NonFiniteGuard
+from runner.train.checkpoints import checkpointing
+from runner.train.guards import chaos
+from runner.train.guards.nonfinite import NonFiniteGuard
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import torch
 from runner import dist as rdist
 from runner.models.blocks import find_blocks
 from runner.spec.schema import ChaosSpec
-from runner.train.microbatching import batch_size
+from runner.train.step.microbatching import batch_size
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Faults:
       its size in a hook on the model's first block, where FSDP has gathered it);
     - `loss(loss)`: the loss of every microbatch of an armed step turns NaN (or 100x).
 
-    (disk_full fires in the checkpoint's write: runner.train.checkpointing.)"""
+    (disk_full fires in the checkpoint's write: runner.train.checkpoints.checkpointing.)"""
 
     def __init__(self, chaos: ChaosSpec, rank: int, module: torch.nn.Module):
         self.chaos, self.rank = chaos, rank

@@ -4,7 +4,7 @@ MFU, the share of time spent waiting for data, the global gradient norm and peak
 What one rank knows (its clock, its data waits) goes into the record when it is made.
 What needs every rank (the tokens of every rank's microbatches, each rank's share of the
 gradient norm, each rank's peak memory) rides on the all-reduce that brings the record its
-loss (runner.train.pending_records), and is filled in by `complete`.
+loss (runner.train.records.pending_records), and is filled in by `complete`.
 
 MFU (model FLOPs utilisation) = tokens/s x FLOPs per token / (ranks x peak FLOP/s of one
 device), with the FLOPs per token of `flops_per_token`; it needs token data and a peak.
@@ -24,7 +24,7 @@ from torch import nn
 from runner.hardware import peak_tflops
 from runner.models.shapes import multiplying_parameters
 from runner.spec import RunSpec
-from runner.train.final_artifacts import peak_rss_bytes
+from runner.train.checkpoints.final_artifacts import peak_rss_bytes
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 rank has checked its weights and told its memory.
 
 model.pt is one plain fp32 `state_dict`, whatever the parallelism (gathered from ZeRO's
-partitions and FSDP's shards one tensor at a time: runner.train.weights_file), and
+partitions and FSDP's shards one tensor at a time: runner.train.checkpoints.weights_file), and
 model.safetensors the same tensors in the safe format, copied from it one at a time.
 summary.json comes last: a run with a `completed` summary has all its artifacts.
 """
@@ -18,7 +18,7 @@ from runner.models.safetensors_out import safetensors_beside
 from runner.rundir.files import RunDir
 from runner.rundir.summary import Status, attempts, build_summary, history, write_summary
 from runner.spec import RunSpec
-from runner.train.weights_file import write_weights
+from runner.train.checkpoints.weights_file import write_weights
 
 
 def peak_rss_bytes() -> int:

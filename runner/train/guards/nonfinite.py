@@ -3,7 +3,7 @@ stop`) or costs only that optimizer step (`skip`), and a non-finite state is nev
 
 stop (the default) adds no host sync per step: each rank notes on its device the first step
 its loss, then its gradient norm, was not finite. The ranks compare notes only where they
-sync anyway: in the all-reduce of the logged steps' losses (runner.train.pending_records),
+sync anyway: in the all-reduce of the logged steps' losses (runner.train.records.pending_records),
 and before a checkpoint or model.pt is written (where the weights are checked too). Every
 rank then raises the same error, naming the step, the ranks, and whether the loss or the
 gradient norm went first.

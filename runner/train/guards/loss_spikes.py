@@ -13,7 +13,7 @@ it. A loss over `factor` times that mean is a spike; spikes do not join the mean
   steps, and on the way forward again skips their batches (drawn, not trained on; the
   optimizer does not step). Without such a checkpoint the run stops as with `stop`.
 
-The step log (runner.train.step_log) watches the losses it reduces and hands a spike that
+The step log (runner.train.records.step_log) watches the losses it reduces and hands a spike that
 asks for a rollback to the trainer, which restores the checkpoint: a value, not an
 exception.
 """

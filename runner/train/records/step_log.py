@@ -1,13 +1,13 @@
 """The step log: what each optimizer step leaves for the record, in one object the trainer
 calls once a step with what the step gave (values; it never calls back into the trainer).
 
-A logged step's record is made here: its local figures now (runner.train.step_figures:
+A logged step's record is made here: its local figures now (runner.train.records.step_figures:
 samples/s, the data-wait share), its loss and the figures that need every rank later, when
-the ranks reduce the records that wait (runner.train.pending_records: together, about once a
+the ranks reduce the records that wait (runner.train.records.pending_records: together, about once a
 second, or at once before anything that must see them). A finished record goes to
-metrics.jsonl and the trackers (runner.train.metrics_file), the progress line and the
+metrics.jsonl and the trackers (runner.train.records.metrics_file), the progress line and the
 callbacks' on_step_end, each once. The reduced losses are watched for spikes
-(runner.train.loss_spikes): the log warns of one, ends the run for `stop`, and hands a
+(runner.train.guards.loss_spikes): the log warns of one, ends the run for `stop`, and hands a
 spike that asks for a rollback back to the trainer as a value (`step` returns it), which
 restores the checkpoint and goes on from there.
 
@@ -27,13 +27,13 @@ from runner.callbacks import Run
 from runner.rundir.files import RunDir
 from runner.spec import RunSpec
 from runner.train.callback_calls import Callbacks
-from runner.train.loss_items import ItemCheck
-from runner.train.loss_spikes import LossSpikeError, LossSpikes, Spike
-from runner.train.metrics_file import MetricsLog
-from runner.train.nonfinite import NonFiniteGuard
-from runner.train.pending_records import PendingRecords
-from runner.train.progress import Progress
-from runner.train.step_figures import StepFigures
+from runner.train.guards.loss_spikes import LossSpikeError, LossSpikes, Spike
+from runner.train.guards.nonfinite import NonFiniteGuard
+from runner.train.records.metrics_file import MetricsLog
+from runner.train.records.pending_records import PendingRecords
+from runner.train.records.progress import Progress
+from runner.train.records.step_figures import StepFigures
+from runner.train.step.loss_items import ItemCheck
 
 log = logging.getLogger("runner.train.trainer")
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from runner import dist as rdist
-from runner.train.batch_parts import split
+from runner.train.step.batch_parts import split
 
 
 def global_items(

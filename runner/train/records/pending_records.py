@@ -15,7 +15,7 @@ reduction), so every rank reaches the same decision and meets the collective at 
 step. A record's values do not depend on when it is reduced.
 
 The same all-reduce brings the record's other figures that need every rank (its tokens,
-the gradient norm, peak memory: runner.train.step_figures).
+the gradient norm, peak memory: runner.train.records.step_figures).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from runner.train.nonfinite import NonFiniteError, NonFiniteGuard
-from runner.train.step_figures import StepFigures
+from runner.train.guards.nonfinite import NonFiniteError, NonFiniteGuard
+from runner.train.records.step_figures import StepFigures
 
 FLUSH_S = 1.0  # seconds of training a reduction may wait for
 MOST_PENDING = 100  # records in one reduction, at the most

@@ -22,7 +22,7 @@ from runner.engines import build_engine
 from runner.engines.base import Engine, Fill
 from runner.models.blocks import apply_activation_checkpointing
 from runner.spec import RunSpec
-from runner.train.compiling import CompileClock, compile_model
+from runner.train.build.compiling import CompileClock, compile_model
 
 log = logging.getLogger(__name__)
 

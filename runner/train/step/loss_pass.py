@@ -11,8 +11,8 @@ import torch
 from runner.engines.base import Engine
 from runner.engines.precision import autocast
 from runner.spec import RunSpec
-from runner.train.batch_parts import logits_of, split, to_device
-from runner.train.chaos import Faults
+from runner.train.guards.chaos import Faults
+from runner.train.step.batch_parts import logits_of, split, to_device
 
 
 class LossPass:

@@ -1,0 +1,1 @@
+"""Checkpoints from the ranks' side, and what a completed run leaves: model.pt."""
