@@ -132,7 +132,7 @@ class Trainer:
         self.resumed_from: int | None = client.get("step")
         self.spikes = LossSpikes(spec.loss_spike, client.get("skipped_batches", ()))
         self.steps = microbatch_steps(  # grad_accum: fixed, or auto (cut finer on OOM)
-            spec, self.run_dir.root, self.device, self.engine, client.get("grad_accum", 1)
+            spec, self.device, self.engine, client.get("grad_accum", 1)
         )
 
     # ------------------------------------------------------------------ the loop

@@ -25,13 +25,11 @@ rest of the step finer after a drop (`recut`), cut evaluation batches alike
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,12 +38,9 @@ import torch.distributed as dist
 
 from runner.engines.base import Engine
 from runner.errors import first_line
-from runner.rundir.files import read_json, write_atomic
 from runner.spec import RunSpec
 
 log = logging.getLogger(__name__)
-
-RECORD_FILE = "microbatching.json"  # in the run directory: what a restart starts from
 
 
 class OutOfMemoryElsewhere(RuntimeError):
@@ -166,14 +161,14 @@ def accumulate(
 
 
 def microbatch_steps(
-    spec: RunSpec, run_dir: Path, device: str, engine: Engine, checkpointed: int
+    spec: RunSpec, device: str, engine: Engine, checkpointed: int
 ) -> FixedMicrobatches | AutoMicrobatching:
     """The step strategy of `spec.grad_accum`. Under auto: the count to start at (the
     checkpoint's, a restart's), and a round of agreement before each collective of a forward
     pass (FSDP's blocks)."""
     if spec.grad_accum != "auto":
         return FixedMicrobatches(spec)
-    auto = AutoMicrobatching(spec.per_rank_batch_size, run_dir, device, checkpointed)
+    auto = AutoMicrobatching(spec.per_rank_batch_size, device, checkpointed)
     for module in engine.communicating_modules():
         hook = torch.compiler.disable(auto.before_collective)
         module.register_forward_pre_hook(hook, prepend=True)
@@ -215,17 +210,14 @@ class AutoMicrobatching:
 
     cuts = True  # the rank's whole share comes as one microbatch; cut here
 
-    def __init__(self, per_rank_batch: int, run_dir: Path, device: str, start: int = 1):
+    def __init__(self, per_rank_batch: int, device: str, start: int = 1):
         self.per_rank_batch = per_rank_batch
-        self.record_path = run_dir / RECORD_FILE
-        recorded = read_json(self.record_path) or {}
         self.device = device
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
-        # Where a restart or a resume left off; the largest any rank knows (only the first
-        # node's run directory holds the record).
-        known = torch.tensor(float(max(start, int(recorded.get("grad_accum", 1)))), device=device)
-        dist.all_reduce(known, op=dist.ReduceOp.MAX)
-        self.accum = int(known.item())
+        # Where the checkpoint a restart or a resume starts from left off: the one place the
+        # count is kept, so a restart trains each step at the count the uninterrupted run
+        # trained it with (a cut after the checkpoint is met again at its step).
+        self.accum = start
         self.armed = False  # inside a training forward pass: the hooks take part in rounds
         self.events: list[dict[str, Any]] = []
         self.last_ran_out: list[int] = []  # the ranks that ran out in the dropped pass
@@ -280,8 +272,6 @@ class AutoMicrobatching:
             "grad_accum": self.accum,
         }
         self.events.append(event)
-        if self.rank == 0:
-            write_atomic(self.record_path, json.dumps(event))
         if torch.device(self.device).type == "cuda":
             torch.cuda.empty_cache()
         return (
