@@ -11,6 +11,12 @@ Two kinds of value are kept out of everything runner writes or logs:
   hands the values to the agent and the ranks in their environment (SECRETS_ENV), never
   in a file.
 
+A literal secret given on the command line never reaches Hydra as such: the parent moves it
+into its own environment (RUNNER_SECRET_<KEY>) and hands Hydra a reference to it
+(`hide_literal_secrets`), so what Hydra keeps and what launcher plugins pickle (submitit's
+jobs and their results) hold the reference only; the reference counts as the literal it
+stands for, masked wherever it would be written.
+
 A run started again from its config.yaml (`runner rerun`, `runner eval`) gets placeholders
 back as written and must be given the masked values again: a `***` left is refused.
 """
@@ -20,7 +26,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +36,10 @@ SPECIAL_TOKENS = {"pad", "bos", "eos", "unk", "sep", "cls", "mask", "start", "en
 MASK = "***"
 ENV_REFERENCE = "${oc.env:"
 SECRETS_ENV = "RUNNER_SECRETS"  # the masked values, as JSON, for the agent and the ranks
+HIDDEN_PREFIX = "RUNNER_SECRET_"  # a command line's literal secret, moved to the environment
+_HIDDEN = re.compile(r"\$\{oc\.env:" + HIDDEN_PREFIX + r"[A-Z0-9_]+\}")
+_PLAIN_VALUE = re.compile(r"[^,\[\]{}()$'\"\s]+")  # one value: not a sweep, list or reference
+_QUOTED_VALUE = re.compile(r"[^$'\"]+")
 
 
 def is_secret_key(key: str) -> bool:
@@ -88,7 +98,9 @@ class Secrets:
         found = cls()
         for key, value in _walk(resolved):
             written = raw.get(key)
-            if isinstance(written, str) and ENV_REFERENCE in written:
+            if isinstance(written, str) and _HIDDEN.fullmatch(written):  # a literal, hidden
+                found.values[key] = value
+            elif isinstance(written, str) and ENV_REFERENCE in written:
                 found.placeholders[key] = written
             elif is_secret_key(key) and value not in (None, "", MASK):
                 found.values[key] = value
@@ -106,6 +118,7 @@ class Secrets:
 
     def scrub(self, text: str) -> str:
         """`text` with each secret value (as text, 4 characters or more) masked."""
+        text = _HIDDEN.sub(MASK, text)
         for value in sorted({str(v) for v in self.values.values()}, key=len, reverse=True):
             if len(value) >= 4:
                 text = text.replace(value, MASK)
@@ -117,6 +130,31 @@ class Secrets:
 
     def environment(self) -> str:
         return json.dumps(self.values)
+
+
+def hide_literal_secrets(args: Sequence[str], environ: MutableMapping[str, str]) -> list[str]:
+    """The command line's overrides with each literal value of a secret-named key moved into
+    `environ` and referenced there: `+data.api_key=VALUE` becomes
+    `+data.api_key=${oc.env:RUNNER_SECRET_DATA_API_KEY}`."""
+    hidden = []
+    for arg in args:
+        key, equals, value = arg.partition("=")
+        name = key.lstrip("+")
+        quoted = len(value) > 1 and value[0] == value[-1] and value[0] in "'\""
+        if quoted:
+            value = value[1:-1]  # the value inside
+        if (
+            equals
+            and not arg.startswith(("-", "~"))
+            and is_secret_key(name)
+            and value.lower() not in (MASK, "null", "true", "false")
+            and (_PLAIN_VALUE if not quoted else _QUOTED_VALUE).fullmatch(value)
+        ):
+            variable = HIDDEN_PREFIX + re.sub(r"[^A-Z0-9]", "_", name.upper())
+            environ[variable] = value
+            arg = f"{key}=${{oc.env:{variable}}}"
+        hidden.append(arg)
+    return hidden
 
 
 def restore(config: Any, environ: Mapping[str, str]) -> Any:

@@ -1,6 +1,7 @@
 """Secrets stay secret: a value from the environment stays a placeholder, a secret-named
-key's literal value is masked, in every file of the run (and sweep) directory and the
-MLflow store, while the ranks get the real values."""
+key's literal value is masked, in every file of the run (and sweep) directory, the MLflow
+store and submitit's folder (its pickles of the jobs), while the ranks get the real
+values."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from runner.secrets import MASK, Secrets, is_secret_key, masked_problems, restore
+from runner.secrets import (
+    MASK,
+    Secrets,
+    hide_literal_secrets,
+    is_secret_key,
+    masked_problems,
+    restore,
+)
 from tests.helpers.cli import FAST, child_env, runner_command
 
 FAKE_TOKEN = "hf_FAKE0token0for0tests0123456789"
@@ -29,7 +37,7 @@ def digits_with_secrets(hf_token: str, api_key: str, val_fraction: float = 0.2):
 
 
 @pytest.mark.slow
-def test_no_file_of_a_sweep_or_its_mlflow_store_holds_a_secret(tmp_path: Path) -> None:
+def test_no_file_of_a_submitit_sweep_or_its_mlflow_store_holds_a_secret(tmp_path: Path) -> None:
     (tmp_path / "mydata.py").write_text(DATA)
     store = tmp_path / "store"
     env = {
@@ -43,6 +51,7 @@ def test_no_file_of_a_sweep_or_its_mlflow_store_holds_a_secret(tmp_path: Path) -
     proc = subprocess.run(
         runner_command(
             "-m",
+            "hydra/launcher=submitit_local",  # pickles each job into the sweep's .submitit/
             *FAST,
             "max_steps=2",
             "seed=0,1",
@@ -65,6 +74,7 @@ def test_no_file_of_a_sweep_or_its_mlflow_store_holds_a_secret(tmp_path: Path) -
 
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "mydata.py"]
     assert any(p.suffix == ".db" for p in written) and (root / "sweep.csv").is_file()
+    assert any(p.suffix == ".pkl" for p in (root / ".submitit").rglob("*"))
     for path in written:
         content = path.read_bytes()
         for secret in (FAKE_TOKEN, FAKE_KEY, str(store)):
@@ -101,3 +111,24 @@ def test_placeholders_stay_and_secret_values_are_masked(monkeypatch: pytest.Monk
              "tokenizer", "max_tokens", "token_dtype", "pad_token", "tokens_per_step"]  # fmt: skip
     secret = ["hf_token", "token", "db_password", "openai_api_key", "clientSecret", "secret_key"]
     assert [k for k in names if is_secret_key(k)] == secret
+
+
+def test_a_literal_secret_on_the_command_line_reaches_hydra_as_a_reference() -> None:
+    environ: dict[str, str] = {}
+    args = ["+data.api_key=sk-123", "data.hf_token='a b'", "hf_token=null", "lr=0.1", "-m"]
+    hidden = hide_literal_secrets([*args, "db_password=a,b"], environ)
+    assert hidden == [
+        "+data.api_key=${oc.env:RUNNER_SECRET_DATA_API_KEY}",
+        "data.hf_token=${oc.env:RUNNER_SECRET_DATA_HF_TOKEN}",
+        "hf_token=null",  # a value Hydra reads as None, no secret
+        "lr=0.1",
+        "-m",
+        "db_password=a,b",  # a sweep over secrets stays as it is
+    ]
+    assert environ == {"RUNNER_SECRET_DATA_API_KEY": "sk-123", "RUNNER_SECRET_DATA_HF_TOKEN": "a b"}
+    # the reference counts as the literal: masked in config.yaml, handed down to the ranks
+    unresolved = {"data": {"api_key": "${oc.env:RUNNER_SECRET_DATA_API_KEY}"}}
+    secrets = Secrets.of(unresolved, {"data": {"api_key": "sk-123"}})
+    assert secrets.values == {"data.api_key": "sk-123"} and not secrets.placeholders
+    assert secrets.written({"data": {"api_key": "sk-123"}}) == {"data": {"api_key": MASK}}
+    assert secrets.masked_argv(hidden[:1]) == [f"+data.api_key={MASK}"]

@@ -9,6 +9,7 @@ The parent never imports torch: `--help`, `--cfg job` and config errors are inst
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -45,7 +46,7 @@ from runner.rundir.summary import (
     write_unfinished_summary,
 )
 from runner.rundir.tracker_runs import SWEEP_DIR_ENV
-from runner.secrets import SECRETS_ENV, Secrets
+from runner.secrets import SECRETS_ENV, Secrets, hide_literal_secrets
 from runner.spec import RunSpec, SpecError, save_spec, slurm
 from runner.trackers.finish import finish_trackers
 
@@ -187,9 +188,11 @@ def _file_run(spec: RunSpec, secrets: Secrets, run_dir: RunDir, sweep_dir: Path 
 
 
 def _environment(spec: RunSpec, secrets: Secrets) -> dict[str, Any]:
-    """env.json's facts, its command line without the secrets given on it."""
+    """env.json's facts, its command line (the `runner` command's, also in a launcher
+    plugin's job process) without the secrets given on it."""
     env = environment_info(spec.code_dir)
-    env["argv"] = secrets.masked_argv(env["argv"])
+    command_line = os.environ.get(COMMAND_LINE_ENV)
+    env["argv"] = secrets.masked_argv(json.loads(command_line) if command_line else env["argv"])
     return env
 
 
@@ -299,6 +302,7 @@ def node_subdir(nodes: Any, node_rank: Any) -> str:
 OmegaConf.register_new_resolver("runner_hydra_subdir", node_subdir, replace=True)
 
 USER_CONFIG_ENV = "RUNNER_CONFIG_DIR"
+COMMAND_LINE_ENV = "RUNNER_COMMAND_LINE"  # the `runner` command line, as env.json records it
 
 
 def _user_config_argv(directory: str) -> list[str]:
@@ -350,6 +354,9 @@ def main() -> None:
             user = _user_config_argv(os.environ[USER_CONFIG_ENV])
             sys.argv = [sys.argv[0], *user, *sys.argv[1:]]
     sys.argv = [sys.argv[0], *expand_shorthands(sys.argv[1:])]
+    # before Hydra keeps the command line (and a launcher plugin pickles it)
+    sys.argv = [sys.argv[0], *hide_literal_secrets(sys.argv[1:], os.environ)]
+    os.environ[COMMAND_LINE_ENV] = json.dumps(sys.argv)  # for jobs that submitit starts
     app = hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(task)
     user_wants_hydra_errors = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Hydra prints composition errors itself and exits 1, unless HYDRA_FULL_ERROR asks it to
