@@ -100,6 +100,9 @@ GPT_CAPACITY = [
     "logger=[]",
 ]
 LEAN_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}  # glibc: every block >= 1 MB its own map
+# glibc's own heap, as a sharded CPU rank had it before runner set the threshold itself: the
+# ceiling its dynamic threshold grows to (a set variable is left alone)
+GLIBC_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 CAPACITY_RUNS = {  # the table's rows: parallelism, how its ranks build the model, environment
     "ddp": (("parallelism=ddp",), {}),
     "zero3, meta_init": (("parallelism=zero3",), {}),
@@ -107,8 +110,8 @@ CAPACITY_RUNS = {  # the table's rows: parallelism, how its ranks build the mode
     "fsdp, meta_init": (("parallelism=fsdp",), {}),
     "fsdp, whole model built first": (("parallelism=fsdp", "parallelism.meta_init=false"), {}),
     "ddp, MALLOC_MMAP_THRESHOLD_=1MB": (("parallelism=ddp",), LEAN_MALLOC),
-    "zero3, meta_init, MALLOC_MMAP_THRESHOLD_=1MB": (("parallelism=zero3",), LEAN_MALLOC),
-    "fsdp, meta_init, MALLOC_MMAP_THRESHOLD_=1MB": (("parallelism=fsdp",), LEAN_MALLOC),
+    "zero3, meta_init, MALLOC_MMAP_THRESHOLD_=32MB": (("parallelism=zero3",), GLIBC_HEAP),
+    "fsdp, meta_init, MALLOC_MMAP_THRESHOLD_=32MB": (("parallelism=fsdp",), GLIBC_HEAP),
 }
 
 
@@ -161,8 +164,11 @@ def capacity_table(_reps: int, _steps: int) -> str:
         "450-600 MB before any model (DeepSpeed's ranks about 730 MB). 16Ψ: the whole model's "
         "training state (fp32 parameters, gradients, AdamW's two moments), which ddp holds on "
         "every rank. MALLOC_MMAP_THRESHOLD_=1MB: glibc maps every block of 1 MB or more on its "
-        "own and returns it when freed, instead of keeping freed memory in its heap (the "
-        "default), paying for it in page faults on every step.",
+        "own and returns it when freed, instead of keeping freed memory in its heap, paying "
+        "for it in page faults on every step; runner sets it for sharded CPU ranks (zero3, "
+        "fsdp) unless the variable is set. MALLOC_MMAP_THRESHOLD_=32MB: the ceiling of "
+        "glibc's own threshold, which keeps the freed blocks in the heap (those ranks before "
+        "runner set it).",
         "",
         "| ranks build | layers | parameters (M) | 4Ψ MB | 16Ψ MB | state MB/rank | "
         "built: peak RSS MB/rank "

@@ -1,12 +1,15 @@
-"""Freed host memory handed back to the system after building (runner.train.build.heap)."""
+"""Freed host memory handed back to the system (runner.train.build.heap): after building,
+and as it is freed on a sharded CPU rank."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
 
-from runner.train.build.heap import give_back_freed_memory
+from runner.train.build.heap import give_back_freed_memory, maps_large_blocks_alone
+from tests.helpers.cli import child_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
 
@@ -28,3 +31,51 @@ def test_freed_holes_in_the_heap_are_given_back() -> None:
     assert give_back_freed_memory()
     assert held - _rss_mb() > 80, "the holes stayed resident"
     assert len(pins) == 2000
+
+
+def test_only_a_sharded_cpu_rank_left_to_glibc_maps_large_blocks_alone() -> None:
+    assert maps_large_blocks_alone("fsdp", "cpu", {})
+    assert maps_large_blocks_alone("zero3", "cpu", {})
+    assert not maps_large_blocks_alone("fsdp", "cuda:0", {})  # its blocks are device memory
+    assert not maps_large_blocks_alone("ddp", "cpu", {})  # holds the whole model anyway
+    assert not maps_large_blocks_alone("zero2", "cpu", {})
+    assert not maps_large_blocks_alone("fsdp", "cpu", {"MALLOC_MMAP_THRESHOLD_": "0"})  # yours
+
+
+FREED_BLOCKS = """
+import sys
+from runner.train.build.heap import map_large_blocks_alone
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+def given_back_when_freed():
+    blocks, pins = [], []
+    for _ in range(40):  # 40 x 2 MiB, as a rank's gathered blocks, each pinned by a neighbour
+        blocks.append(bytearray(2 << 20))
+        pins.append(bytearray(600))
+    before = rss_mb()
+    blocks.clear()
+    return before - rss_mb()
+
+if sys.argv[1] == "alone":
+    assert map_large_blocks_alone()  # as a rank does, before it builds anything
+large = bytearray(16 << 20)
+del large  # a large block freed: glibc raises its threshold above 2 MiB, as on a rank
+print(given_back_when_freed())
+"""
+
+
+@pytest.mark.slow
+def test_large_blocks_mapped_alone_go_back_to_the_system_when_freed() -> None:
+    """In processes of their own (mallopt holds for the rest of a process's life)."""
+
+    def given_back(mode: str) -> float:
+        argv = [sys.executable, "-c", FREED_BLOCKS, mode]
+        run = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=120)
+        assert run.returncode == 0, run.stderr
+        return float(run.stdout)
+
+    assert given_back("default") < 10, "glibc's heap keeps the freed blocks (its default)"
+    assert given_back("alone") > 70, "each freed block goes back to the system"

@@ -35,6 +35,8 @@ def test_meta_init_trains_the_whole_builds_weights_bit_for_bit(
     assert meta.returncode == 0 and whole.returncode == 0, meta.output + whole.output
     assert "meta_init: each rank holds only its shards" in meta.rank_log(0)
     assert "meta_init" not in whole.rank_log(0)
+    for run in (meta, whole):  # a sharded CPU rank maps its large blocks alone
+        assert "heap: blocks of 1 MB or more are mapped on their own" in run.rank_log(1)
     assert "initial weights:" in meta.output and not (whole.run_dir / "init").exists()
 
     seed = _read(meta.run_dir / "init" / "weights.safetensors")

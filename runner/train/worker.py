@@ -38,6 +38,8 @@ from runner.errors import describe, first_line
 from runner.processes import FORKED_ENV, RANK_PARENT_ENV, die_with_parent
 from runner.rundir.files import RunDir, write_atomic
 
+log = logging.getLogger("runner.train.worker")  # also when run as __main__
+
 
 def _redirect_output(log_path: Path, rank: int, attempt: int) -> TextIO | None:
     """Send this process's stdout and stderr to its log (appending: every attempt is kept).
@@ -105,19 +107,33 @@ def run(run_dir: RunDir, terminal: TextIO | None, heart: Heartbeat) -> None:
     from runner import dist as rdist
     from runner.spec import load_spec
     from runner.spec.config_file import written_config
+    from runner.train.build.heap import (
+        LARGE_BLOCK,
+        MMAP_THRESHOLD_ENV,
+        map_large_blocks_alone,
+        maps_large_blocks_alone,
+    )
     from runner.train.trainer import Trainer
 
     node_dir = os.environ.get("RUNNER_NODE_DIR", run_dir.root)
     spec = load_spec(node_dir)  # this node's config
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     device = rdist.device_for(spec.device, rdist.get_local_rank())
+    lean = maps_large_blocks_alone(spec.parallelism.name, device, os.environ)
+    if lean and map_large_blocks_alone():  # before the model: its gathered blocks come and go
+        log.info(
+            "heap: blocks of 1 MB or more are mapped on their own and go back to the system "
+            "when freed (as with %s=%d; set it to choose another)",
+            MMAP_THRESHOLD_ENV,
+            LARGE_BLOCK,
+        )
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     backend = rdist.backend_for(spec.device)
     ours = not dist.is_initialized()  # Ray Train (launcher=ray) sets up its workers' group
     if ours:
         dist.init_process_group(backend=backend)
-    logging.getLogger("runner.train.worker").info("process group: %s, device %s", backend, device)
+    log.info("process group: %s, device %s", backend, device)
     start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
     trainer = Trainer(spec, run_dir, device, terminal, heart, written_config(node_dir))
     trainer.fit(start_time)
