@@ -121,6 +121,11 @@ def test_k8s_manifest_prints_a_job_or_names_what_is_missing(tmp_path) -> None:
             command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120
         )
 
+    typed = manifest("--image", "img:1", "device=cuda")  # as a user types it
+    assert typed.returncode == 0, typed.stderr
+    assert yaml.safe_load(typed.stdout)["spec"]["trainer"]["image"] == "img:1"
+    unsaid = manifest("--image", "img:1")  # this machine's hardware says nothing of the pods'
+    assert unsaid.returncode == 2 and "give device=cuda or device=cpu" in unsaid.stderr
     good = manifest("--image", "img:1", "--name", "demo", "nodes=2", "nproc=4", "device=cpu")
     assert good.returncode == 0, good.stderr
     job = yaml.safe_load(good.stdout)

@@ -84,6 +84,24 @@ def test_default_experiment_fills_the_run_directory(default_run) -> None:
     assert "Traceback" not in result.output
 
 
+def test_runner_report_of_the_default_run_as_typed(default_run, tmp_path: Path) -> None:
+    """`runner-report RUN`: the run's row (status, steps, final metrics) and its loss curves
+    written into the run directory (a copy here: the run is shared)."""
+    import shutil
+
+    run = shutil.copytree(default_run.run_dir, tmp_path / "default")
+    report = Path(sys.executable).parent / "runner-report"  # the console script
+    done = subprocess.run(
+        [str(report), str(run)], cwd=tmp_path, capture_output=True, text=True, env=child_env(),
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    final = default_run.summary()["final"]
+    assert "completed" in done.stdout and "276" in done.stdout
+    assert f"{final['val/accuracy']:.4f}"[:4] in done.stdout
+    assert (run / "report.png").stat().st_size > 0 and "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize(
     ("flag", "expected"),
     [

@@ -315,17 +315,22 @@ def test_a_bad_corpus_is_rejected_before_any_rank_starts(cli, tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_prepare_then_train_reads_the_same_cache(cli, tmp_path: Path) -> None:
+    def prepare(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            runner_command("prepare", *args),
+            cwd=tmp_path,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    typed = prepare()  # as a user types it: the default data keeps no cache
+    assert typed.returncode == 0 and "data=digits keeps no cache" in typed.stdout + typed.stderr
     write_corpus(tmp_path / "c", files=4, words=400)
     where = tmp_path / "cache"
     data = ["data=text", f"data.root={tmp_path / 'c'}", f"data.cache_dir={where}"]
-    run = subprocess.run(
-        runner_command("prepare", *data),
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = prepare(*data)
     assert run.returncode == 0, run.stdout + run.stderr
     path = run.stdout.splitlines()[0].removeprefix("token cache: ")
     assert Path(path).parent == where and "built in" in run.stdout
