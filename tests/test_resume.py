@@ -268,3 +268,9 @@ def test_an_async_checkpoint_killed_in_its_write_is_never_the_resume_point(
         "step_00000010",
         "step_00000012",
     ]
+    if parallelism == "fsdp":  # meta_init: a resume keeps the seed weights of the first start
+        seed = killed.run_dir / "init" / "weights.safetensors"
+        written = seed.stat().st_mtime_ns
+        more = cli(*ARGS, *ENGINE_ARGS[parallelism], "resume=auto", "max_steps=14")
+        assert more.returncode == 0 and more.summary()["resumed_from"] == 12, more.output
+        assert "kept from its first start" in more.output and seed.stat().st_mtime_ns == written

@@ -35,12 +35,13 @@ from runner.processes import (
     can_fork_ranks,
     die_with_parent,
 )
+from runner.rundir.checkpoints import CheckpointStore
 from runner.rundir.files import RunDir
 from runner.rundir.summary import (
     Status,
 )
 from runner.secrets import SECRETS_ENV
-from runner.spec import RunSpec, load_spec
+from runner.spec import RunSpec, load_spec, slurm
 
 SHUTDOWN_TIMEOUT_S = 10
 log = logging.getLogger("runner")
@@ -134,7 +135,9 @@ def _launch(node_dir: Path, spec: RunSpec, server: ForkServer | None) -> int:
             write_outcome(RunDir(run_root), Status.FAILED, error)
             return 2
     run_dir = RunDir(run_root)
-    if meta_init_applies(spec):
+    if meta_init_applies(spec) and _keeps_seed_weights(spec, run_dir):
+        log.info("runner: initial weights: %s, kept from its first start", run_dir.seed_weights)
+    elif meta_init_applies(spec):
         try:
             size = write_seed_weights(spec, run_dir.seed_weights)
         except Exception as exc:
@@ -153,6 +156,16 @@ def _launch(node_dir: Path, spec: RunSpec, server: ForkServer | None) -> int:
         return _run_ranks(spec, node_dir, run_dir, link, beats, write_outcome, server)
     finally:
         beats.unlink(missing_ok=True)
+
+
+def _keeps_seed_weights(spec: RunSpec, run_dir: RunDir) -> bool:
+    """A start that resumes the run from one of its own checkpoints (resume=auto, a requeued
+    SLURM job) keeps the seed weights its first start wrote, rather than building the whole
+    model again: the checkpoint overwrites them (the ranks read from them only what it does
+    not hold, such as non-persistent buffers)."""
+    resumes = spec.resume is not None or slurm.requeued(os.environ)
+    own = CheckpointStore(run_dir.checkpoints, keep=1).latest() if resumes else None
+    return own is not None and run_dir.seed_weights.is_file()
 
 
 def _run_ranks(
