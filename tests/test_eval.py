@@ -45,6 +45,17 @@ def test_eval_of_a_run_and_of_its_checkpoint_at_another_nproc(cli, tmp_path: Pat
     assert result["eval_samples"] == 2 * 64 and result["world_size"] == 2
     assert set(result["metrics"]) == {"val/loss", "val/accuracy"}
 
+    # The same weights under zero3 (meta_init): no optimizer, no seed weights (init_from
+    # fills every tensor), the same loss.
+    sharded = cli("eval", str(run.run_dir), "eval_batches=2", "parallelism=zero3", name="zero3")
+    assert sharded.returncode == 0, sharded.output
+    assert "none written, init_from fills every tensor" in sharded.output
+    assert not (sharded.run_dir / "init").exists()
+    loss = json.loads((sharded.run_dir / "eval.json").read_text())["metrics"]["val/loss"]
+    assert loss == pytest.approx(result["metrics"]["val/loss"], rel=1e-6)
+    for evaluated in (at_two, final, sharded):  # nothing steps: no optimizer was built
+        assert all(r["optimizer"] == 0 for r in evaluated.summary()["state_bytes"])
+
 
 def test_eval_refuses_what_it_cannot_read(cli, tmp_path: Path) -> None:
     missing = cli("eval", str(tmp_path / "nowhere"), name="missing")

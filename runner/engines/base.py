@@ -16,7 +16,9 @@ import torch
 from torch import nn
 
 from runner import dist as rdist
-from runner.engines.optim import optimizer_state_bytes
+from runner.engines.optim import build_optimizer, optimizer_state_bytes
+from runner.engines.schedules import build_scheduler
+from runner.spec import RunSpec
 
 Fill = Callable[[nn.Module], None]
 """Fills in a rank's shards of a model built without its weights, once the engine sharded
@@ -47,9 +49,10 @@ class Engine(ABC):
     """What the forward pass calls (the wrapped model)."""
     module: nn.Module
     """The plain model underneath: for evaluation and for exporting weights."""
-    torch_optimizer: torch.optim.Optimizer
-    """The torch optimizer that steps (under DeepSpeed, the one inside ZeRO's wrapper)."""
-    scheduler: Any
+    torch_optimizer: torch.optim.Optimizer | None = None
+    """The torch optimizer that steps (under DeepSpeed, the one inside ZeRO's wrapper); None
+    for `runner eval` (eval_only), where nothing steps."""
+    scheduler: Any = None
     """The learning-rate schedule, stepped once per optimizer step."""
     scaler: torch.amp.GradScaler | None = None
     """fp16's dynamic loss scaler (None for fp32 and bf16, and under ZeRO, whose own is
@@ -155,7 +158,18 @@ class Engine(ABC):
     @property
     def lr(self) -> float:
         """The learning rate the next step will use."""
+        assert self.torch_optimizer is not None, "eval_only: no optimizer, no learning rate"
         return self.torch_optimizer.param_groups[0]["lr"]
+
+    def build_optimizer(self, spec: RunSpec, module: nn.Module, total_steps: int) -> None:
+        """The optimizer and its schedule over `module`'s parameters (as the engine holds
+        them); none for `runner eval` (eval_only), which steps nothing."""
+        self.optimizer = self.scheduler = None
+        if spec.eval_only:
+            return
+        self.optimizer = build_optimizer(spec.optimizer, module)
+        self.scheduler = build_scheduler(spec.scheduler, self.optimizer, total_steps)
+        self.watch_state(self.optimizer)
 
     def watch_state(self, optimizer: torch.optim.Optimizer) -> None:
         """Subclasses call this with the torch optimizer that steps, once it is built. The
@@ -184,7 +198,8 @@ class Engine(ABC):
         """The model's parameters and, when they are other tensors (ZeRO's fp32 master
         partitions), the optimizer's."""
         held = {id(p): p for p in self.module.parameters()}
-        for group in self.torch_optimizer.param_groups:
+        groups = self.torch_optimizer.param_groups if self.torch_optimizer is not None else []
+        for group in groups:
             held.update({id(p): p for p in group["params"]})
         return list(held.values())
 
@@ -203,7 +218,7 @@ class Engine(ABC):
         state = {
             "params": storage_bytes(tensors),
             "grads": self._grad_bytes or 0,
-            "optimizer": optimizer_state_bytes(self.torch_optimizer),
+            "optimizer": optimizer_state_bytes(self.torch_optimizer) if self.torch_optimizer else 0,
         }
         return {**state, "total": sum(state.values())}
 

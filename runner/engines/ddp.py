@@ -23,9 +23,7 @@ from runner.engines.base import (
     local_grad_norm,
     save_durably,
 )
-from runner.engines.optim import build_optimizer
 from runner.engines.precision import grad_scaler
-from runner.engines.schedules import build_scheduler
 from runner.engines.shared_memory import SharedMemoryAllReduce, scaled_sum_hook
 from runner.hardware import shared_memory_obstacle
 from runner.spec import RunSpec, SyncStrategy
@@ -83,9 +81,7 @@ class DDPEngine(Engine):
         self._resync = False  # the next microbatch syncs (after a dropped pass)
         self.grad_clip_norm = spec.grad_clip_norm
         self.params = list(module.parameters())  # listed once, not every step
-        self.optimizer = build_optimizer(spec.optimizer, module)
-        self.scheduler = build_scheduler(spec.scheduler, self.optimizer, total_steps)
-        self.watch_state(self.optimizer)
+        self.build_optimizer(spec, module, total_steps)
         self.scaler = grad_scaler(spec.precision, torch.device(device).type)
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:

@@ -139,8 +139,13 @@ class DeepSpeedEngine(Engine):
         config, _ = merge_user_config(spec)  # conflicts were rejected by the parent
         if fill is not None:  # built partitioned (zero.Init): the values, before any copy
             fill(module)
-        optimizer = build_optimizer(spec.optimizer, module)
-        scheduler = build_scheduler(spec.scheduler, optimizer, total_steps)
+        optimizer = scheduler = None
+        self.stage = spec.parallelism.stage
+        if not spec.eval_only:
+            optimizer = build_optimizer(spec.optimizer, module)
+            scheduler = build_scheduler(spec.scheduler, optimizer, total_steps)
+        elif self.stage < 3:  # runner eval: ZeRO-1/2 need an optimizer; stage 0 wraps the model
+            config = {**config, "zero_optimization": {**config["zero_optimization"], "stage": 0}}
         try:
             self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
                 model=module,
@@ -154,11 +159,12 @@ class DeepSpeedEngine(Engine):
                 f"parallelism={name}: DeepSpeed failed to initialise: {type(exc).__name__}: {exc}"
             ) from exc
         self.module = self.model.module
-        self.stage = spec.parallelism.stage
+        self.loss_scale: LossScale | None = None
+        if optimizer is None:  # runner eval: stage 3 partitions the weights, nothing steps
+            return
         if self.stage == 3:
             share_master_partitions(self.model.optimizer)
         self.watch_state(optimizer)  # ZeRO steps our optimizer on its own partitions
-        self.loss_scale: LossScale | None = None
         if spec.precision.name is Precision.FP16:
             self.loss_scale = LossScale(spec.precision.init_scale, spec.precision.growth_interval)
             zero = self.model.optimizer

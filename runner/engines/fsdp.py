@@ -31,9 +31,7 @@ from torch import nn
 
 from runner import dist as rdist
 from runner.engines.base import Engine, Fill, FinalTensor, local_grad_norm
-from runner.engines.optim import build_optimizer
 from runner.engines.precision import DTYPES, grad_scaler
-from runner.engines.schedules import build_scheduler
 from runner.models.blocks import find_blocks
 from runner.spec import RunSpec
 
@@ -87,9 +85,7 @@ class FSDPEngine(Engine):
             log.info("fsdp: HSDP: %d copies, each sharded over %d ranks", self.replicas, shards)
         self.grad_clip_norm = spec.grad_clip_norm
         self.params = list(module.parameters())  # the sharded ones, listed once
-        self.optimizer = build_optimizer(spec.optimizer, module)
-        self.scheduler = build_scheduler(spec.scheduler, self.optimizer, total_steps)
-        self.watch_state(self.optimizer)
+        self.build_optimizer(spec, module, total_steps)
         # fp16: torch's GradScaler works on FSDP2's DTensor gradients, and DTensor reduces its
         # overflow check over the mesh, so every rank steps or skips alike.
         self.scaler = grad_scaler(spec.precision, torch.device(device).type)

@@ -118,7 +118,7 @@ def _launch(node_dir: Path, spec: RunSpec, server: ForkServer | None) -> int:
     run_root = node_dir if spec.node_rank == 0 else node_dir.parent
     add_code_dirs(spec.code_dir)  # here, and for the ranks through PYTHONPATH
     from runner.launch.preflight import INVALID, component_problems  # imports torch
-    from runner.models.initial_weights import meta_init_applies, write_seed_weights
+    from runner.models.initial_weights import meta_init_applies
 
     problems = component_problems(spec)
     if problems:  # the parent reports them like its own checks, and no rank starts
@@ -135,16 +135,13 @@ def _launch(node_dir: Path, spec: RunSpec, server: ForkServer | None) -> int:
             write_outcome(RunDir(run_root), Status.FAILED, error)
             return 2
     run_dir = RunDir(run_root)
-    if meta_init_applies(spec) and _keeps_seed_weights(spec, run_dir):
-        log.info("runner: initial weights: %s, kept from its first start", run_dir.seed_weights)
-    elif meta_init_applies(spec):
+    if meta_init_applies(spec):
         try:
-            size = write_seed_weights(spec, run_dir.seed_weights)
+            _seed_weights(spec, run_dir)
         except Exception as exc:
             error = {"rank": None, "exitcode": 1, "message": f"initial weights: {describe(exc)}"}
             write_outcome(run_dir, Status.FAILED, error)
             return 1
-        log.info("runner: initial weights: %s (%.1f MB)", run_dir.seed_weights, size / 2**20)
     slots = spec.world_size if spec.launcher.name == "ray" else spec.nproc  # ranks on this host
     beats = heartbeat.create(slots)  # the ranks' heartbeats and the stop's control block
     os.environ[heartbeat.ENV] = str(beats)
@@ -156,6 +153,22 @@ def _launch(node_dir: Path, spec: RunSpec, server: ForkServer | None) -> int:
         return _run_ranks(spec, node_dir, run_dir, link, beats, write_outcome, server)
     finally:
         beats.unlink(missing_ok=True)
+
+
+def _seed_weights(spec: RunSpec, run_dir: RunDir) -> None:
+    """The seed weights a meta_init run's ranks fill their shards from: written once per
+    run, and only where a rank will read them."""
+    from runner.models.initial_weights import write_seed_weights
+
+    path = run_dir.seed_weights
+    if _keeps_seed_weights(spec, run_dir):
+        log.info("runner: initial weights: %s, kept from its first start", path)
+        return
+    size = write_seed_weights(spec, path)
+    if size is None:
+        log.info("runner: initial weights: none written, init_from fills every tensor")
+    else:
+        log.info("runner: initial weights: %s (%.1f MB)", path, size / 2**20)
 
 
 def _keeps_seed_weights(spec: RunSpec, run_dir: RunDir) -> bool:

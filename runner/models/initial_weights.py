@@ -60,9 +60,12 @@ def seed_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: t.detach().contiguous() for name, t in tensors.items()}
 
 
-def write_seed_weights(spec: RunSpec, path: Path) -> int:
+def write_seed_weights(spec: RunSpec, path: Path) -> int | None:
     """Build the model as a rank would and write its tensors to `path` (safetensors),
-    atomically: a reader sees the whole file or none. Returns the bytes written."""
+    atomically: a reader sees the whole file or none. Returns the bytes written; None, with
+    nothing built, where init_from's file holds every tensor (pretrained_fills_all)."""
+    if pretrained_fills_all(spec):
+        return None
     _, module = build_data_and_model(spec)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = [
@@ -75,3 +78,18 @@ def write_seed_weights(spec: RunSpec, path: Path) -> int:
 
 def _itself(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+def pretrained_fills_all(spec: RunSpec) -> bool:
+    """Whether init_from's file fills every parameter and buffer of the model, the
+    non-persistent buffers too (`runner eval` of a run, a whole model fine-tuned): then the
+    ranks read nothing from seed weights. Decided on the meta device, nothing allocated."""
+    if spec.init_from.path is None:
+        return False
+    from runner.models.checkpoint_weights import weights_file
+    from runner.models.pretrained import loaded_tensors, match
+
+    _, module = build_data_and_model(spec, torch.device("meta"))
+    with weights_file(Path(spec.init_from.path)) as file:
+        sources = match(file, loaded_tensors(module), spec.init_from).sources
+    return set(seed_tensors(module)) <= sources.keys()

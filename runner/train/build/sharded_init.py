@@ -82,14 +82,20 @@ class InitialWeights:
     @contextlib.contextmanager
     def reader(self) -> Iterator[Callable[..., torch.Tensor]]:
         """read(name, start=0, count=None): elements of a tensor, flattened, from its file."""
-        pretrained = weights_file(Path(self.pretrained)) if self.sources else None
-        with tensor_file(self.seed) as seed, pretrained or contextlib.nullcontext() as file:
+        with contextlib.ExitStack() as files:
+            file = (
+                files.enter_context(weights_file(Path(self.pretrained))) if self.sources else None
+            )
+            seed: TensorFile | None = None  # opened at its first read: init_from may fill all
 
             def read(name: str, start: int = 0, count: int | None = None) -> torch.Tensor:
+                nonlocal seed
                 source = self.sources.get(name)
-                if source is None:
-                    return seed.read(name, start, count)
-                return file.read(source, start, count)
+                if source is not None:
+                    return file.read(source, start, count)
+                if seed is None:
+                    seed = files.enter_context(tensor_file(self.seed))
+                return seed.read(name, start, count)
 
             yield read
 
