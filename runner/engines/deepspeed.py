@@ -17,6 +17,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
@@ -41,7 +42,8 @@ def _import_deepspeed(name: str, device: str) -> Any:
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.startswith("cuda") else "cpu")
     keep_extensions_in_environment()  # a rank started by something other than runner
     try:
-        import deepspeed
+        with _hidden("mlflow"):
+            import deepspeed
     except ImportError as exc:
         raise RuntimeError(
             f"parallelism={name} needs DeepSpeed, which cannot be imported: {exc}"
@@ -68,6 +70,23 @@ def to_universal(source: Path, target: Path) -> None:
             f"converting {source} to DeepSpeed's universal checkpoint failed: "
             + (lines[-1] if lines else f"exit status {done.returncode}")
         )
+
+
+@contextlib.contextmanager
+def _hidden(module: str) -> Iterator[None]:
+    """`import module` fails inside, unless something imported it already. DeepSpeed's
+    autotuner (which runner never runs) imports MLflow at DeepSpeed's import where MLflow is
+    installed: 1.3 s of every DeepSpeed rank's start here, and a thread (pyarrow's
+    jemalloc). A rank that logs to MLflow imports it afterwards as usual."""
+    if module in sys.modules:
+        yield
+        return
+    sys.modules[module] = None  # type: ignore[assignment]  # `import` raises ImportError
+    try:
+        yield
+    finally:
+        if sys.modules.get(module, False) is None:
+            del sys.modules[module]
 
 
 def partitioned_construction(spec: RunSpec, device: str) -> Any:
