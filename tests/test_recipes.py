@@ -94,3 +94,19 @@ def test_user_recipe_directory(tmp_path: Path) -> None:
     assert "tiny" in listed and "resnet50" in listed
     config = yaml.safe_load(runner("--cfg", "job", "+recipe=tiny", "global_batch_size=16"))
     assert config["model"]["_target_"].endswith(".resnet18") and config["global_batch_size"] == 16
+
+
+def test_rerun_keeps_the_runs_settings_unless_a_group_switches(tmp_path: Path) -> None:
+    """`runner rerun RUN parallelism=zero3` takes zero3's settings, not the run's zero2 keys;
+    the run's own option named again keeps the run's settings."""
+    from runner.cli.rerun import rerun_config
+    from tests.helpers.config import compose_config
+
+    config = compose_config(["parallelism=zero2", "parallelism.reduce_bucket_size=1000"])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    conf = REPO / "conf"
+    switched = yaml.safe_load(rerun_config(tmp_path, conf, {"parallelism": "zero3"}))
+    assert "parallelism" not in switched and {"parallelism": "???"} in switched["defaults"]
+    same = yaml.safe_load(rerun_config(tmp_path, conf, {"parallelism": "zero2"}))
+    assert same["parallelism"]["reduce_bucket_size"] == 1000
+    assert {"parallelism": "zero2"} in same["defaults"]

@@ -49,18 +49,20 @@ def _option(conf_dir: Path, group: str, node: dict) -> str | list[str]:
     return "custom"
 
 
-def rerun_config(run_dir: Path, conf_dir: Path, switched: frozenset[str] = frozenset()) -> str:
+def rerun_config(run_dir: Path, conf_dir: Path, switched: dict[str, str] | None = None) -> str:
     """A primary config that reproduces the run in `run_dir` from its resolved config.yaml.
 
     Its defaults pick the options the run used and its own values are the run's resolved
     values, so later edits of the config files or recipes change nothing. The run starts
-    fresh (resume=null) in a new run directory. A group in `switched` (`parallelism=fsdp` on
-    the command line) gets the new option's values, not the run's.
+    fresh (resume=null) in a new run directory. A group `switched` to another option on the
+    command line (`parallelism=fsdp`) gets that option's values, not the run's.
     """
+    switched = switched or {}
     spec = yaml.safe_load((run_dir / "config.yaml").read_text())
     spec["resume"] = None
-    for group in switched:
-        spec.pop(group, None)
+    for group, option in switched.items():
+        if group in spec and option != _option(conf_dir, group, spec[group]):
+            del spec[group]  # another option: its own settings, not the run's
     if "tensorboard" in spec:  # a run from before the logger group
         spec["logger"] = {"tensorboard": {}} if spec.pop("tensorboard") else {}
     primary = yaml.safe_load((conf_dir / "config.yaml").read_text())
@@ -91,8 +93,10 @@ def rerun_argv(argv: list[str], conf_dir: Path) -> list[str]:
         sys.exit(2)
     config_dir = Path(tempfile.mkdtemp(prefix="runner-rerun-"))
     atexit.register(shutil.rmtree, config_dir, ignore_errors=True)
-    switched = frozenset(
-        group for arg in argv[1:] if (group := arg.partition("=")[0]) in GROUPS and "=" in arg
-    )
+    switched = {
+        group: option
+        for group, equals, option in (arg.partition("=") for arg in argv[1:])
+        if equals and group in GROUPS
+    }
     (config_dir / "rerun.yaml").write_text(rerun_config(run_dir, conf_dir, switched))
     return [f"--config-dir={config_dir}", "--config-name=rerun", *argv[1:]]
