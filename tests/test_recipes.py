@@ -103,10 +103,12 @@ def test_rerun_keeps_the_runs_settings_unless_a_group_switches(tmp_path: Path) -
     from tests.helpers.config import compose_config
 
     config = compose_config(["parallelism=zero2", "parallelism.reduce_bucket_size=1000"])
+    config["sync_strategy"] = {"name": "single_auto_sync"}  # as a ddp run's config.yaml has it
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     conf = REPO / "conf"
     switched = yaml.safe_load(rerun_config(tmp_path, conf, {"parallelism": "zero3"}))
     assert "parallelism" not in switched and {"parallelism": "???"} in switched["defaults"]
+    assert switched["sync_strategy"] == {"name": "auto"}  # ddp's resolved choice would be refused
     same = yaml.safe_load(rerun_config(tmp_path, conf, {"parallelism": "zero2"}))
     assert same["parallelism"]["reduce_bucket_size"] == 1000
     assert {"parallelism": "zero2"} in same["defaults"]

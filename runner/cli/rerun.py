@@ -63,6 +63,8 @@ def rerun_config(run_dir: Path, conf_dir: Path, switched: dict[str, str] | None 
     for group, option in switched.items():
         if group in spec and option != _option(conf_dir, group, spec[group]):
             del spec[group]  # another option: its own settings, not the run's
+    if "parallelism" not in spec and "sync_strategy" not in switched:
+        spec["sync_strategy"] = {"name": "auto"}  # the run's followed its parallelism
     if "tensorboard" in spec:  # a run from before the logger group
         spec["logger"] = {"tensorboard": {}} if spec.pop("tensorboard") else {}
     primary = yaml.safe_load((conf_dir / "config.yaml").read_text())
