@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
+_SHOWN = (  # record key, how the line shows its value
+    ("lr", "lr {:.2e}"),
+    ("val/accuracy", "val_acc {:.4f}"),
+    ("train/grad_norm", "grad_norm {:.3g}"),
+)
+
 
 def _fmt(record: dict[str, Any]) -> str:
     """One record as the progress line shows it: a training record (its loss, or that its
@@ -14,12 +20,7 @@ def _fmt(record: dict[str, Any]) -> str:
         parts.append(f"loss {loss:.4f}" if loss is not None else "batch skipped")
     elif "val/loss" in record:
         parts.append(f"val_loss {record['val/loss']:.4f}")
-    if "lr" in record:
-        parts.append(f"lr {record['lr']:.2e}")
-    if "val/accuracy" in record:
-        parts.append(f"val_acc {record['val/accuracy']:.4f}")
-    if "train/grad_norm" in record:
-        parts.append(f"grad_norm {record['train/grad_norm']:.3g}")
+    parts += [shown.format(record[key]) for key, shown in _SHOWN if key in record]
     if "throughput/tokens_per_sec" in record:
         parts.append(f"{record['throughput/tokens_per_sec']:,.0f} tokens/s")
     elif "throughput/samples_per_sec" in record:
