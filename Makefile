@@ -26,11 +26,13 @@ run: install
 	$(BIN)/runner $(ARGS)
 
 # Side by side: TEST_WORKERS pytest-xdist workers, a test module to each (its module-scoped
-# runs are made once). A test's time is mostly processes starting and waiting, so on this
-# 2-core machine 3 workers keep both cores busy (make test: 23 min one at a time).
+# runs are made once), in the order tests/conftest.py gives them (the longest modules first;
+# xdist would otherwise start the modules with the most tests first, and end on Ray's). A
+# test's time is mostly processes starting and waiting, so on this 2-core machine 3 workers
+# keep both cores busy (make test: 23 min one at a time; 4 workers: slower than 3).
 TEST_WORKERS ?= 3
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The fast tier: every test that starts no process (a run, a rank, a worker), about half a
 # minute. tests/conftest.py fails a test outside `slow` that starts one.

@@ -238,3 +238,24 @@ def test_this_torch_still_offers_the_hook_the_fork_server_replaces() -> None:
     assert made_by == takes, (made_by, takes)
     assert list(inspect.signature(handler._popen).parameters) == ["self", "args", "env"]
     assert list(inspect.signature(handler.close).parameters)[:2] == ["self", "death_sig"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "imports_it"),
+    [
+        (["parallelism=zero2", "device=cpu"], True),
+        (["parallelism=zero3", "device=cpu"], True),
+        (["compile=true", "device=cpu"], True),
+        (["parallelism=fsdp", "device=cpu"], False),
+        (["parallelism=zero2", "device=cuda"], False),  # a GPU's ranks import it themselves
+    ],
+)
+def test_the_server_imports_torch_s_compiler_for_the_cpu_ranks_that_load_it(
+    overrides: list[str], imports_it: bool
+) -> None:
+    """DeepSpeed's ranks and compiled ones import torch._inductor (seconds of CPU each): on
+    the CPU the fork server imports it once for all of them."""
+    from runner.launch.forked_ranks import COMPILER, modules_for
+
+    spec = resolve_spec(compose_config(overrides), cuda_devices=2)
+    assert (COMPILER in modules_for(spec)) == imports_it

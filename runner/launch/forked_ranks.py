@@ -35,21 +35,39 @@ from typing import Any
 
 from runner.launch import fork_server
 from runner.spec import RunSpec
+from runner.spec.parallelism_specs import DEEPSPEED_SPECS
 
 log = logging.getLogger("runner")
 
 
 def modules_for(spec: RunSpec) -> list[str]:
     """What this run's ranks import beyond fork_server.PRELOAD and the server may import too:
-    the modules of runner's and torchvision's components it names, and torchvision for
-    runner's resnets. (Not DeepSpeed: importing it starts a thread. Not the user's code:
-    what it does on import is unknown.)"""
+    the modules of runner's and torchvision's components it names, torchvision for runner's
+    resnets, and on the CPU torch's compiler for the ranks that import it (see
+    _imports_the_compiler). Not DeepSpeed itself: it picks its accelerator as it loads. Not
+    the user's code: what it does on import is unknown."""
     targets = [spec.model.target, spec.data.target, spec.loss.target]
     targets += [metric.target for metric in spec.metrics.values()]
     modules = [t.rpartition(".")[0] for t in targets if t.split(".")[0] in _SAFE_PACKAGES]
     if spec.model.target.startswith("runner.models.builders.resnet"):
         modules.append("torchvision.models")
+    if _imports_the_compiler(spec):
+        modules.append(COMPILER)
     return list(dict.fromkeys(m for m in modules if m))
+
+
+# torch.compile's default backend, which each rank of a compiled or DeepSpeed run imports
+# (DeepSpeed's ZeRO optimizer check imports its Muon optimizer, which calls torch.compile as
+# it loads): 1.3-1.8 s of CPU per rank and per restart here, once in the fork server.
+COMPILER = "torch._inductor.compile_fx"
+
+
+def _imports_the_compiler(spec: RunSpec) -> bool:
+    """Whether the ranks import torch's compiler, on a CPU run. (On a GPU it stays theirs to
+    import: whether the import leaves the server fit to fork there has not been measured.)"""
+    if spec.device != "cpu":
+        return False
+    return spec.compile is not None or isinstance(spec.parallelism, DEEPSPEED_SPECS)
 
 
 _SAFE_PACKAGES = ("runner", "torchvision")
