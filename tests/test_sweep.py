@@ -11,24 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.cli import FAST, child_env, runner_command
+from tests.helpers.cli import FAST, child_env, run_sweep
 from tests.helpers.wandb_records import records
 
 pytestmark = pytest.mark.slow
 TINY = [*FAST, "max_epochs=null", "max_steps=2", "log_interval=1"]
-
-
-def sweep(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, Path]:
-    root = tmp_path / "sweep"
-    proc = subprocess.run(
-        runner_command("-m", *overrides, f"hydra.sweep.dir={root}"),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=child_env(),
-    )
-    return proc, root
 
 
 def table(root: Path) -> list[dict[str, str]]:
@@ -38,7 +25,7 @@ def table(root: Path) -> list[dict[str, str]]:
 
 def test_failing_jobs_do_not_stop_the_sweep_and_are_listed(tmp_path: Path) -> None:
     # job 0 completes, 1 and 3 are rejected (63 is odd), 2 loses rank 1 at step 2
-    proc, root = sweep(
+    proc, root = run_sweep(
         tmp_path, *TINY, "chaos.kill_rank=1", "chaos.at_step=5,2", "global_batch_size=64,63"
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -80,7 +67,7 @@ def test_submitit_runs_jobs_side_by_side(tmp_path: Path) -> None:
     """Two jobs at once, logging to MLflow and W&B: the sweep is one MLflow parent run (made
     once, whichever job comes first) with a child per job, and one W&B group."""
     trackers = ["logger=[mlflow,wandb]"]
-    proc, root = sweep(tmp_path, *TINY, "hydra/launcher=submitit_local", "seed=1,2", *trackers)
+    proc, root = run_sweep(tmp_path, *TINY, "hydra/launcher=submitit_local", "seed=1,2", *trackers)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = table(root)
     assert [(r["job"], r["status"]) for r in rows] == [("0", "completed"), ("1", "completed")]
@@ -108,7 +95,7 @@ def test_submitit_runs_jobs_side_by_side(tmp_path: Path) -> None:
 
 def test_optuna_maximises_the_returned_validation_accuracy(tmp_path: Path) -> None:
     """Optuna asks for 2 trials at once (n_jobs=2); the joblib launcher runs them side by side."""
-    proc, root = sweep(
+    proc, root = run_sweep(
         tmp_path,
         *TINY,
         "hydra/sweeper=optuna",
@@ -130,7 +117,7 @@ def test_optuna_maximises_the_returned_validation_accuracy(tmp_path: Path) -> No
 
 def test_an_optuna_sweep_the_wrong_way_round_stops_before_any_job(tmp_path: Path) -> None:
     """The mlp's sweep.metric is val/accuracy (to maximize): minimizing it is refused."""
-    proc, root = sweep(
+    proc, root = run_sweep(
         tmp_path,
         *TINY,
         "hydra/sweeper=optuna",

@@ -200,6 +200,16 @@ def _git_commit(cwd: Path) -> dict[str, Any] | None:
         return None
 
 
+def devices_given() -> dict[str, Any]:
+    """The devices this run was given: CUDA_VISIBLE_DEVICES (null: not set) and the cores it
+    may run on (a sweep's slot under hydra/launcher=runner, taskset, a cgroup)."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = list(range(os.cpu_count() or 1))
+    return {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "cores": cores}
+
+
 def environment_info(code_dirs: Sequence[str] = ()) -> dict[str, Any]:
     """Versions, code revisions (runner's, the launch directory's and each `code_dir`'s:
     commit and whether the tree is dirty) and host: enough to tell two runs' environments
@@ -228,6 +238,7 @@ def environment_info(code_dirs: Sequence[str] = ()) -> dict[str, Any]:
         "hosts": [socket.gethostname()],
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "devices": devices_given(),
         "argv": sys.argv,
         "cwd": str(Path.cwd()),
     }

@@ -63,6 +63,22 @@ def run_cli(tmp_path: Path, *overrides: str, name: str = "run", timeout: float =
     return CliResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
+def run_sweep(
+    tmp_path: Path, *overrides: str, timeout: float = 300
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run `runner -m OVERRIDES hydra.sweep.dir=tmp_path/sweep` to its end."""
+    root = tmp_path / "sweep"
+    proc = subprocess.run(
+        runner_command("-m", *overrides, f"hydra.sweep.dir={root}"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
+    )
+    return proc, root
+
+
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)

@@ -1,0 +1,240 @@
+"""hydra/launcher=runner: run a sweep's jobs side by side on this node, each on its own
+devices (a slot: runner.cli.job_slots) and in its own process tree.
+
+Each job is a fork of the sweep's process, taken before the job composes, resolves or
+starts anything (the sweep's process never imports torch, so no CUDA state or thread is
+inherited); it sets its devices, runs the job as Hydra's own launcher would (its directory,
+its `.hydra/`, its return value for the sweeper) and sends back the JobReturn. Jobs start
+in order as slots free up. A failed job is reported as it ends; with `fail_fast=true` it
+also ends the sweep: running jobs are stopped (SIGTERM: interrupted, with their summary)
+and queued ones never start.
+"""
+
+# No `from __future__ import annotations`: Hydra runs this module without a sys.modules
+# entry, where dataclasses cannot read annotations kept as strings.
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import (
+    JobReturn,
+    JobStatus,
+    configure_log,
+    filter_overrides,
+    run_job,
+    setup_globals,
+)
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, open_dict
+
+
+@dataclass
+class RunnerLauncherConf:
+    _target_: str = "hydra_plugins.runner_launcher.runner_launcher.RunnerLauncher"
+    devices: Any = None  # GPU ids; null: every visible GPU, else the cores
+    fail_fast: bool = False  # the first failed job stops the sweep
+
+
+ConfigStore.instance().store(
+    group="hydra/launcher", name="runner", node=RunnerLauncherConf, provider="runner"
+)
+
+
+@dataclass
+class _Job:
+    idx: int
+    overrides: Sequence[str]
+    config: DictConfig
+    size: int
+
+
+class RunnerLauncher(Launcher):
+    def __init__(self, devices: Any = None, fail_fast: bool = False) -> None:
+        super().__init__()
+        self.devices = None if devices is None else list(devices)
+        self.fail_fast = bool(fail_fast)
+        self.config: DictConfig | None = None
+        self.task_function: TaskFunction | None = None
+        self.hydra_context: HydraContext | None = None
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
+        from runner.cli.job_slots import device_pool, pool_problems
+
+        setup_globals()
+        assert self.config is not None and self.hydra_context is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        pool = device_pool(self.devices)
+        jobs = [self._job(initial_job_idx + i, o, pool) for i, o in enumerate(job_overrides)]
+        problems = pool_problems(pool, [job.size for job in jobs])
+        if problems:
+            _refuse(problems, Path(str(self.config.hydra.sweep.dir)))
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        _say(f"{len(jobs)} job(s) on {pool.describe()}, side by side")
+        returns = _Sweep(self, pool).run(jobs)
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return returns
+
+    def _job(self, idx: int, overrides: Sequence[str], pool: Any) -> _Job:
+        from runner.cli.job_slots import slot_size
+
+        assert self.config is not None and self.hydra_context is not None
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(config):
+            config.hydra.job.id = idx
+            config.hydra.job.num = idx
+        return _Job(idx, overrides, config, slot_size(config.get("nproc", 1), pool))
+
+
+class _Sweep:
+    """The jobs of one launch: started as slots free up, collected as they end."""
+
+    def __init__(self, launcher: RunnerLauncher, pool: Any):
+        from runner.cli.job_slots import Slots
+
+        self.launcher = launcher
+        self.pool = pool
+        self.slots = Slots(pool)
+        self.running: dict[Any, tuple[_Job, tuple[str, ...], Any]] = {}
+        self.returns: dict[int, JobReturn] = {}
+        self.stopping = False
+
+    def run(self, jobs: list[_Job]) -> list[JobReturn]:
+        queue = deque(jobs)
+        while queue or self.running:
+            while queue and not self.stopping:
+                devices = self.slots.take(queue[0].size)
+                if devices is None:
+                    break
+                self._start(queue.popleft(), devices)
+            for conn in multiprocessing.connection.wait(list(self.running)):
+                self._collect(conn)
+            if self.stopping:
+                queue.clear()
+        return [self.returns[idx] for idx in sorted(self.returns)]
+
+    def _start(self, job: _Job, devices: tuple[str, ...]) -> None:
+        receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
+        process = multiprocessing.get_context("fork").Process(
+            target=_job_process, args=(send, self.launcher, job, self.pool, devices)
+        )
+        process.start()
+        send.close()
+        shown = " ".join(filter_overrides(job.overrides))
+        _say(f"job {job.idx} started on {_kind(self.pool)} {','.join(devices)}: {shown}")
+        self.running[receive] = (job, devices, process)
+
+    def _collect(self, conn: Any) -> None:
+        job, devices, process = self.running.pop(conn)
+        try:
+            result = conn.recv()
+        except EOFError:  # the job's process died without a word
+            result = None
+        process.join()
+        self.slots.give_back(devices)
+        if result is None:
+            result = _lost_job(job, process.exitcode)
+        self.returns[job.idx] = result
+        problem = _failure(job, result)
+        if problem is None:
+            return
+        _say(f"job {job.idx} failed: {problem}")
+        if self.launcher.fail_fast and not self.stopping:
+            self.stopping = True
+            others = [j.idx for j, _, _ in self.running.values()]
+            stopping = f" (stopping job(s) {', '.join(map(str, others))})" if others else ""
+            _say(f"hydra.launcher.fail_fast=true: the sweep stops{stopping}")
+            for _, _, other in self.running.values():
+                if other.pid is not None:
+                    os.kill(other.pid, signal.SIGTERM)
+
+
+def _job_process(send: Any, launcher: RunnerLauncher, job: _Job, pool: Any, devices: Any) -> None:
+    """The job's own process: its devices, then the job as Hydra's launcher runs it."""
+    from runner.cli.job_slots import job_environment, pin_to_cores
+
+    code = 0
+    try:
+        os.environ.update(job_environment(pool, devices))
+        pin_to_cores(pool, devices)
+        result = run_job(
+            hydra_context=launcher.hydra_context,
+            task_function=launcher.task_function,
+            config=job.config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+        if result.status == JobStatus.FAILED:  # an exception: the sweep's to report, as text
+            error = result._return_value
+            result.status, result._return_value = JobStatus.COMPLETED, math.nan
+            result.cfg = job.config
+            print(f"runner: job {job.idx}: {type(error).__name__}: {error}", file=sys.stderr)
+        send.send(result)
+    except BaseException as exc:  # SystemExit included: nothing returns into the sweep
+        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _lost_job(job: _Job, exitcode: int | None) -> JobReturn:
+    result = JobReturn(overrides=list(job.overrides), cfg=job.config, status=JobStatus.COMPLETED)
+    result._return_value = math.nan
+    result.working_dir = ""
+    return result
+
+
+def _failure(job: _Job, result: JobReturn) -> str | None:
+    """Why the job failed (its summary's error), or None when it did not."""
+    from runner.rundir.files import read_json
+
+    value = result._return_value
+    if not (isinstance(value, float) and math.isnan(value)):
+        return None
+    job_dir = Path(str(job.config.hydra.sweep.dir)) / str(job.config.hydra.sweep.subdir)
+    summary = read_json(job_dir / "summary.json") or {}
+    if summary.get("status") == "completed":
+        return None  # completed without the sweep's metric
+    error = summary.get("error") or {}
+    message = (error.get("message") or "ended without a summary").splitlines()[0]
+    return f"{message} ({job_dir})"
+
+
+def _say(line: str) -> None:
+    """The sweep's own lines, on stderr beside the jobs' `runner:` lines."""
+    print(f"runner: {line}", file=sys.stderr, flush=True)
+
+
+def _kind(pool: Any) -> str:
+    return "GPU(s)" if pool.kind == "gpu" else "core(s)"
+
+
+def _refuse(problems: list[str], sweep_dir: Path) -> None:
+    """Bad input: reported like any configuration problem, exit 2, before the first job."""
+    from runner.cli.resolving import problems_text
+
+    print(problems_text(problems), file=sys.stderr)
+    if sweep_dir.is_dir() and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}:
+        for path in sweep_dir.iterdir():
+            path.unlink()
+        sweep_dir.rmdir()
+    sys.exit(2)

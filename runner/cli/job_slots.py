@@ -1,0 +1,119 @@
+"""hydra/launcher=runner's slots: which devices each job of a sweep on one node gets.
+
+The node's devices are a pool: `hydra.launcher.devices` where the user declares them (GPU
+ids, recorded and handed down even on a machine without a GPU), else every visible GPU,
+else the cores this process may run on. A job takes as many as it has ranks (`nproc`;
+`nproc=auto`: the whole pool) and gives them back when it ends; jobs wait in order while
+the pool is short. A job on GPUs sees only its own (CUDA_VISIBLE_DEVICES); a job on cores
+runs on its own (CPU affinity), and its ranks split those cores as a run's ranks split a
+node's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner import hardware
+
+GPU, CPU = "gpu", "cpu"
+
+
+@dataclass(frozen=True)
+class DevicePool:
+    kind: str  # GPU or CPU
+    devices: tuple[str, ...]
+    declared: bool  # hydra.launcher.devices named them
+
+    def describe(self) -> str:
+        what = "GPU(s)" if self.kind == GPU else "core(s)"
+        where = "hydra.launcher.devices" if self.declared else "visible"
+        return f"{len(self.devices)} {what} ({where}: {','.join(self.devices)})"
+
+
+def device_pool(
+    declared: Sequence[Any] | None, environ: dict[str, str] | None = None
+) -> DevicePool:
+    """The devices the sweep's jobs share."""
+    environ = dict(os.environ) if environ is None else environ
+    if declared is not None:
+        return DevicePool(GPU, tuple(str(d).strip() for d in declared), True)
+    gpus = hardware.cuda_device_count()
+    if gpus:
+        visible = environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [d.strip() for d in visible.split(",") if d.strip()] if visible else []
+        return DevicePool(GPU, tuple(ids[:gpus] or (str(i) for i in range(gpus))), False)
+    return DevicePool(CPU, tuple(str(c) for c in sorted(_affinity())), False)
+
+
+def _affinity() -> set[int]:
+    try:
+        return os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        return set(range(os.cpu_count() or 1))
+
+
+def slot_size(nproc: Any, pool: DevicePool) -> int:
+    """How many of the pool's devices a job with this `nproc` takes."""
+    return len(pool.devices) if nproc == "auto" else int(nproc)
+
+
+def pool_problems(pool: DevicePool, sizes: Sequence[int]) -> list[str]:
+    """What makes the sweep impossible before its first job: a device named twice, a job
+    needing more devices than the pool has."""
+    problems = []
+    if not pool.devices:
+        problems.append("hydra.launcher.devices=[]: name at least one device, or leave it out")
+    twice = sorted(d for d, n in Counter(pool.devices).items() if n > 1)
+    if twice:
+        problems.append(
+            f"hydra.launcher.devices={list(pool.devices)}: {', '.join(twice)} named twice; "
+            "each device can be in one job's slot at a time"
+        )
+    largest = max(sizes, default=0)
+    if pool.devices and largest > len(pool.devices):
+        kind = "GPUs" if pool.kind == GPU else "cores"
+        problems.append(
+            f"nproc={largest}: a job takes a {kind[:-1]} per rank, and this node has "
+            f"{pool.describe()}; use nproc<={len(pool.devices)}"
+            + ("" if pool.declared else ", or name the devices: hydra.launcher.devices=[...]")
+        )
+    return problems
+
+
+@dataclass
+class Slots:
+    """The pool's devices, free or taken by a running job."""
+
+    pool: DevicePool
+    free: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.free = list(self.pool.devices)
+
+    def take(self, count: int) -> tuple[str, ...] | None:
+        """`count` free devices (the lowest first), or None while fewer are free."""
+        if count > len(self.free):
+            return None
+        taken, self.free = tuple(self.free[:count]), self.free[count:]
+        return taken
+
+    def give_back(self, devices: Sequence[str]) -> None:
+        order = {d: i for i, d in enumerate(self.pool.devices)}
+        self.free = sorted([*self.free, *devices], key=order.__getitem__)
+
+
+def job_environment(pool: DevicePool, devices: Sequence[str]) -> dict[str, str]:
+    """The variables a job's process gets for its devices (cores: set as its affinity)."""
+    if pool.kind == GPU:
+        return {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
+    return {}
+
+
+def pin_to_cores(pool: DevicePool, devices: Sequence[str]) -> None:
+    """Run this process (a job) and what it starts on its slot's cores only."""
+    if pool.kind == CPU and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(d) for d in devices})

@@ -1,0 +1,110 @@
+"""hydra/launcher=runner: a sweep's jobs side by side on one node, each in its own slot of
+devices (declared GPU ids recorded even without a GPU, else this machine's cores), a failed
+job reported as it ends, fail_fast, and bad input refused before the first job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runner.cli.job_slots import CPU, GPU, DevicePool, Slots, pool_problems, slot_size
+from tests.helpers.cli import FAST, run_sweep
+
+LAUNCHER = "hydra/launcher=runner"
+TINY = [*FAST, "max_epochs=null", "max_steps=4", "log_interval=2", "eval_interval=1000"]
+
+
+def sweep(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, Path]:
+    return run_sweep(tmp_path, LAUNCHER, *overrides, timeout=600)
+
+
+def test_slots_are_taken_lowest_first_and_wait_while_short() -> None:
+    slots = Slots(DevicePool(GPU, ("0", "1", "2", "3"), True))
+    assert slots.take(2) == ("0", "1") and slots.take(2) == ("2", "3")
+    assert slots.take(1) is None  # every device busy: the job waits
+    slots.give_back(("2", "3"))
+    slots.give_back(("0", "1"))
+    assert slots.free == ["0", "1", "2", "3"]
+    assert slot_size("auto", DevicePool(CPU, ("0", "1"), False)) == 2
+    assert slot_size(1, DevicePool(CPU, ("0", "1"), False)) == 1
+
+
+def test_bad_slots_are_named() -> None:
+    twice = pool_problems(DevicePool(GPU, ("0", "1", "1"), True), [1])
+    assert twice == [
+        "hydra.launcher.devices=['0', '1', '1']: 1 named twice; each device can be in one "
+        "job's slot at a time"
+    ]
+    (short,) = pool_problems(DevicePool(GPU, ("0", "1"), True), [1, 4])
+    assert short.startswith("nproc=4: a job takes a GPU per rank, and this node has 2 GPU(s)")
+    assert short.endswith("use nproc<=2")
+    (cores,) = pool_problems(DevicePool(CPU, ("0", "1"), False), [3])
+    assert "a core per rank" in cores and "hydra.launcher.devices=[...]" in cores
+
+
+def _interval(job: Path) -> tuple[float, float]:
+    """When a job started (its env.json, written before its ranks) and ended (summary)."""
+    return (job / "env.json").stat().st_mtime, (job / "summary.json").stat().st_mtime
+
+
+@pytest.mark.slow
+def test_four_jobs_share_two_slots_without_overlapping(tmp_path: Path) -> None:
+    proc, root = sweep(
+        tmp_path, *TINY, "hydra.launcher.devices=[0,1,2,3]", "nproc=2", "seed=1,2,3,4"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 job(s) on 4 GPU(s) (hydra.launcher.devices: 0,1,2,3), side by side" in proc.stderr
+    jobs = sorted(p for p in root.iterdir() if (p / "summary.json").is_file())
+    assert [j.name for j in jobs] == ["0", "1", "2", "3"]
+    by_slot: dict[str, list[tuple[float, float]]] = {}
+    for job in jobs:
+        assert json.loads((job / "summary.json").read_text())["status"] == "completed"
+        devices = json.loads((job / "env.json").read_text())["devices"]
+        by_slot.setdefault(devices["CUDA_VISIBLE_DEVICES"], []).append(_interval(job))
+        config = (job / "config.yaml").read_text()
+        assert "device: cpu" in config  # no GPU here: the ids are handed down, the run is on CPU
+    assert sorted(by_slot) == ["0,1", "2,3"] and all(len(v) == 2 for v in by_slot.values())
+    for (start_a, end_a), (start_b, end_b) in by_slot.values():
+        assert end_a <= start_b or end_b <= start_a, "two jobs in one slot at once"
+    first, second = by_slot["0,1"][0], by_slot["2,3"][0]
+    assert first[0] < second[1] and second[0] < first[1], "the two slots ran side by side"
+
+
+@pytest.mark.slow
+def test_fail_fast_stops_the_sweep_at_the_first_failure(tmp_path: Path) -> None:
+    """Cores as slots (nproc=1: one core each): job 0 loses its rank at step 2 and is
+    reported at once; job 1, running beside it, is stopped; job 2 never starts."""
+    proc, root = sweep(
+        tmp_path, *FAST, "max_epochs=null", "max_steps=100000", "nproc=1",
+        "checkpoint.interval=null", "hydra.launcher.devices=[0,1]", "hydra.launcher.fail_fast=true",
+        "chaos.kill_rank=0", "chaos.at_step=2,99998,99999",
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    assert "runner: job 0 failed: rank 0 on " in proc.stderr  # the root cause, as it happens
+    assert "hydra.launcher.fail_fast=true: the sweep stops (stopping job(s) 1)" in proc.stderr
+    summaries = {p.name: json.loads((p / "summary.json").read_text()) for p in root.glob("[0-9]")}
+    assert summaries["0"]["status"] == "failed"
+    assert summaries["1"]["status"] == "interrupted"
+    assert "2" not in summaries and not (root / "2").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["hydra.launcher.devices=[0,1,1]"], "1 named twice"),
+        (["hydra.launcher.devices=[0,1]", "nproc=1,3"], "nproc=3: a job takes a GPU per rank"),
+    ],
+)
+def test_an_impossible_sweep_is_refused_before_its_first_job(
+    tmp_path: Path, overrides: list[str], expected: str
+) -> None:
+    proc, root = sweep(tmp_path, *TINY, *overrides)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "runner: invalid configuration" in proc.stderr and expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not root.exists()
