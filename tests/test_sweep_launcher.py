@@ -60,7 +60,10 @@ def test_four_jobs_share_two_slots_without_overlapping(tmp_path: Path) -> None:
     jobs = sorted(p for p in root.iterdir() if (p / "summary.json").is_file())
     assert [j.name for j in jobs] == ["0", "1", "2", "3"]
     by_slot: dict[str, list[tuple[float, float]]] = {}
+    ports = {}
     for job in jobs:
+        header = (job / "logs" / "rank0.log").read_text().splitlines()[0]
+        ports[job.name] = header.split(", rendezvous ")[1].split(",")[0]
         assert json.loads((job / "summary.json").read_text())["status"] == "completed"
         devices = json.loads((job / "env.json").read_text())["devices"]
         by_slot.setdefault(devices["CUDA_VISIBLE_DEVICES"], []).append(_interval(job))
@@ -71,6 +74,7 @@ def test_four_jobs_share_two_slots_without_overlapping(tmp_path: Path) -> None:
         assert end_a <= start_b or end_b <= start_a, "two jobs in one slot at once"
     first, second = by_slot["0,1"][0], by_slot["2,3"][0]
     assert first[0] < second[1] and second[0] < first[1], "the two slots ran side by side"
+    assert ports["0"] != ports["1"], ports  # side by side, each on a port of its own
 
 
 @pytest.mark.slow
@@ -108,3 +112,44 @@ def test_an_impossible_sweep_is_refused_before_its_first_job(
     assert "runner: invalid configuration" in proc.stderr and expected in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not root.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR1"])
+def test_a_stopped_sweep_stops_its_running_jobs_and_writes_its_table(
+    tmp_path: Path, name: str
+) -> None:
+    """A signal to the sweep (SIGTERM: a SLURM time limit, `kill`; SIGUSR1: runner's graceful
+    stop): each running job is stopped as a run is (interrupted, with its summary; after
+    SIGUSR1 with a checkpoint), the queued one never starts, the table is written, and no
+    process of the sweep is left."""
+    import signal
+
+    import psutil
+
+    from tests.helpers.cli import start_runner, wait_until
+
+    root = tmp_path / "sweep"
+    proc = start_runner(
+        tmp_path, root, "-m", LAUNCHER, *FAST, "max_epochs=null", "max_steps=100000", "nproc=1",
+        "hydra.launcher.devices=[0,1]", "seed=1,2,3", f"hydra.sweep.dir={root}",
+    )  # fmt: skip
+    started = [root / "0" / "metrics.jsonl", root / "1" / "metrics.jsonl"]
+    wait_until(proc, lambda: all(p.exists() for p in started), timeout=180)
+    proc.send_signal(signal.Signals[name])
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert f"runner: {name}: stopping every running job; no other starts" in err
+    for job in ("0", "1"):
+        summary = json.loads((root / job / "summary.json").read_text())
+        assert summary["status"] == "interrupted", summary
+        if name == "SIGUSR1":  # after its step, with a checkpoint to go on from
+            assert (root / job / summary["stopped"]["checkpoint"]).is_dir()
+    assert not (root / "2").exists()
+    assert "| 1 | seed=2 | interrupted |" in (root / "sweep.md").read_text()
+    left = [
+        p.info["cmdline"]
+        for p in psutil.process_iter(["cmdline"])
+        if any(str(root) in part for part in p.info["cmdline"] or [])
+    ]
+    assert not left, left

@@ -12,6 +12,7 @@ and queued ones never start.
 
 # No `from __future__ import annotations`: Hydra runs this module without a sys.modules
 # entry, where dataclasses cannot read annotations kept as strings.
+import contextlib
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -36,6 +37,8 @@ from hydra.core.utils import (
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # SIGUSR1: runner's graceful stop
 
 
 @dataclass
@@ -116,25 +119,46 @@ class _Sweep:
         self.running: dict[Any, tuple[_Job, tuple[str, ...], Any]] = {}
         self.returns: dict[int, JobReturn] = {}
         self.stopping = False
+        self.handlers: dict[int, Any] = {}  # the sweep's own, while it runs: the jobs get these
 
     def run(self, jobs: list[_Job]) -> list[JobReturn]:
         queue = deque(jobs)
-        while queue or self.running:
-            while queue and not self.stopping:
-                devices = self.slots.take(queue[0].size)
-                if devices is None:
-                    break
-                self._start(queue.popleft(), devices)
-            for conn in multiprocessing.connection.wait(list(self.running)):
-                self._collect(conn)
-            if self.stopping:
-                queue.clear()
+        self.handlers = {sig: signal.signal(sig, self._stop) for sig in STOP_SIGNALS}
+        try:
+            while queue or self.running:
+                while queue and not self.stopping:
+                    devices = self.slots.take(queue[0].size)
+                    if devices is None:
+                        break
+                    self._start(queue.popleft(), devices)
+                if self.running:
+                    for conn in multiprocessing.connection.wait(list(self.running)):
+                        self._collect(conn)
+                if self.stopping:
+                    queue.clear()
+        finally:
+            for sig, handler in self.handlers.items():
+                signal.signal(sig, handler)
         return [self.returns[idx] for idx in sorted(self.returns)]
+
+    def _stop(self, signum: int, _frame: Any) -> None:
+        """The sweep is stopped (Ctrl-C, SIGTERM, a SLURM time limit; SIGUSR1, runner's
+        graceful stop): each running job gets the signal once (a job is a process group of
+        its own) and ends as a run would; no queued job starts; the sweep table is written
+        as the sweep ends."""
+        if not self.stopping:
+            _say(f"{signal.Signals(signum).name}: stopping every running job; no other starts")
+        self.stopping = True
+        for _, _, process in self.running.values():
+            if process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signum)
 
     def _start(self, job: _Job, devices: tuple[str, ...]) -> None:
         receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
         process = multiprocessing.get_context("fork").Process(
-            target=_job_process, args=(send, self.launcher, job, self.pool, devices)
+            target=_job_process,
+            args=(send, self.launcher, job, self.pool, devices, self.handlers),
         )
         process.start()
         send.close()
@@ -167,12 +191,18 @@ class _Sweep:
                     os.kill(other.pid, signal.SIGTERM)
 
 
-def _job_process(send: Any, launcher: RunnerLauncher, job: _Job, pool: Any, devices: Any) -> None:
-    """The job's own process: its devices, then the job as Hydra's launcher runs it."""
+def _job_process(
+    send: Any, launcher: RunnerLauncher, job: _Job, pool: Any, devices: Any, handlers: dict
+) -> None:
+    """The job's own process: its devices and the signal handlers a job of Hydra's own
+    launcher would have, then the job as Hydra's launcher runs it."""
     from runner.cli.job_slots import job_environment, pin_to_cores
 
     code = 0
     try:
+        os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the sweep, which hands it on once
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         os.environ.update(job_environment(pool, devices))
         pin_to_cores(pool, devices)
         result = run_job(

@@ -52,6 +52,8 @@ def _redirect_output(log_path: Path, rank: int, attempt: int) -> TextIO | None:
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     local, node = os.environ.get("LOCAL_RANK", "0"), os.environ.get("GROUP_RANK", "0")
     where = f"local rank {local} on node {node} ({socket.gethostname()})"
+    if "MASTER_PORT" in os.environ:  # the rendezvous torch elastic gave this attempt
+        where += f", rendezvous {os.environ.get('MASTER_ADDR', '?')}:{os.environ['MASTER_PORT']}"
     how = "forked by the fork server" if os.environ.get(FORKED_ENV) else "spawned"
     header = (
         f"===== rank {rank} attempt {attempt} pid {os.getpid()} {started}, {where}, {how} =====\n"
