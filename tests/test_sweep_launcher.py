@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from runner.cli.job_slots import CPU, GPU, DevicePool, Slots, pool_problems, slot_size
+from runner.cli.sweep_resume import KEEP, NEW, RESUME, earlier_start
 from tests.helpers.cli import FAST, run_sweep
 
 LAUNCHER = "hydra/launcher=runner"
@@ -153,3 +155,94 @@ def test_a_stopped_sweep_stops_its_running_jobs_and_writes_its_table(
         if any(str(root) in part for part in p.info["cmdline"] or [])
     ]
     assert not left, left
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_run_again_keeps_what_completed_and_resumes_the_rest(
+    tmp_path: Path, cli
+) -> None:
+    """The sweep's process SIGKILLed while job 0 has completed and job 1 runs: job 1 stops
+    (interrupted) with it. The same command again keeps job 0 as it was and takes job 1 on
+    from its last checkpoint, to the weights of a run that never stopped."""
+    import torch
+
+    from tests.helpers.cli import start_runner
+
+    common = [*FAST, "max_epochs=null", "nproc=1", "eval_interval=1000", "log_interval=20"]
+    common += ["checkpoint.interval=40"]
+    overrides = [*common, "hydra.launcher.devices=[0,1]", "max_steps=8,400"]
+    root = tmp_path / "sweep"
+    proc = start_runner(tmp_path, root, "-m", LAUNCHER, *overrides, f"hydra.sweep.dir={root}")
+
+    def status(job: str) -> str | None:
+        summary = root / job / "summary.json"
+        return json.loads(summary.read_text()).get("status") if summary.is_file() else None
+
+    deadline = time.monotonic() + 180
+    while not (status("0") == "completed" and list((root / "1").glob("checkpoints/step_*"))):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.kill()
+    proc.communicate(timeout=60)
+    while status("1") != "interrupted":  # the kernel's SIGTERM, as the sweep died
+        assert time.monotonic() < deadline, status("1")
+        time.sleep(0.1)
+    kept = (root / "0" / "summary.json").read_bytes()
+
+    again, _ = sweep(tmp_path, *overrides)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (
+        f"resuming the sweep in {root}: 1 job(s) kept as they ended, 1 going on from their "
+        "last checkpoint, 0 not started yet" in again.stderr
+    )
+    assert (root / "0" / "summary.json").read_bytes() == kept
+    resumed = json.loads((root / "1" / "summary.json").read_text())
+    assert resumed["status"] == "completed" and resumed["resumed_from"] > 0, resumed
+    reference = cli(*common, "max_steps=400", name="uninterrupted")
+    assert reference.returncode == 0, reference.output
+    expected = torch.load(reference.run_dir / "model.pt", weights_only=True)
+    got = torch.load(root / "1" / "model.pt", weights_only=True)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+@pytest.mark.slow
+def test_a_directory_of_another_sweep_or_of_a_run_is_not_resumed(tmp_path: Path, cli) -> None:
+    first, root = sweep(tmp_path, *TINY, "seed=1,2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    other, _ = sweep(tmp_path, *TINY, "seed=1,3")
+    assert other.returncode == 2, other.stdout + other.stderr
+    assert (
+        f"hydra.sweep.dir={root}: its job 1 ran other overrides than this sweep's job 1 "
+        "(there only: seed=2; here only: seed=3)" in other.stderr
+    )
+    run = cli(*TINY, name="run")
+    assert run.returncode == 0, run.output
+    into_run, _ = run_sweep(tmp_path, LAUNCHER, *TINY, "seed=1,2", root=run.run_dir)
+    assert into_run.returncode == 2, into_run.stdout + into_run.stderr
+    assert "this directory holds a run, not a sweep's jobs" in into_run.stderr
+
+
+@pytest.mark.parametrize(
+    ("status", "rerun_failed", "action"),
+    [
+        ("completed", False, KEEP),
+        ("failed", False, KEEP),
+        ("failed", True, RESUME),
+        ("interrupted", False, RESUME),
+        (None, False, RESUME),  # started, never wrote its summary: killed with its sweep
+    ],
+)
+def test_what_a_job_directory_says_of_an_earlier_start(
+    tmp_path: Path, status: str | None, rerun_failed: bool, action: str
+) -> None:
+    assert earlier_start(tmp_path / "0", rerun_failed).action == NEW
+    job = tmp_path / "0"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    (job / "config.yaml").write_text("sweep:\n  metric: val/accuracy\n")
+    if status is not None:
+        summary = {"status": status, "final": {"val/accuracy": 0.5}}
+        (job / "summary.json").write_text(json.dumps(summary))
+    start = earlier_start(job, rerun_failed)
+    assert start.action == action
+    assert (start.value == 0.5) == (status == "completed")

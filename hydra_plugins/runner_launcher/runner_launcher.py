@@ -46,6 +46,7 @@ class RunnerLauncherConf:
     _target_: str = "hydra_plugins.runner_launcher.runner_launcher.RunnerLauncher"
     devices: Any = None  # GPU ids; null: every visible GPU, else the cores
     fail_fast: bool = False  # the first failed job stops the sweep
+    rerun_failed: bool = False  # a resumed sweep runs its failed jobs again
 
 
 ConfigStore.instance().store(
@@ -60,12 +61,19 @@ class _Job:
     config: DictConfig
     size: int
 
+    @property
+    def dir(self) -> Path:
+        return Path(str(self.config.hydra.sweep.dir)) / str(self.config.hydra.sweep.subdir)
+
 
 class RunnerLauncher(Launcher):
-    def __init__(self, devices: Any = None, fail_fast: bool = False) -> None:
+    def __init__(
+        self, devices: Any = None, fail_fast: bool = False, rerun_failed: bool = False
+    ) -> None:
         super().__init__()
         self.devices = None if devices is None else list(devices)
         self.fail_fast = bool(fail_fast)
+        self.rerun_failed = bool(rerun_failed)
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
@@ -86,15 +94,20 @@ class RunnerLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         pool = device_pool(self.devices)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
         jobs = [self._job(initial_job_idx + i, o, pool) for i, o in enumerate(job_overrides)]
-        problems = pool_problems(pool, [job.size for job in jobs])
+        problems = pool_problems(pool, [job.size for job in jobs]) + _resume_problems(
+            sweep_dir, jobs
+        )
         if problems:
-            _refuse(problems, Path(str(self.config.hydra.sweep.dir)))
-        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        _say(f"{len(jobs)} job(s) on {pool.describe()}, side by side")
-        returns = _Sweep(self, pool).run(jobs)
+            _refuse(problems, sweep_dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        returns = _resume(jobs, self.rerun_failed, sweep_dir)
+        to_run = [job for job in jobs if job.idx not in returns]
+        _say(f"{len(to_run)} job(s) on {pool.describe()}, side by side")
+        returns.update(_Sweep(self, pool).run(to_run))
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        return returns
+        return [returns[idx] for idx in sorted(returns)]
 
     def _job(self, idx: int, overrides: Sequence[str], pool: Any) -> _Job:
         from runner.cli.job_slots import slot_size
@@ -121,7 +134,7 @@ class _Sweep:
         self.stopping = False
         self.handlers: dict[int, Any] = {}  # the sweep's own, while it runs: the jobs get these
 
-    def run(self, jobs: list[_Job]) -> list[JobReturn]:
+    def run(self, jobs: list[_Job]) -> dict[int, JobReturn]:
         queue = deque(jobs)
         self.handlers = {sig: signal.signal(sig, self._stop) for sig in STOP_SIGNALS}
         try:
@@ -139,7 +152,7 @@ class _Sweep:
         finally:
             for sig, handler in self.handlers.items():
                 signal.signal(sig, handler)
-        return [self.returns[idx] for idx in sorted(self.returns)]
+        return self.returns
 
     def _stop(self, signum: int, _frame: Any) -> None:
         """The sweep is stopped (Ctrl-C, SIGTERM, a SLURM time limit; SIGUSR1, runner's
@@ -158,7 +171,7 @@ class _Sweep:
         receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
         process = multiprocessing.get_context("fork").Process(
             target=_job_process,
-            args=(send, self.launcher, job, self.pool, devices, self.handlers),
+            args=(send, self.launcher, job, self.pool, devices, self.handlers, os.getpid()),
         )
         process.start()
         send.close()
@@ -175,7 +188,7 @@ class _Sweep:
         process.join()
         self.slots.give_back(devices)
         if result is None:
-            result = _lost_job(job, process.exitcode)
+            result = _returned(job, math.nan)  # its summary says how it ended
         self.returns[job.idx] = result
         problem = _failure(job, result)
         if problem is None:
@@ -192,15 +205,25 @@ class _Sweep:
 
 
 def _job_process(
-    send: Any, launcher: RunnerLauncher, job: _Job, pool: Any, devices: Any, handlers: dict
+    send: Any,
+    launcher: RunnerLauncher,
+    job: _Job,
+    pool: Any,
+    devices: Any,
+    handlers: dict,
+    sweep_pid: int,
 ) -> None:
     """The job's own process: its devices and the signal handlers a job of Hydra's own
     launcher would have, then the job as Hydra's launcher runs it."""
     from runner.cli.job_slots import job_environment, pin_to_cores
+    from runner.processes import die_with_parent
 
     code = 0
     try:
         os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the sweep, which hands it on once
+        # A sweep killed outright (SIGKILL, the OOM killer) still stops its jobs, interrupted,
+        # with their summaries: running the command again goes on from their checkpoints.
+        die_with_parent(signal.SIGTERM, sweep_pid)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         os.environ.update(job_environment(pool, devices))
@@ -226,10 +249,45 @@ def _job_process(
         os._exit(code)
 
 
-def _lost_job(job: _Job, exitcode: int | None) -> JobReturn:
+def _resume_problems(sweep_dir: Path, jobs: list[_Job]) -> list[str]:
+    from runner.cli.sweep_resume import not_a_sweep_problem, other_sweep_problem
+
+    problems = [not_a_sweep_problem(sweep_dir)]
+    problems += [other_sweep_problem(sweep_dir, j.dir, j.idx, list(j.overrides)) for j in jobs]
+    return [p for p in problems if p]
+
+
+def _resume(jobs: list[_Job], rerun_failed: bool, sweep_dir: Path) -> dict[int, JobReturn]:
+    """Running the sweep's command again in its directory: the jobs kept as they are (their
+    results for the sweeper); the interrupted ones (and failed, when asked) go on from their
+    last checkpoint."""
+    from runner.cli.sweep_resume import KEEP, NEW, RESUME, earlier_start
+
+    starts = {job.idx: earlier_start(job.dir, rerun_failed) for job in jobs}
+    if all(start.action == NEW for start in starts.values()):
+        return {}
+    kept: dict[int, JobReturn] = {}
+    for job in jobs:
+        start = starts[job.idx]
+        if start.action == KEEP:
+            kept[job.idx] = _returned(job, start.value)
+        elif start.action == RESUME:
+            with open_dict(job.config):
+                job.config.resume = "auto"
+    counts = {a: sum(s.action == a for s in starts.values()) for a in (KEEP, RESUME, NEW)}
+    _say(
+        f"resuming the sweep in {sweep_dir}: {counts[KEEP]} job(s) kept as they ended, "
+        f"{counts[RESUME]} going on from their last checkpoint, {counts[NEW]} not started yet"
+    )
+    return kept
+
+
+def _returned(job: _Job, value: float) -> JobReturn:
+    """A JobReturn for the sweeper: a kept job's result, or NaN for a job whose process ended
+    without a word."""
     result = JobReturn(overrides=list(job.overrides), cfg=job.config, status=JobStatus.COMPLETED)
-    result._return_value = math.nan
-    result.working_dir = ""
+    result._return_value = value
+    result.working_dir = str(job.dir)
     return result
 
 
@@ -240,7 +298,7 @@ def _failure(job: _Job, result: JobReturn) -> str | None:
     value = result._return_value
     if not (isinstance(value, float) and math.isnan(value)):
         return None
-    job_dir = Path(str(job.config.hydra.sweep.dir)) / str(job.config.hydra.sweep.subdir)
+    job_dir = job.dir
     summary = read_json(job_dir / "summary.json") or {}
     if summary.get("status") == "completed":
         return None  # completed without the sweep's metric

@@ -64,10 +64,10 @@ def run_cli(tmp_path: Path, *overrides: str, name: str = "run", timeout: float =
 
 
 def run_sweep(
-    tmp_path: Path, *overrides: str, timeout: float = 300
+    tmp_path: Path, *overrides: str, timeout: float = 300, root: Path | None = None
 ) -> tuple[subprocess.CompletedProcess, Path]:
-    """Run `runner -m OVERRIDES hydra.sweep.dir=tmp_path/sweep` to its end."""
-    root = tmp_path / "sweep"
+    """Run `runner -m OVERRIDES hydra.sweep.dir=ROOT` (tmp_path/sweep) to its end."""
+    root = tmp_path / "sweep" if root is None else root
     proc = subprocess.run(
         runner_command("-m", *overrides, f"hydra.sweep.dir={root}"),
         cwd=tmp_path,
