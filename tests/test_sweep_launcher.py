@@ -209,8 +209,10 @@ def test_a_killed_sweep_run_again_keeps_what_completed_and_resumes_the_rest(
 def test_a_directory_of_another_sweep_or_of_a_run_is_not_resumed(tmp_path: Path, cli) -> None:
     first, root = sweep(tmp_path, *TINY, "seed=1,2")
     assert first.returncode == 0, first.stdout + first.stderr
+    record = (root / "multirun.yaml").read_bytes()
     other, _ = sweep(tmp_path, *TINY, "seed=1,3")
     assert other.returncode == 2, other.stdout + other.stderr
+    assert (root / "multirun.yaml").read_bytes() == record  # the sweep's own, kept
     assert (
         f"hydra.sweep.dir={root}: its job 1 ran other overrides than this sweep's job 1 "
         "(there only: seed=2; here only: seed=3)" in other.stderr
@@ -220,6 +222,7 @@ def test_a_directory_of_another_sweep_or_of_a_run_is_not_resumed(tmp_path: Path,
     into_run, _ = run_sweep(tmp_path, LAUNCHER, *TINY, "seed=1,2", root=run.run_dir)
     assert into_run.returncode == 2, into_run.stdout + into_run.stderr
     assert "this directory holds a run, not a sweep's jobs" in into_run.stderr
+    assert not (run.run_dir / "multirun.yaml").exists()
 
 
 @pytest.mark.parametrize(

@@ -319,10 +319,15 @@ def _kind(pool: Any) -> str:
 def _refuse(problems: list[str], sweep_dir: Path) -> None:
     """Bad input: reported like any configuration problem, exit 2, before the first job."""
     from runner.cli.resolving import problems_text
+    from runner.cli.sweep import SweepTable
+    from runner.rundir.files import write_atomic
 
     print(problems_text(problems), file=sys.stderr)
-    if sweep_dir.is_dir() and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}:
-        for path in sweep_dir.iterdir():
-            path.unlink()
-        sweep_dir.rmdir()
+    record = sweep_dir / "multirun.yaml"
+    if SweepTable.earlier_multirun is not None:  # the directory's own record, not this command's
+        write_atomic(record, SweepTable.earlier_multirun)
+    elif sweep_dir.is_dir():  # nothing of this command stays behind
+        record.unlink(missing_ok=True)
+        if not any(sweep_dir.iterdir()):
+            sweep_dir.rmdir()
     sys.exit(2)

@@ -105,9 +105,14 @@ class SweepTable(Callback):
 
     failed: list[str] | None = None  # read by runner.cli.main for the exit code
     sweep_dir: Path | None = None  # read by runner.cli.main to discard a sweep that never ran
+    # The directory's multirun.yaml before Hydra's sweeper writes this command's over it:
+    # a refused resume (hydra/launcher=runner) puts it back.
+    earlier_multirun: bytes | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         SweepTable.sweep_dir = Path(config.hydra.sweep.dir)
+        earlier = SweepTable.sweep_dir / "multirun.yaml"
+        SweepTable.earlier_multirun = earlier.read_bytes() if earlier.is_file() else None
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
