@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from runner.cli.job_slots import CPU, GPU, DevicePool, Slots, pool_problems, slot_size
+from runner.cli.sweep_progress import SweepProgress
 from runner.cli.sweep_resume import KEEP, NEW, RESUME, earlier_start
 from tests.helpers.cli import FAST, run_sweep
 
@@ -59,6 +60,7 @@ def test_four_jobs_share_two_slots_without_overlapping(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4 job(s) on 4 GPU(s) (hydra.launcher.devices: 0,1,2,3), side by side" in proc.stderr
+    assert "runner: sweep: 4 done, 0 running, 0 queued, 0 failed; best val/accuracy" in proc.stderr
     jobs = sorted(p for p in root.iterdir() if (p / "summary.json").is_file())
     assert [j.name for j in jobs] == ["0", "1", "2", "3"]
     by_slot: dict[str, list[tuple[float, float]]] = {}
@@ -92,6 +94,7 @@ def test_fail_fast_stops_the_sweep_at_the_first_failure(tmp_path: Path) -> None:
     assert proc.returncode == 1, output
     assert "runner: job 0 failed: rank 0 on " in proc.stderr  # the root cause, as it happens
     assert "hydra.launcher.fail_fast=true: the sweep stops (stopping job(s) 1)" in proc.stderr
+    assert "runner: sweep: 0 done, 1 running, 0 queued, 1 failed" in proc.stderr
     summaries = {p.name: json.loads((p / "summary.json").read_text()) for p in root.glob("[0-9]")}
     assert summaries["0"]["status"] == "failed"
     assert summaries["1"]["status"] == "interrupted"
@@ -249,3 +252,21 @@ def test_what_a_job_directory_says_of_an_earlier_start(
     start = earlier_start(job, rerun_failed)
     assert start.action == action
     assert (start.value == 0.5) == (status == "completed")
+
+
+def test_the_progress_line_counts_jobs_and_names_the_best(tmp_path: Path) -> None:
+    progress = SweepProgress(queued=3)
+    for job, (status, accuracy) in enumerate([("completed", 0.8), ("failed", None)]):
+        progress.started()
+        job_dir = tmp_path / str(job)
+        job_dir.mkdir()
+        (job_dir / "config.yaml").write_text(
+            "sweep:\n  metric: val/accuracy\n  direction: maximize\n"
+        )
+        final = {} if accuracy is None else {"val/accuracy": accuracy}
+        (job_dir / "summary.json").write_text(json.dumps({"status": status, "final": final}))
+        progress.ended(job, job_dir)
+    assert (
+        progress.line()
+        == "sweep: 1 done, 0 running, 1 queued, 1 failed; best val/accuracy 0.8 (job 0)"
+    )

@@ -135,7 +135,10 @@ class _Sweep:
         self.handlers: dict[int, Any] = {}  # the sweep's own, while it runs: the jobs get these
 
     def run(self, jobs: list[_Job]) -> dict[int, JobReturn]:
+        from runner.cli.sweep_progress import SweepProgress
+
         queue = deque(jobs)
+        self.progress = SweepProgress(queued=len(jobs))
         self.handlers = {sig: signal.signal(sig, self._stop) for sig in STOP_SIGNALS}
         try:
             while queue or self.running:
@@ -175,6 +178,7 @@ class _Sweep:
         )
         process.start()
         send.close()
+        self.progress.started()
         shown = " ".join(filter_overrides(job.overrides))
         _say(f"job {job.idx} started on {_kind(self.pool)} {','.join(devices)}: {shown}")
         self.running[receive] = (job, devices, process)
@@ -191,17 +195,23 @@ class _Sweep:
             result = _returned(job, math.nan)  # its summary says how it ended
         self.returns[job.idx] = result
         problem = _failure(job, result)
-        if problem is None:
-            return
-        _say(f"job {job.idx} failed: {problem}")
-        if self.launcher.fail_fast and not self.stopping:
-            self.stopping = True
-            others = [j.idx for j, _, _ in self.running.values()]
-            stopping = f" (stopping job(s) {', '.join(map(str, others))})" if others else ""
-            _say(f"hydra.launcher.fail_fast=true: the sweep stops{stopping}")
-            for _, _, other in self.running.values():
-                if other.pid is not None:
-                    os.kill(other.pid, signal.SIGTERM)
+        if problem is not None:
+            _say(f"job {job.idx} failed: {problem}")
+            if self.launcher.fail_fast and not self.stopping:
+                self._fail_fast()
+        if self.stopping:  # no queued job starts any more
+            self.progress.queued = 0
+        self.progress.ended(job.idx, job.dir)
+        _say(self.progress.line())
+
+    def _fail_fast(self) -> None:
+        self.stopping = True
+        others = [j.idx for j, _, _ in self.running.values()]
+        stopping = f" (stopping job(s) {', '.join(map(str, others))})" if others else ""
+        _say(f"hydra.launcher.fail_fast=true: the sweep stops{stopping}")
+        for _, _, other in self.running.values():
+            if other.pid is not None:
+                os.kill(other.pid, signal.SIGTERM)
 
 
 def _job_process(

@@ -13,11 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from runner.cli.sweep import overrides_of
+from runner.cli.sweep_progress import job_result
 from runner.rundir.files import read_json
 from runner.rundir.summary import Status
 
@@ -38,21 +36,10 @@ def earlier_start(job_dir: Path, rerun_failed: bool) -> EarlierStart:
     summary = read_json(job_dir / "summary.json") or {}
     status = summary.get("status")
     if status == Status.COMPLETED:
-        return EarlierStart(KEEP, status, _result(job_dir, summary))
+        return EarlierStart(KEEP, status, job_result(job_dir, summary)[2])
     if status == Status.FAILED and not rerun_failed:
         return EarlierStart(KEEP, status)
     return EarlierStart(RESUME, status or Status.INTERRUPTED)
-
-
-def _result(job_dir: Path, summary: dict[str, Any]) -> float:
-    """The value the job returned to the sweeper: its final `sweep.metric`."""
-    try:
-        config = yaml.safe_load((job_dir / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return math.nan
-    metric = (config.get("sweep") or {}).get("metric")
-    value = (summary.get("final") or {}).get(metric, math.nan)
-    return float(value) if isinstance(value, int | float) else math.nan
 
 
 def other_sweep_problem(

@@ -1,0 +1,67 @@
+"""hydra/launcher=runner's progress line: where the sweep stands, printed as each job ends.
+
+runner: sweep: 5 done, 2 running, 1 queued, 1 failed; best val/accuracy 0.9321 (job 3)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runner.rundir.files import read_json
+
+
+def job_result(job_dir: Path, summary: dict[str, Any]) -> tuple[str | None, str | None, float]:
+    """(sweep.metric, sweep.direction, the job's final value of it: what it returned to the
+    sweeper), from the job's config.yaml and summary."""
+    try:
+        config = yaml.safe_load((job_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None, None, math.nan
+    sweep = config.get("sweep") or {}
+    value = (summary.get("final") or {}).get(sweep.get("metric"), math.nan)
+    value = float(value) if isinstance(value, int | float) else math.nan
+    return sweep.get("metric"), sweep.get("direction"), value
+
+
+@dataclass
+class SweepProgress:
+    queued: int
+    running: int = 0
+    done: int = 0
+    failed: int = 0
+    stopped: int = 0
+    best: tuple[float, int, str] | None = None  # value, job, metric
+
+    def started(self) -> None:
+        self.queued -= 1
+        self.running += 1
+
+    def ended(self, job: int, job_dir: Path) -> None:
+        self.running -= 1
+        summary = read_json(job_dir / "summary.json") or {}
+        status = summary.get("status")
+        if status == "completed":
+            self.done += 1
+        elif status == "interrupted":
+            self.stopped += 1
+        else:
+            self.failed += 1
+        metric, direction, value = job_result(job_dir, summary)
+        if metric is None or math.isnan(value):
+            return
+        sign = -1.0 if direction == "minimize" else 1.0
+        if self.best is None or sign * value > sign * self.best[0]:
+            self.best = (value, job, metric)
+
+    def line(self) -> str:
+        counts = f"{self.done} done, {self.running} running, {self.queued} queued"
+        counts += f", {self.failed} failed" + (f", {self.stopped} stopped" if self.stopped else "")
+        if self.best is None:
+            return f"sweep: {counts}"
+        value, job, metric = self.best
+        return f"sweep: {counts}; best {metric} {value:.4g} (job {job})"
