@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli.job_slots import CPU, GPU, DevicePool, Slots, pool_problems, slot_size
+from runner.cli.job_slots import (
+    CPU,
+    GPU,
+    DevicePool,
+    Slots,
+    device_pool,
+    pool_problems,
+    slot_size,
+)
 from runner.cli.sweep_progress import SweepProgress
 from runner.cli.sweep_resume import KEEP, NEW, RESUME, earlier_start
 from tests.helpers.cli import FAST, run_sweep
@@ -270,3 +278,14 @@ def test_the_progress_line_counts_jobs_and_names_the_best(tmp_path: Path) -> Non
         progress.line()
         == "sweep: 1 done, 0 running, 1 queued, 1 failed; best val/accuracy 0.8 (job 0)"
     )
+
+
+def test_without_a_gpu_driver_the_slots_are_this_process_s_cores() -> None:
+    import os
+    import shutil
+
+    if shutil.which("nvidia-smi") is not None:
+        pytest.skip("a GPU driver is here")
+    pool = device_pool(None, {"CUDA_VISIBLE_DEVICES": "0,1"})  # no driver: the ids mean nothing
+    assert pool.kind == CPU and not pool.declared
+    assert pool.devices == tuple(str(c) for c in sorted(os.sched_getaffinity(0)))

@@ -12,12 +12,12 @@ node's.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from runner import hardware
 
 GPU, CPU = "gpu", "cpu"
 
@@ -41,12 +41,33 @@ def device_pool(
     environ = dict(os.environ) if environ is None else environ
     if declared is not None:
         return DevicePool(GPU, tuple(str(d).strip() for d in declared), True)
-    gpus = hardware.cuda_device_count()
+    gpus = visible_gpus(environ)
     if gpus:
-        visible = environ.get("CUDA_VISIBLE_DEVICES")
-        ids = [d.strip() for d in visible.split(",") if d.strip()] if visible else []
-        return DevicePool(GPU, tuple(ids[:gpus] or (str(i) for i in range(gpus))), False)
+        return DevicePool(GPU, gpus, False)
     return DevicePool(CPU, tuple(str(c) for c in sorted(_affinity())), False)
+
+
+def visible_gpus(environ: dict[str, str]) -> tuple[str, ...]:
+    """The GPUs a job may be given: CUDA_VISIBLE_DEVICES' entries where it is set, else the
+    driver's indices (nvidia-smi). Never through torch: a sweep's process that asked CUDA
+    would fork its jobs with the driver initialized, where CUDA fails in the child."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return ()
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return tuple(d.strip() for d in visible.split(",") if d.strip())
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(line.strip() for line in out.splitlines() if line.strip())
 
 
 def _affinity() -> set[int]:
