@@ -181,7 +181,7 @@ def test_a_killed_sweep_run_again_keeps_what_completed_and_resumes_the_rest(
 
     common = [*FAST, "max_epochs=null", "nproc=1", "eval_interval=1000", "log_interval=20"]
     common += ["checkpoint.interval=40"]
-    overrides = [*common, "hydra.launcher.devices=[0,1]", "max_steps=8,400"]
+    overrides = [*common, "hydra.launcher.devices=[0,1]", "max_steps=8,600"]
     root = tmp_path / "sweep"
     proc = start_runner(tmp_path, root, "-m", LAUNCHER, *overrides, f"hydra.sweep.dir={root}")
 
@@ -209,7 +209,7 @@ def test_a_killed_sweep_run_again_keeps_what_completed_and_resumes_the_rest(
     assert (root / "0" / "summary.json").read_bytes() == kept
     resumed = json.loads((root / "1" / "summary.json").read_text())
     assert resumed["status"] == "completed" and resumed["resumed_from"] > 0, resumed
-    reference = cli(*common, "max_steps=400", name="uninterrupted")
+    reference = cli(*common, "max_steps=600", name="uninterrupted")
     assert reference.returncode == 0, reference.output
     expected = torch.load(reference.run_dir / "model.pt", weights_only=True)
     got = torch.load(root / "1" / "model.pt", weights_only=True)

@@ -132,7 +132,8 @@ class _Sweep:
         self.running: dict[Any, tuple[_Job, tuple[str, ...], Any]] = {}
         self.returns: dict[int, JobReturn] = {}
         self.stopping = False
-        self.handlers: dict[int, Any] = {}  # the sweep's own, while it runs: the jobs get these
+        # The signal handlers the sweep replaced with its own: its jobs get these back.
+        self.handlers: dict[int, Any] = {}
 
     def run(self, jobs: list[_Job]) -> dict[int, JobReturn]:
         from runner.cli.sweep_progress import SweepProgress
