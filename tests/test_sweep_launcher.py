@@ -41,6 +41,7 @@ def test_slots_are_taken_lowest_first_and_wait_while_short() -> None:
     assert slots.free == ["0", "1", "2", "3"]
     assert slot_size("auto", DevicePool(CPU, ("0", "1"), False)) == 2
     assert slot_size(1, DevicePool(CPU, ("0", "1"), False)) == 1
+    assert slot_size("two", DevicePool(CPU, ("0", "1"), False)) == 1  # the job refuses it
 
 
 def test_bad_slots_are_named() -> None:

@@ -78,8 +78,14 @@ def _affinity() -> set[int]:
 
 
 def slot_size(nproc: Any, pool: DevicePool) -> int:
-    """How many of the pool's devices a job with this `nproc` takes."""
-    return len(pool.devices) if nproc == "auto" else int(nproc)
+    """How many of the pool's devices a job with this `nproc` takes (one, for a value the
+    job's own checks will refuse: it ends there, reported like any rejected job)."""
+    if nproc == "auto":
+        return len(pool.devices)
+    try:
+        return max(1, int(nproc))
+    except (TypeError, ValueError):
+        return 1
 
 
 def pool_problems(pool: DevicePool, sizes: Sequence[int]) -> list[str]:
