@@ -116,6 +116,7 @@ def test_fail_fast_stops_the_sweep_at_the_first_failure(tmp_path: Path) -> None:
     [
         (["hydra.launcher.devices=[0,1,1]"], "1 named twice"),
         (["hydra.launcher.devices=[0,1]", "nproc=1,3"], "nproc=3: a job takes a GPU per rank"),
+        (["nodes=2"], "nodes=2: hydra/launcher=runner runs each job on this node"),
     ],
 )
 def test_an_impossible_sweep_is_refused_before_its_first_job(

@@ -88,7 +88,7 @@ class RunnerLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from runner.cli.job_slots import device_pool, pool_problems
+        from runner.cli.job_slots import device_pool, multi_node_problems, pool_problems
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
@@ -96,9 +96,9 @@ class RunnerLauncher(Launcher):
         pool = device_pool(self.devices)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         jobs = [self._job(initial_job_idx + i, o, pool) for i, o in enumerate(job_overrides)]
-        problems = pool_problems(pool, [job.size for job in jobs]) + _resume_problems(
-            sweep_dir, jobs
-        )
+        problems = pool_problems(pool, [job.size for job in jobs])
+        problems += multi_node_problems([job.config.get("nodes", 1) for job in jobs])
+        problems += _resume_problems(sweep_dir, jobs)
         if problems:
             _refuse(problems, sweep_dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -111,6 +111,17 @@ def pool_problems(pool: DevicePool, sizes: Sequence[int]) -> list[str]:
     return problems
 
 
+def multi_node_problems(nodes: Sequence[Any]) -> list[str]:
+    """Jobs that span nodes: this launcher runs each job on this node."""
+    many = sorted({n for n in nodes if isinstance(n, int) and n > 1})
+    if not many:
+        return []
+    return [
+        f"nodes={many[-1]}: hydra/launcher=runner runs each job on this node; a job across "
+        "nodes needs a scheduler (hydra/launcher=submitit_slurm) or runner started on each node"
+    ]
+
+
 @dataclass
 class Slots:
     """The pool's devices, free or taken by a running job."""
