@@ -191,8 +191,12 @@ def test_a_killed_sweep_run_again_keeps_what_completed_and_resumes_the_rest(
         summary = root / job / "summary.json"
         return json.loads(summary.read_text()).get("status") if summary.is_file() else None
 
+    def listed_completed(job: str) -> bool:  # the table: a job's last act, after its summary
+        table = root / "sweep.csv"
+        return table.is_file() and f"\n{job}," in table.read_text() and status(job) == "completed"
+
     deadline = time.monotonic() + 180
-    while not (status("0") == "completed" and list((root / "1").glob("checkpoints/step_*"))):
+    while not (listed_completed("0") and list((root / "1").glob("checkpoints/step_*"))):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
     proc.kill()
