@@ -87,8 +87,8 @@ test-slurm: install
 	RUNNER_SLURM_TESTS=1 $(BIN)/python -m pytest tests/slurm -m slurm -rs $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check runner tests benchmarks examples docs
-	$(BIN)/ruff format --check runner tests benchmarks examples docs
+	$(BIN)/ruff check runner hydra_plugins tests benchmarks examples docs
+	$(BIN)/ruff format --check runner hydra_plugins tests benchmarks examples docs
 
 clean-runs:
 	rm -rf runs
