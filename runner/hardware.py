@@ -34,21 +34,30 @@ def threads_per_rank(local_ranks: int, cores: int | None = None) -> int:
     return max(1, cores // max(1, local_ranks))
 
 
-def cuda_compute_capabilities() -> list[float]:
-    """Compute capability of each visible GPU from nvidia-smi (no torch); [] if unknown."""
+def query_gpus(field: str) -> list[str] | None:
+    """One nvidia-smi field of each GPU the driver sees (no torch); None without nvidia-smi
+    or when it fails."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return []
+        return None
     try:
         out = subprocess.run(
-            [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+            [smi, f"--query-gpu={field}", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
         ).stdout
-        return [float(line) for line in out.split()]
-    except (OSError, subprocess.SubprocessError, ValueError):
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def cuda_compute_capabilities() -> list[float]:
+    """Compute capability of each visible GPU from nvidia-smi (no torch); [] if unknown."""
+    try:
+        return [float(value) for value in query_gpus("compute_cap") or []]
+    except ValueError:
         return []
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from runner import hardware
 
 GPU, CPU = "gpu", "cpu"
 
@@ -51,23 +52,12 @@ def visible_gpus(environ: dict[str, str]) -> tuple[str, ...]:
     """The GPUs a job may be given: CUDA_VISIBLE_DEVICES' entries where it is set, else the
     driver's indices (nvidia-smi). Never through torch: a sweep's process that asked CUDA
     would fork its jobs with the driver initialized, where CUDA fails in the child."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
+    if shutil.which("nvidia-smi") is None:
         return ()
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return tuple(d.strip() for d in visible.split(",") if d.strip())
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    return tuple(line.strip() for line in out.splitlines() if line.strip())
+    return tuple(hardware.query_gpus("index") or ())
 
 
 def _affinity() -> set[int]:
