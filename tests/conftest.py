@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import RESTARTABLE, ZERO2_OFFLOAD, CliResult, run_cli
+from tests.helpers.cli import HANG, RESTARTABLE, ZERO2_OFFLOAD, CliResult, run_cli
 
 # Token caches (data=text) go to one temporary cache for the session, shared by its runs,
 # never to the user's ~/.cache/runner.
@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def cli(tmp_path: Path):
     """`cli(*overrides)` runs the runner command in a fresh temporary directory."""
 
-    def call(*overrides: str, name: str = "run", timeout: float = 240) -> CliResult:
+    def call(*overrides: str, name: str = "run", timeout: float = HANG) -> CliResult:
         return run_cli(tmp_path, *overrides, name=name, timeout=timeout)
 
     return call

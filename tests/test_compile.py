@@ -14,6 +14,7 @@ from torch import nn
 
 from runner.spec.schema import CompileSpec
 from runner.train.build.compiling import blocks_to_compile
+from tests.helpers.cli import HANG
 from tests.helpers.equivalence import ARGS, relative_error
 from tests.helpers.language_model import lm_args
 
@@ -25,7 +26,7 @@ RTOL = 1e-5
 
 
 def check_compiled(cli, overrides: list[str], compiled_as: str, eager: dict) -> None:
-    compiled = cli(*overrides, "compile=true", name="compiled", timeout=300)
+    compiled = cli(*overrides, "compile=true", name="compiled", timeout=HANG)
     assert compiled.returncode == 0, compiled.output
     assert f"compile: {compiled_as}" in compiled.rank_log(0)
     assert compiled.summary()["compile_s"] > 0

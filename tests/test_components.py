@@ -13,7 +13,7 @@ from typing import Literal
 import pytest
 
 from runner.components import instantiate, problems
-from tests.helpers.cli import REPO, CliResult, child_env, runner_command
+from tests.helpers.cli import HANG, REPO, CliResult, child_env, runner_command
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def test_example_project_trains_from_its_own_folder(tmp_path: Path) -> None:
         env=child_env(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG,
     )
     result = CliResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
     assert result.returncode == 0, result.output

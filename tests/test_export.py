@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from runner.export.command import shard_bytes
 from runner.models.checkpoint_weights import NoWeights, find_weights
 from runner.models.safetensors_out import OutTensor, write_safetensors
-from tests.helpers.cli import FAST, child_env, runner_command
+from tests.helpers.cli import FAST, HANG, child_env, runner_command
 from tests.helpers.hugging_face import GPT2, gpt2_args, text_corpus
 
 TENSORS = {
@@ -81,7 +81,7 @@ def _export(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=HANG,
         env=child_env(),
     )
 

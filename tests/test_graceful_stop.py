@@ -17,7 +17,7 @@ from runner import heartbeat
 from runner.cli.requeue import continue_after_stop, first_run_dir
 from runner.heartbeat import Heartbeat, Phase
 from runner.launch.stopping import GracefulStop
-from tests.helpers.cli import FAST, start_runner, wait_until
+from tests.helpers.cli import FAST, HANG, start_runner, wait_until
 from tests.helpers.nodes import finish, free_port, only_run, start_node
 from tests.helpers.weights import same_weights
 
@@ -69,7 +69,7 @@ def test_a_stop_asked_of_node_1_stops_both_nodes_after_the_same_step(tmp_path: P
         assert time.monotonic() < deadline and node0.poll() is None, "no step was logged"
         time.sleep(0.2)
     node1.send_signal(signal.SIGUSR2)  # node 0 is not signalled: it learns from the store
-    (code0, out0, _), (code1, out1, _) = finish(node0, node1, timeout=120)
+    (code0, out0, _), (code1, out1, _) = finish(node0, node1, timeout=HANG)
     assert (code0, code1) == (140, 140), out0 + out1
     run = only_run(tmp_path)
     summary = json.loads((run / "summary.json").read_text())

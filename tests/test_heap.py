@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from runner.train.build.heap import give_back_freed_memory, maps_large_blocks_alone
-from tests.helpers.cli import child_env
+from tests.helpers.cli import HANG, child_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
 
@@ -73,7 +73,7 @@ def test_large_blocks_mapped_alone_go_back_to_the_system_when_freed() -> None:
 
     def given_back(mode: str) -> float:
         argv = [sys.executable, "-c", FREED_BLOCKS, mode]
-        run = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=120)
+        run = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=HANG)
         assert run.returncode == 0, run.stderr
         return float(run.stdout)
 

@@ -7,6 +7,7 @@ import pytest
 
 from runner.spec import SpecError, resolve_spec
 from runner.spec.kubernetes import placement
+from tests.helpers.cli import HANG
 from tests.helpers.config import compose_config
 
 # What Kubeflow Trainer's torch plugin sets in pod 2 of a 3-node TrainJob (torchrun's PET_*)
@@ -118,7 +119,7 @@ def test_k8s_manifest_prints_a_job_or_names_what_is_missing(tmp_path) -> None:
     def manifest(*args: str) -> subprocess.CompletedProcess:
         command = runner_command("k8s-manifest", *args)
         return subprocess.run(
-            command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120
+            command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=HANG
         )
 
     typed = manifest("--image", "img:1", "device=cuda")  # as a user types it

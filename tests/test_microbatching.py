@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from runner.train.step.microbatching import batch_size, cut_batch, slice_batch
+from tests.helpers.cli import HANG
 from tests.helpers.equivalence import ARGS, RTOL, relative_error
 from tests.helpers.language_model import lm_args
 
@@ -73,7 +74,7 @@ def test_zero2_goes_on_from_the_microbatch_that_ran_out(cli, mlp_reference):  # 
 def test_fsdp_gpt_ranks_stopped_in_different_blocks_agree(cli, corpus, lm_reference):
     # 6 samples per rank: 6 -> 3 -> 2 (cut 2, 2, 1, 1)
     oom = [*OOM[:3], "chaos.oom_above=2"]
-    auto = cli(*lm_args(corpus), "parallelism=fsdp", "grad_accum=auto", *oom, timeout=120)
+    auto = cli(*lm_args(corpus), "parallelism=fsdp", "grad_accum=auto", *oom, timeout=HANG)
     check_settled(auto, micro=2, accum=4)
     assert "stopped: rank(s) [1] ran out of memory" in auto.rank_log(0)  # at block 1's gather
     assert relative_error(weights(auto), lm_reference) < RTOL
@@ -100,7 +101,7 @@ def test_a_backward_pass_that_runs_out_is_retried_where_it_exchanges_nothing(
     assert relative_error(as_mlp, mlp_reference) < RTOL
 
     zero2 = cli(*BACKWARD_OOM, *mlp_args, "grad_accum=auto", "parallelism=zero2",
-                name="zero2", timeout=120)  # fmt: skip
+                name="zero2", timeout=HANG)  # fmt: skip
     assert zero2.returncode != 0
     error = zero2.summary()["error"]
     assert error["rank"] == 1 and "OutOfMemoryError" in error["message"], error

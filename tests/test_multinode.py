@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from runner.spec import resolve_spec
-from tests.helpers.cli import FAST
+from tests.helpers.cli import FAST, HANG
 from tests.helpers.config import compose_config
 from tests.helpers.equivalence import relative_error, train_plain
 from tests.helpers.nodes import chaos_time, finish, free_port, only_run, start_node
@@ -118,7 +118,7 @@ def test_nodes_that_disagree_start_no_rank(tmp_path: Path) -> None:
     cluster = [*TRAIN, "nodes=2", "nproc=2", f"master_port={free_port()}"]
     node0 = start_node(tmp_path / "a", 0, *cluster)
     node1 = start_node(tmp_path / "b", 1, *cluster, "optimizer.lr=0.5")
-    for code, output, _ in finish(node0, node1, timeout=120):
+    for code, output, _ in finish(node0, node1, timeout=HANG):
         assert code == 2, output
         assert "optimizer.lr: 0.5 here, 0.001 on node 0" in output
         assert "Traceback" not in output

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers.cli import FAST
+from runner.launch.ray_launch import LOCAL_CLUSTER
+from tests.helpers.cli import FAST, HANG
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("ray")
@@ -37,6 +38,17 @@ def ray_processes() -> dict[int, str]:
     return found
 
 
+def worker_niceness() -> list[int]:
+    """The niceness of each live Ray Train worker (a rank)."""
+    import psutil
+
+    return [
+        process.info["nice"]
+        for process in psutil.process_iter(["cmdline", "nice"])
+        if "RayTrainWorker" in " ".join(process.info["cmdline"] or [])
+    ]
+
+
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "model.pt", weights_only=True)
 
@@ -51,9 +63,11 @@ def test_sigusr1_stops_a_run_on_a_local_cluster_with_a_checkpoint(tmp_path: Path
     run_dir = tmp_path / "stopped"
     before = ray_processes()  # another test's cluster, if any
     proc = start_runner(tmp_path, run_dir, *LONGER, "launcher=ray")
-    wait_until(proc, (run_dir / "metrics.jsonl").exists, timeout=180)
+    wait_until(proc, (run_dir / "metrics.jsonl").exists, timeout=HANG)
+    niceness = worker_niceness()
     proc.send_signal(signal.SIGUSR1)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=HANG)
+    assert niceness == [0, 0], "the ranks run at the priority elastic ranks have"
     assert proc.returncode == 128 + signal.SIGUSR1, err
     assert "2 Ray worker(s) on a local Ray cluster" in err
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -91,12 +105,13 @@ def test_ray_workers_train_what_elastic_ranks_do_even_when_one_is_killed(cli, tw
 @pytest.fixture(scope="module")
 def two_nodes() -> Iterator[tuple[Any, Any]]:
     """A Ray cluster of two simulated nodes (ray.cluster_utils: a raylet each), one worker
-    slot on each, so that a 2-worker run spans both."""
+    slot on each, so that a 2-worker run spans both. Its workers run at nice 0, as those of
+    a local cluster runner starts: at Ray's nice 15 the other tests' processes starve them
+    (a run of 34 s took 395 s beside two busy loops)."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"slot": 1}}
-    )
+    head = {"num_cpus": 2, "resources": {"slot": 1}, "_system_config": LOCAL_CLUSTER}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     node = cluster.add_node(num_cpus=1, resources={"slot": 1})
     cluster.wait_for_nodes()
     try:
@@ -153,11 +168,11 @@ def test_sigterm_ends_a_run_on_a_cluster_and_its_workers(tmp_path: Path, two_nod
     run_dir = tmp_path / "terminated"
     args = [*LONGER, *ON_CLUSTER, f"launcher.address={cluster.address}"]
     proc = start_runner(tmp_path, run_dir, *args)
-    wait_until(proc, (run_dir / "metrics.jsonl").exists, timeout=180)
+    wait_until(proc, (run_dir / "metrics.jsonl").exists, timeout=HANG)
     proc.send_signal(signal.SIGUSR1)
     time.sleep(1)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "SIGUSR1: a graceful stop needs every worker on runner's host" in err
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
@@ -200,7 +215,7 @@ def test_a_node_removed_mid_run_costs_a_restart_from_the_last_checkpoint(
             time.sleep(0.1)
         cluster.remove_node(node)
         cluster.add_node(num_cpus=1, resources={"slot": 1})
-        assert process.wait(timeout=300) == 0, (tmp_path / "moved.log").read_text()
+        assert process.wait(timeout=HANG) == 0, (tmp_path / "moved.log").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["restarts"] == 1
     # the last checkpoint before the node went: the first one, unless training ran on meanwhile

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from runner.cli.report import differing_keys, run_config
-from tests.helpers.cli import child_env
+from tests.helpers.cli import HANG, child_env
 
 
 def write_run(root: Path, name: str, config: dict, resolved: bool = True) -> Path:
@@ -51,7 +51,7 @@ def test_without_the_report_extra_it_names_the_extra(tmp_path: Path) -> None:
     env["PYTHONPATH"] = f"{hidden.parent}:{env['PYTHONPATH']}"
     done = subprocess.run(
         [sys.executable, "-m", "runner.cli.report", str(run)],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True, text=True, env=env, timeout=HANG,
     )  # fmt: skip
     assert done.returncode == 2
     assert "pip install 'runner[report]'" in done.stderr and "Traceback" not in done.stderr

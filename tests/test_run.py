@@ -13,7 +13,7 @@ import yaml
 
 from runner.models import build_model
 from runner.spec import load_spec
-from tests.helpers.cli import FAST, REPO, RESTARTABLE, child_env, runner_command
+from tests.helpers.cli import FAST, HANG, REPO, RESTARTABLE, child_env, runner_command
 
 DIGITS_INFO = {"input_shape": (1, 8, 8), "num_classes": 10}  # what data=digits reports
 
@@ -93,7 +93,7 @@ def test_runner_report_of_the_default_run_as_typed(default_run, tmp_path: Path) 
     report = Path(sys.executable).parent / "runner-report"  # the console script
     done = subprocess.run(
         [str(report), str(run)], cwd=tmp_path, capture_output=True, text=True, env=child_env(),
-        timeout=120,
+        timeout=HANG,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     final = default_run.summary()["final"]
@@ -170,7 +170,7 @@ def test_two_runs_at_once_do_not_clash(tmp_path) -> None:
         for _ in range(2)
     ]
     for proc in procs:
-        _, stderr = proc.communicate(timeout=240)
+        _, stderr = proc.communicate(timeout=HANG)
         assert proc.returncode == 0, stderr
     runs = sorted((tmp_path / "runs").iterdir())
     assert len(runs) == 2

@@ -18,7 +18,7 @@ from runner.secrets import (
     masked_problems,
     restore,
 )
-from tests.helpers.cli import FAST, child_env, runner_command
+from tests.helpers.cli import FAST, HANG, child_env, runner_command
 
 FAKE_TOKEN = "hf_FAKE0token0for0tests0123456789"
 FAKE_KEY = "sk-FAKE0api0key0987654321"
@@ -67,7 +67,7 @@ def test_no_file_of_a_submitit_sweep_or_its_mlflow_store_holds_a_secret(tmp_path
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=HANG,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert FAKE_TOKEN not in proc.stdout + proc.stderr and FAKE_KEY not in proc.stderr

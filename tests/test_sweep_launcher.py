@@ -22,14 +22,14 @@ from runner.cli.job_slots import (
 )
 from runner.cli.sweep_progress import SweepProgress
 from runner.cli.sweep_resume import KEEP, NEW, RESUME, earlier_start
-from tests.helpers.cli import FAST, run_sweep
+from tests.helpers.cli import FAST, HANG, run_sweep
 
 LAUNCHER = "hydra/launcher=runner"
 TINY = [*FAST, "max_epochs=null", "max_steps=4", "log_interval=2", "eval_interval=1000"]
 
 
 def sweep(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, Path]:
-    return run_sweep(tmp_path, LAUNCHER, *overrides, timeout=600)
+    return run_sweep(tmp_path, LAUNCHER, *overrides, timeout=HANG)
 
 
 def test_slots_are_taken_lowest_first_and_wait_while_short() -> None:
@@ -150,9 +150,9 @@ def test_a_stopped_sweep_stops_its_running_jobs_and_writes_its_table(
         "hydra.launcher.devices=[0,1]", "seed=1,2,3", f"hydra.sweep.dir={root}",
     )  # fmt: skip
     started = [root / "0" / "metrics.jsonl", root / "1" / "metrics.jsonl"]
-    wait_until(proc, lambda: all(p.exists() for p in started), timeout=180)
+    wait_until(proc, lambda: all(p.exists() for p in started), timeout=HANG)
     proc.send_signal(signal.Signals[name])
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 1, err
     assert f"runner: {name}: stopping every running job; no other starts" in err
     for job in ("0", "1"):

@@ -22,7 +22,7 @@ import torch
 from runner.data import corpus, token_build, token_cache
 from runner.data.text import text_files
 from runner.data.tokenizing import ByteTokenizer, load_tokenizer
-from tests.helpers.cli import REPO, child_env, runner_command
+from tests.helpers.cli import HANG, REPO, child_env, runner_command
 
 WORDS = ["alpha", "beta", "gamma", "delta", "runner", "token", "batch", "rank", "step"]
 
@@ -217,7 +217,7 @@ def test_racing_processes_build_once(tmp_path: Path) -> None:
     for proc in procs:
         wait_ready(proc)
     (cache / "go").touch()
-    outputs = [proc.communicate(timeout=120)[0].decode() for proc in procs]
+    outputs = [proc.communicate(timeout=HANG)[0].decode() for proc in procs]
     assert all(proc.returncode == 0 for proc in procs), outputs
     builders = [out for out in outputs if "runner: tokenizing" in out]
     assert len(builders) == 1, outputs
@@ -260,7 +260,7 @@ def test_a_full_disk_leaves_nothing(tmp_path: Path) -> None:
     cache.mkdir()
     (cache / "go").touch()
     proc = builder(tmp_path / "c", cache, "0", "65536", str(256 << 10))
-    out = proc.communicate(timeout=120)[0].decode()
+    out = proc.communicate(timeout=HANG)[0].decode()
     assert proc.returncode != 0
     assert "writing the token cache" in out and "nothing was kept" in out, out
     assert [p.name for p in cache.iterdir() if p.is_dir()] == []
@@ -287,7 +287,7 @@ def test_a_damaged_cache_is_rebuilt_or_named(tmp_path: Path) -> None:
         env=child_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG,
     )
     assert run.returncode == 1 and f"damaged: {rebuilt.tokens_file}" in run.stderr, run.stderr
     run = subprocess.run(
@@ -296,7 +296,7 @@ def test_a_damaged_cache_is_rebuilt_or_named(tmp_path: Path) -> None:
         env=child_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG,
     )
     assert run.returncode == 0 and "verified" in run.stdout, run.stdout + run.stderr
     assert f"{len(''.join(texts)) + 4:,} tokens" in run.stdout and "built in" in run.stdout
@@ -322,7 +322,7 @@ def test_prepare_then_train_reads_the_same_cache(cli, tmp_path: Path) -> None:
             env=child_env(),
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=HANG,
         )
 
     typed = prepare()  # as a user types it: the default data keeps no cache

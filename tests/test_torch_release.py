@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runner.cli import torch_release
-from tests.helpers.cli import REPO, child_env
+from tests.helpers.cli import HANG, REPO, child_env
 
 
 def test_pyproject_declares_the_floor_the_parent_checks():
@@ -63,7 +63,7 @@ def test_runner_exits_at_startup_below_the_floor(tmp_path: Path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG,
     )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()

@@ -34,6 +34,9 @@ from runner.spec import RunSpec
 log = logging.getLogger("runner")
 INVALID = 2
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # read by Ray Train's controller
+# A local cluster's workers (the ranks) run at the priority elastic ranks have: Ray starts
+# workers at nice 15, so that any other process on the host takes their CPU first.
+LOCAL_CLUSTER = {"worker_niceness": 0}
 STARTUP_TIMEOUT = "WorkerGroupStartupTimeoutError"  # what it raises when that runs out
 PASSED_ENV = (  # what the agent's ranks get from it, and Ray's workers need given
     "PYTHONPATH",
@@ -95,7 +98,7 @@ def _connect(ray: Any, spec: RunSpec, address: str | None, env: dict[str, str]) 
         if address is None:
             cpus = max(os.cpu_count() or 1, spec.world_size)
             ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": env})  # fmt: skip
+                     runtime_env={"env_vars": env}, _system_config=LOCAL_CLUSTER)  # fmt: skip
         else:
             ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
     except Exception as exc:  # not _Interrupted: a BaseException, the caller's to handle

@@ -21,6 +21,11 @@ FAST = ["model=mlp", "data=digits", "precision=fp32", "progress_bar=false"]
 RESTARTABLE = [*FAST, "max_epochs=null", "max_steps=12", "log_interval=2", "checkpoint.interval=2"]
 ZERO2_OFFLOAD = ["parallelism=zero2", "parallelism.offload_optimizer=cpu"]
 
+# Seconds after which a test takes a run (or a wait for one) as hung. A guard against a hang,
+# never a speed check: a run that takes 30 s alone took over 240 s in the suite on a busy
+# 2-core machine (Ray's tests, next to two other workers), so every limit is this one.
+HANG = 900
+
 
 @dataclass
 class CliResult:
@@ -49,7 +54,7 @@ def runner_command(*overrides: str) -> list[str]:
     return [sys.executable, "-m", "runner.cli.entry", *overrides]
 
 
-def run_cli(tmp_path: Path, *overrides: str, name: str = "run", timeout: float = 240) -> CliResult:
+def run_cli(tmp_path: Path, *overrides: str, name: str = "run", timeout: float = HANG) -> CliResult:
     """Run `runner OVERRIDES hydra.run.dir=tmp_path/name` to completion."""
     run_dir = tmp_path / name
     proc = subprocess.run(
@@ -64,7 +69,7 @@ def run_cli(tmp_path: Path, *overrides: str, name: str = "run", timeout: float =
 
 
 def run_sweep(
-    tmp_path: Path, *overrides: str, timeout: float = 300, root: Path | None = None
+    tmp_path: Path, *overrides: str, timeout: float = HANG, root: Path | None = None
 ) -> tuple[subprocess.CompletedProcess, Path]:
     """Run `runner -m OVERRIDES hydra.sweep.dir=ROOT` (tmp_path/sweep) to its end."""
     root = tmp_path / "sweep" if root is None else root
@@ -98,7 +103,7 @@ def start_runner(tmp_path: Path, run_dir: Path, *overrides: str) -> subprocess.P
     )
 
 
-def wait_until(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
+def wait_until(proc: subprocess.Popen, ready, timeout: float = HANG) -> None:
     """Poll `ready()` while `proc` runs; fail with its output if it exits or time runs out."""
     deadline = time.time() + timeout
     while not ready():

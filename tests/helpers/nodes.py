@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.helpers.cli import child_env, runner_command
+from tests.helpers.cli import HANG, child_env, runner_command
 
 
 def free_port() -> int:
@@ -37,7 +37,7 @@ def start_node(
     )
 
 
-def finish(*procs: subprocess.Popen, timeout: float = 240) -> list[tuple[int, str, float]]:
+def finish(*procs: subprocess.Popen, timeout: float = HANG) -> list[tuple[int, str, float]]:
     """Wait for every process: (exit code, output, time it ended) each."""
     ended: dict[int, float] = {}
     deadline = time.time() + timeout
