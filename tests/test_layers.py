@@ -37,16 +37,18 @@ SHARED_PACKAGES = {"rundir"}  # the run directory's files, read and written by e
 # asks the data what it reports and looks for the model's blocks on the meta device), and
 # nothing imports cli/ or launch/.
 MAY_IMPORT: dict[str, set[str]] = {
-    "cli": {"trackers", "spec", SHARED},
+    "cli": {"trackers", "sweeps", "spec", SHARED},
     # launch's pre-launch check builds the optimizer and schedule the engines will build
     "launch": {"engines", "models", "data", "spec", SHARED},
     "export": {"models", "data", "spec", SHARED},  # `runner export`: a process of its own
-    "train": {"engines", "models", "data", "trackers", "spec", SHARED},
+    "train": {"engines", "models", "data", "trackers", "sweeps", "spec", SHARED},
     "engines": {"models", "data", "spec", SHARED},
     "models": {"data", "spec", SHARED},
     "data": {"spec", SHARED},
     # the trackers: rank 0 logs to them, the parent ends what rank 0 could not
     "trackers": {"spec", SHARED},
+    # a sweep's study: kept by the sweep's process (cli/), reported to by rank 0 (train/)
+    "sweeps": {SHARED},
     "spec": {SHARED},
     SHARED: set(),
 }

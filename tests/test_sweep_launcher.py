@@ -195,7 +195,7 @@ def test_a_killed_sweep_run_again_keeps_what_completed_and_resumes_the_rest(
         table = root / "sweep.csv"
         return table.is_file() and f"\n{job}," in table.read_text() and status(job) == "completed"
 
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + HANG
     while not (listed_completed("0") and list((root / "1").glob("checkpoints/step_*"))):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)

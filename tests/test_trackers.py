@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import RESTARTABLE, child_env
+from tests.helpers.cli import HANG, RESTARTABLE, child_env
 from tests.helpers.wandb_records import history, records, summary
 
 mlflow = pytest.importorskip("mlflow")
@@ -55,7 +55,7 @@ def mlflow_server(tmp_path: Path) -> Iterator[str]:
     )
     uri = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + HANG
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=1):

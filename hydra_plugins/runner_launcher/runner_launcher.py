@@ -74,6 +74,8 @@ class RunnerLauncher(Launcher):
         self.devices = None if devices is None else list(devices)
         self.fail_fast = bool(fail_fast)
         self.rerun_failed = bool(rerun_failed)
+        self.stopped = False  # a signal or fail_fast stopped the sweep: no job starts any more
+        self.progress = _progress()  # where the sweep stands, over every launch (a sweeper's)
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
@@ -100,7 +102,9 @@ class RunnerLauncher(Launcher):
         problems += multi_node_problems([job.config.get("nodes", 1) for job in jobs])
         problems += _resume_problems(sweep_dir, jobs)
         if problems:
-            _refuse(problems, sweep_dir)
+            from runner.cli.sweep import refuse_sweep
+
+            refuse_sweep(problems, sweep_dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         returns = _resume(jobs, self.rerun_failed, sweep_dir)
         to_run = [job for job in jobs if job.idx not in returns]
@@ -136,10 +140,9 @@ class _Sweep:
         self.handlers: dict[int, Any] = {}
 
     def run(self, jobs: list[_Job]) -> dict[int, JobReturn]:
-        from runner.cli.sweep_progress import SweepProgress
-
         queue = deque(jobs)
-        self.progress = SweepProgress(queued=len(jobs))
+        self.progress = self.launcher.progress  # the whole sweep's, over every launch
+        self.progress.queued += len(jobs)
         self.handlers = {sig: signal.signal(sig, self._stop) for sig in STOP_SIGNALS}
         try:
             while queue or self.running:
@@ -165,7 +168,7 @@ class _Sweep:
         as the sweep ends."""
         if not self.stopping:
             _say(f"{signal.Signals(signum).name}: stopping every running job; no other starts")
-        self.stopping = True
+        self.stopping = self.launcher.stopped = True
         for _, _, process in self.running.values():
             if process.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
@@ -206,7 +209,7 @@ class _Sweep:
         _say(self.progress.line())
 
     def _fail_fast(self) -> None:
-        self.stopping = True
+        self.stopping = self.launcher.stopped = True
         others = [j.idx for j, _, _ in self.running.values()]
         stopping = f" (stopping job(s) {', '.join(map(str, others))})" if others else ""
         _say(f"hydra.launcher.fail_fast=true: the sweep stops{stopping}")
@@ -260,6 +263,12 @@ def _job_process(
         os._exit(code)
 
 
+def _progress() -> Any:
+    from runner.cli.sweep_progress import SweepProgress
+
+    return SweepProgress(queued=0)
+
+
 def _resume_problems(sweep_dir: Path, jobs: list[_Job]) -> list[str]:
     from runner.cli.sweep_resume import not_a_sweep_problem, other_sweep_problem
 
@@ -311,8 +320,8 @@ def _failure(job: _Job, result: JobReturn) -> str | None:
         return None
     job_dir = job.dir
     summary = read_json(job_dir / "summary.json") or {}
-    if summary.get("status") == "completed":
-        return None  # completed without the sweep's metric
+    if summary.get("status") in ("completed", "pruned"):
+        return None  # ended without the sweep's metric
     error = summary.get("error") or {}
     message = (error.get("message") or "ended without a summary").splitlines()[0]
     return f"{message} ({job_dir})"
@@ -325,20 +334,3 @@ def _say(line: str) -> None:
 
 def _kind(pool: Any) -> str:
     return "GPU(s)" if pool.kind == "gpu" else "core(s)"
-
-
-def _refuse(problems: list[str], sweep_dir: Path) -> None:
-    """Bad input: reported like any configuration problem, exit 2, before the first job."""
-    from runner.cli.resolving import problems_text
-    from runner.cli.sweep import SweepTable
-    from runner.rundir.files import write_atomic
-
-    print(problems_text(problems), file=sys.stderr)
-    record = sweep_dir / "multirun.yaml"
-    if SweepTable.earlier_multirun is not None:  # the directory's own record, not this command's
-        write_atomic(record, SweepTable.earlier_multirun)
-    elif sweep_dir.is_dir():  # nothing of this command stays behind
-        record.unlink(missing_ok=True)
-        if not any(sweep_dir.iterdir()):
-            sweep_dir.rmdir()
-    sys.exit(2)

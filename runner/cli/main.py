@@ -9,6 +9,7 @@ The parent never imports torch: `--help`, `--cfg job` and config errors are inst
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -122,6 +123,7 @@ def _run(cfg: DictConfig) -> float | None:
         return _never_started(err.problems, run_dir, hydra_cfg, start_time)
 
     if in_sweep:
+        spec = _with_trial(spec, hydra_cfg)
         wrong_direction = sweeper_problem(hydra_cfg.sweeper, spec)
         if wrong_direction:  # every job would be scored the wrong way round: stop the sweep
             log.error("%s", problems_text([wrong_direction]))
@@ -157,6 +159,16 @@ def _run(cfg: DictConfig) -> float | None:
     # The job's value for sweepers such as Optuna (which maximise or minimise it); NaN marks
     # a job that failed, which Optuna records as a failed trial.
     return summary.get("final", {}).get(spec.sweep.metric, math.nan)
+
+
+def _with_trial(spec: RunSpec, hydra_cfg: Any) -> RunSpec:
+    """A job of hydra/sweeper=runner is a trial of its study: rank 0 reports to it."""
+    from runner.cli.study_sweep import job_trial
+
+    trial = job_trial(hydra_cfg.sweeper, hydra_cfg.job.num)
+    if trial is None:
+        return spec
+    return dataclasses.replace(spec, sweep=dataclasses.replace(spec.sweep, trial=trial))
 
 
 def sweeper_problem(sweeper: Any, spec: RunSpec) -> str | None:

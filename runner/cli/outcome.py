@@ -8,6 +8,7 @@ a consequence.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,15 @@ def report_outcome(summary: dict[str, Any], run_dir: RunDir) -> None:
             summary.get("world_size"),
             summary.get("wall_time_s", 0),
             " | ".join(parts),
+        )
+    elif status == Status.PRUNED:
+        pruned = summary.get("pruned") or {}
+        log.info(
+            "runner: pruned after step %s by the sweep's pruner (%s %.4g); checkpoint %s",
+            summary.get("steps"),
+            pruned.get("metric"),
+            pruned.get("value", math.nan),
+            pruned.get("checkpoint"),
         )
     elif status == Status.FAILED and summary.get("error"):
         log.error("runner: %s", format_error(summary["error"]))

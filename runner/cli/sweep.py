@@ -97,7 +97,9 @@ def _markdown(shared: list[str], rows: list[dict[str, Any]], columns: list[str])
 
 
 def failed_jobs(sweep_dir: Path) -> list[str]:
-    return [row["job"] for row in sweep_rows(sweep_dir)[2] if row["status"] != Status.COMPLETED]
+    """Jobs that did not end as meant: neither completed nor pruned by the sweeper."""
+    ended = (Status.COMPLETED, Status.PRUNED)
+    return [row["job"] for row in sweep_rows(sweep_dir)[2] if row["status"] not in ended]
 
 
 class SweepTable(Callback):
@@ -131,3 +133,19 @@ class SweepTable(Callback):
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def refuse_sweep(problems: list[str], sweep_dir: Path) -> None:
+    """Bad input found by a sweep's launcher or sweeper: reported like any configuration
+    problem, exit 2, before the first job; the directory is left as it was."""
+    from runner.cli.resolving import problems_text
+
+    print(problems_text(problems), file=sys.stderr, flush=True)
+    record = sweep_dir / "multirun.yaml"
+    if SweepTable.earlier_multirun is not None:  # the directory's own record, not this command's
+        write_atomic(record, SweepTable.earlier_multirun)
+    elif sweep_dir.is_dir():  # nothing of this command stays behind
+        record.unlink(missing_ok=True)
+        if not any(sweep_dir.iterdir()):
+            sweep_dir.rmdir()
+    sys.exit(2)

@@ -1,6 +1,6 @@
 """hydra/launcher=runner's progress line: where the sweep stands, printed as each job ends.
 
-runner: sweep: 5 done, 2 running, 1 queued, 1 failed; best val/accuracy 0.9321 (job 3)
+runner: sweep: 5 done, 2 running, 1 queued, 1 failed, 2 pruned; best val/accuracy 0.9321 (job 3)
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class SweepProgress:
     done: int = 0
     failed: int = 0
     stopped: int = 0
+    pruned: int = 0
     best: tuple[float, int, str] | None = None  # value, job, metric
 
     def started(self) -> None:
@@ -49,10 +50,12 @@ class SweepProgress:
             self.done += 1
         elif status == "interrupted":
             self.stopped += 1
+        elif status == "pruned":
+            self.pruned += 1
         else:
             self.failed += 1
         metric, direction, value = job_result(job_dir, summary)
-        if metric is None or math.isnan(value):
+        if status != "completed" or metric is None or math.isnan(value):
             return
         sign = -1.0 if direction == "minimize" else 1.0
         if self.best is None or sign * value > sign * self.best[0]:
@@ -61,6 +64,7 @@ class SweepProgress:
     def line(self) -> str:
         counts = f"{self.done} done, {self.running} running, {self.queued} queued"
         counts += f", {self.failed} failed" + (f", {self.stopped} stopped" if self.stopped else "")
+        counts += f", {self.pruned} pruned" if self.pruned else ""
         if self.best is None:
             return f"sweep: {counts}"
         value, job, metric = self.best

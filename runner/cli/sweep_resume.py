@@ -1,9 +1,9 @@
 """Running a sweep's command again in its directory (`hydra.sweep.dir=DIR`) finishes it:
 what each job's directory there says about an earlier start of the same job.
 
-A completed job is kept (its number, directory and result); an interrupted one (stopped,
-killed, or its sweep killed under it) goes on from its last checkpoint (resume=auto); a
-failed one is kept as it is unless the sweep asks for failed jobs again
+A completed job is kept (its number, directory and result), as is one a pruner stopped; an
+interrupted one (stopped, killed, or its sweep killed under it) goes on from its last
+checkpoint (resume=auto); a failed one is kept as it is unless the sweep asks for failed jobs again
 (`hydra.launcher.rerun_failed=true`: they go on from their last checkpoint too). A job
 directory whose overrides are not this job's means the directory holds another sweep.
 """
@@ -35,7 +35,7 @@ def earlier_start(job_dir: Path, rerun_failed: bool) -> EarlierStart:
         return EarlierStart(NEW)
     summary = read_json(job_dir / "summary.json") or {}
     status = summary.get("status")
-    if status == Status.COMPLETED:
+    if status in (Status.COMPLETED, Status.PRUNED):
         return EarlierStart(KEEP, status, job_result(job_dir, summary)[2])
     if status == Status.FAILED and not rerun_failed:
         return EarlierStart(KEEP, status)

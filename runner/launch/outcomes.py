@@ -30,6 +30,8 @@ def outcome_writer(spec: RunSpec, node_dir: Path, start_time: float) -> OutcomeW
     (`node{i}/summary.json`), with `run_dir` telling where its ranks wrote."""
 
     def write(run_dir: RunDir, status: str, error: dict | None = None, **extra: Any) -> None:
+        if spec.node_rank == 0 and status == Status.INTERRUPTED and _ended_by_rank0(run_dir):
+            return  # the signal came after rank 0 ended the run: its summary stands
         if spec.node_rank == 0:  # every rank is gone: no partial checkpoint outlives the run
             CheckpointStore(run_dir.checkpoints, keep=1).discard_unfinished()
             write_unfinished_summary(run_dir, status, spec.world_size, start_time, error, **extra)
@@ -41,6 +43,13 @@ def outcome_writer(spec: RunSpec, node_dir: Path, start_time: float) -> OutcomeW
         write_json(node_dir / "summary.json", summary)
 
     return write
+
+
+def _ended_by_rank0(run_dir: RunDir) -> bool:
+    """Whether this launch's rank 0 wrote the run's last summary (completed, or pruned by a
+    sweep): an earlier launch's summary was set aside as this one started."""
+    summary = read_summary(run_dir) or {}
+    return summary.get("status") in (Status.COMPLETED, Status.PRUNED)
 
 
 def _rank_failures(run_dir: RunDir, failures: dict) -> list[RankFailure]:
@@ -125,12 +134,13 @@ def signalled(
 
 
 def ranks_exited(node_rank: int, run_dir: RunDir, write_outcome: OutcomeWriter) -> int:
-    """Every rank exited with 0: completed, if rank 0 said so in summary.json."""
+    """Every rank exited with 0: completed (or pruned by a sweep), if rank 0 said so in
+    summary.json."""
     if node_rank > 0:
         write_outcome(run_dir, Status.COMPLETED)
         return 0
     summary = read_summary(run_dir)
-    if summary is None or summary.get("status") != Status.COMPLETED:
+    if summary is None or summary.get("status") not in (Status.COMPLETED, Status.PRUNED):
         log.error("runner: ranks exited cleanly but rank 0 wrote no summary")
         write_outcome(run_dir, Status.FAILED)
         return 1

@@ -43,6 +43,7 @@ PASSED_ENV = (  # what the agent's ranks get from it, and Ray's workers need giv
     "RUNNER_START_TIME",
     "RUNNER_SECRETS",
     "RUNNER_CACHE_DIR",
+    "RUNNER_STUDY_KEY",  # a sweep's study: rank 0 of a trial proves it (runner.sweeps)
     heartbeat.ENV,
 )
 

@@ -22,6 +22,7 @@ class Status(str, Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
+    PRUNED = "pruned"  # stopped by a sweep's pruner after an evaluation, with a checkpoint
 
     def __str__(self) -> str:
         return self.value

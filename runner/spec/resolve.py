@@ -25,7 +25,6 @@ from runner.spec.schema import (
     FSDPSpec,
     Precision,
     RunSpec,
-    SweepSpec,
     SyncStrategy,
 )
 
@@ -204,7 +203,8 @@ def _resolve_sweep(spec: RunSpec, problems: list[str]) -> RunSpec:
     if direction == "auto":
         smaller = metric.rsplit("/", 1)[-1].endswith(MINIMIZED)
         direction = "minimize" if smaller else "maximize"
-    return dataclasses.replace(spec, sweep=SweepSpec(metric=metric, direction=direction))
+    sweep = dataclasses.replace(spec.sweep, metric=metric, direction=direction)
+    return dataclasses.replace(spec, sweep=sweep)
 
 
 # logger option -> (module it imports, the extra that installs it)

@@ -284,6 +284,16 @@ class InitFromSpec:
 
 
 @dataclass(frozen=True)
+class TrialSpec:
+    """The Optuna trial a job of `hydra/sweeper=runner` is (set by the sweeper, never on the
+    command line, and only when the sweep has a pruner): rank 0 reports `sweep.metric` to it
+    at every evaluation, and the study's pruner may stop the run there (status `pruned`)."""
+
+    address: str  # where the sweep's process answers reports (host:port; runner.sweeps)
+    number: int  # the trial's number: the job's number in the sweep
+
+
+@dataclass(frozen=True)
 class SweepSpec:
     """What a sweep compares runs by: the final value of `metric` that each job returns to
     the sweeper (Optuna), that sweep tables and runner-report put first; `direction` says
@@ -292,6 +302,7 @@ class SweepSpec:
 
     metric: str = "auto"
     direction: Literal["auto", "maximize", "minimize"] = "auto"
+    trial: TrialSpec | None = None
 
 
 # ------------------------------------------------------------------------------- run

@@ -36,7 +36,12 @@ HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
 }
-STATUS = {Status.COMPLETED: "FINISHED", Status.FAILED: "FAILED", Status.INTERRUPTED: "KILLED"}
+STATUS = {
+    Status.COMPLETED: "FINISHED",
+    Status.FAILED: "FAILED",
+    Status.INTERRUPTED: "KILLED",
+    Status.PRUNED: "KILLED",  # stopped early by the sweep, as it meant to
+}
 PARAM_VALUE_LIMIT = 6000  # characters
 SQLITE = "sqlite:///"
 

@@ -81,7 +81,7 @@ class WandbTracker:
             if path.is_file():
                 artifact.add_file(str(path))
         self.run.log_artifact(artifact)
-        self.run.finish(exit_code=0 if status == Status.COMPLETED else 1)
+        self.run.finish(exit_code=0 if status in (Status.COMPLETED, Status.PRUNED) else 1)
 
     def _note(self) -> None:
         note_tracker_run(

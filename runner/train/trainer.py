@@ -21,6 +21,7 @@ from runner.components import instantiate
 from runner.errors import describe
 from runner.heartbeat import Heartbeat, Phase
 from runner.models.initial_weights import seed_everything
+from runner.rundir.checkpoints import CheckpointStore
 from runner.rundir.files import EVAL_FILE, RunDir, write_json
 from runner.rundir.summary import Status, record_attempt
 from runner.spec import RunSpec
@@ -36,6 +37,7 @@ from runner.train.evaluation import Evaluator
 from runner.train.guards import chaos
 from runner.train.guards.loss_spikes import LossSpikeError, LossSpikes, Spike
 from runner.train.guards.nonfinite import NonFiniteGuard
+from runner.train.pruning import Pruning
 from runner.train.records.step_figures import StepFigures, flops_per_token
 from runner.train.records.step_log import Step, StepLog
 from runner.train.step.loss_items import ItemCheck, global_items
@@ -78,6 +80,7 @@ class Trainer:
         self._resume()
         self.stand_in: Any = None  # the latest training microbatch (Evaluator.evaluate)
         self.faults = chaos.Faults(spec.chaos, self.rank, self.engine.module)  # chaos.*
+        self.pruning = Pruning(spec, self.is_main)  # a sweep's pruner, after evaluations
         self.sync_debug = SyncDebug(spec.sync_debug, device)  # sync_debug: quiet steps' waits
         self.passes = LossPass(
             spec, self.engine, self.loss_fn, device, self.channels_last, self.faults
@@ -191,6 +194,8 @@ class Trainer:
                     break
                 if last:
                     break
+                if evaluation is not None and self.pruning.prunes(step, evaluation):
+                    return self._prune(step, samples, saved, start_time, evaluation)
                 if self.heart.stop_after(step):  # a graceful stop: every rank stops here
                     return self._stop(step, samples, saved, start_time)
         return self._finish(start_time)
@@ -247,6 +252,28 @@ class Trainer:
         }
         self.log.close(outcome)
         return outcome
+
+    def _prune(
+        self, step: int, samples: int, saved: bool, start_time: float, evaluation: dict
+    ) -> dict[str, Any]:
+        """The sweep's pruner stopped this trial after its evaluation at `step`: a checkpoint
+        (the trial's weights stay at hand), then summary.json with status `pruned`, and no
+        model.pt (these are not a finished run's weights)."""
+        if not saved:
+            self._save(step, samples)
+        self.checkpoints.finish()
+        self.step = step  # where the run ends, for on_fit_end
+        metric = self.spec.sweep.metric
+        log.info("pruned after step %d by the sweep's pruner (%s %.4g)", step, metric,
+                 evaluation[metric])  # fmt: skip
+        latest = CheckpointStore(self.run_dir.checkpoints, keep=1).latest()
+        pruned = {
+            "after_step": step,
+            "metric": metric,
+            "value": evaluation[metric],
+            "checkpoint": str(latest.relative_to(self.run_dir.root)) if latest else None,
+        }
+        return self._finish(start_time, weights=False, status=Status.PRUNED, pruned=pruned)
 
     def train_step(
         self, microbatches: list[tuple[Any, bool]], n_global: int, step: int, logged: bool = False
@@ -317,7 +344,9 @@ class Trainer:
         self.log.rewind(client["step"])
         return client["step"], client["samples"]
 
-    def _finish(self, start_time: float, weights: bool = True) -> dict[str, Any]:
+    def _finish(
+        self, start_time: float, weights: bool = True, status: Status = Status.COMPLETED, **facts
+    ) -> dict[str, Any]:
         self.sync_debug.off()
         self.checkpoints.finish()
         self.heart.beat(Phase.FINISH)
@@ -329,6 +358,7 @@ class Trainer:
             self.log.records,
             self.build_peak_rss,
             weights=weights,
+            status=status,
             start_time=start_time,
             restarts=self.attempt,
             resumed_from=self.resumed_from,
@@ -337,6 +367,7 @@ class Trainer:
             checkpoint_blocked_s=[round(s, 4) for s in self.checkpoints.blocked_s],
             loss_spike_rollbacks=self.spikes.rollbacks,
             **self.steps.summary(),
+            **facts,
         )
         self.log.close(summary)
         self.callbacks.call("on_fit_end", summary, step=self.step if not weights else None)

@@ -33,6 +33,7 @@ def write_final(
     records: list[dict[str, Any]],
     build_peak_rss: int,
     weights: bool = True,
+    status: Status = Status.COMPLETED,
     **facts: Any,
 ) -> dict[str, Any]:
     """Every rank: gather the weights and each rank's memory; rank 0: write model.pt, then
@@ -49,7 +50,7 @@ def write_final(
         return {}
     start_time = facts.pop("start_time")
     summary = build_summary(
-        Status.COMPLETED,
+        status,
         rdist.get_world_size(),
         start_time,
         records,
