@@ -32,6 +32,8 @@ from suites_speed import (
     LAUNCHER_STEPS,
     MFU,
     OVERHEAD_STEPS,
+    PRUNED_STEPS,
+    PRUNED_WALL,
     READY,
     SWEEP_JOBS,
     SWEEP_STEPS,
@@ -43,6 +45,7 @@ from suites_speed import (
     launchers_suite,
     mfu_cpu_suite,
     overhead_suite,
+    pruning_suite,
     scaling_suite,
     sharded_step_suite,
     start_methods_suite,
@@ -151,6 +154,16 @@ SUITES = {
         sweep_suite,
         "the sweep's wall time from outside",
         (SWEEP_WALL,),
+    ),
+    "pruning": (
+        "The compute a pruner saves a search: hydra/sweeper=runner, 12 learning rates "
+        "(log-uniform 1e-4..0.3, a seeded random sampler: the same 12 in every sweep), one "
+        "trial at a time, mlp on digits, nproc=1, 200 steps each, an evaluation every 20; "
+        "ratios against the sweep without a pruner",
+        pruning_suite,
+        "per sweep: the steps its trials trained (each trial's summary.json), its wall time "
+        "from outside, and its best completed trial (study.json) with its val/accuracy",
+        (PRUNED_STEPS, PRUNED_WALL),
     ),
     "memory": (
         "B3 memory by parallelism: resnet18, synthetic 3x32x32, nproc=2, global batch 64, "

@@ -417,6 +417,57 @@ def sweep_suite(_steps: int) -> list[Config]:
     ]
 
 
+PRUNED_STEPS, PRUNED_WALL = "trained steps", "sweep wall s"
+BEST_TRIAL, BEST_VALUE = "best trial", "best val/accuracy"
+PRUNING_TRIALS, PRUNING_STEPS = 12, 200
+
+
+def pruning_suite(_steps: int) -> list[Config]:
+    """One search, with and without a pruner: PRUNING_TRIALS learning rates drawn by a seeded
+    random sampler (the same ones whatever the trials report), one trial at a time, mlp on
+    digits, PRUNING_STEPS steps each, an evaluation every 20. What the search trained (the
+    steps of every trial) and which trial it found best."""
+    search = [
+        "hydra/sweeper=runner", "hydra/launcher=runner", "hydra/sweeper/sampler=random",
+        "hydra.sweeper.sampler.seed=0", f"hydra.sweeper.n_trials={PRUNING_TRIALS}",
+        "hydra.sweeper.n_jobs=1", "optimizer.lr=tag(log, interval(0.0001, 0.3))",
+        "model=mlp", "data=digits", "precision=fp32", "nproc=1", "max_epochs=null",
+        f"max_steps={PRUNING_STEPS}", "eval_interval=20", "log_interval=20",
+        "progress_bar=false", "checkpoint.interval=null",
+    ]  # fmt: skip
+
+    def sweep(*pruner: str) -> Callable[[], dict[str, float]]:
+        def measure() -> dict[str, float]:
+            with tempfile.TemporaryDirectory() as tmp:
+                command = [venv_tool("runner"), "-m", *search, *pruner]
+                wall, _, _ = time_command([*command, f"hydra.sweep.dir={tmp}/sweep"], tmp, 1)
+                root = Path(tmp) / "sweep"
+                study = json.loads((root / "study.json").read_text())
+                summaries = [root / str(t["number"]) / "summary.json" for t in study["trials"]]
+                steps = sum(json.loads(path.read_text())["steps"] for path in summaries)
+            best = max(
+                (t for t in study["trials"] if t["state"] == "COMPLETE"), key=lambda t: t["value"]
+            )
+            return {
+                PRUNED_STEPS: steps,
+                PRUNED_WALL: wall,
+                BEST_TRIAL: best["number"],
+                BEST_VALUE: best["value"],
+            }
+
+        return measure
+
+    median = ["hydra/sweeper/pruner=median", "hydra.sweeper.pruner.n_startup_trials=3"]
+    median += ["hydra.sweeper.pruner.n_warmup_steps=40"]
+    asha = ["hydra/sweeper/pruner=asha", "hydra.sweeper.pruner.min_resource=20"]
+    asha += ["hydra.sweeper.pruner.reduction_factor=3"]
+    return [
+        Config("no pruner", sweep()),
+        Config("median (3 startup trials, 40 warmup steps)", sweep(*median)),
+        Config("asha (min 20 steps, reduction 3)", sweep(*asha)),
+    ]
+
+
 def sync_suite(steps: int) -> list[Config]:
     rows = [
         runner_row(

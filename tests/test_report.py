@@ -55,3 +55,42 @@ def test_without_the_report_extra_it_names_the_extra(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "pip install 'runner[report]'" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_watch_shows_a_sweep_as_it_runs(tmp_path: Path) -> None:
+    """`--watch`: a job still running shows its latest values from metrics.jsonl; a job
+    that starts later and one that ends show up at the next refresh; Ctrl-C ends it, exit 0."""
+    import json
+    import signal
+    import threading
+
+    from tests.helpers.cli import wait_until
+
+    sweep = tmp_path / "sweep"
+    first = write_run(sweep, "0", {"seed": 0, "sweep": {"metric": "val/loss"}})
+    (first / "metrics.jsonl").write_text(json.dumps({"step": 20, "val/loss": 0.75}) + "\n")
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "runner.cli.report", "--watch", "0.2", str(sweep)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+    )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(watch.stdout), daemon=True)
+    reader.start()
+
+    def shown(*texts: str):
+        return lambda: all(any(text in line for line in list(lines)) for text in texts)
+
+    try:
+        wait_until(watch, shown("running", "0.75"))
+        write_run(sweep, "1", {"seed": 1, "sweep": {"metric": "val/loss"}})  # a job starts
+        (first / "summary.json").write_text(
+            json.dumps({"status": "pruned", "steps": 20, "final": {"val/loss": 0.75}})
+        )
+        wait_until(watch, shown("pruned", "│ 1 "))
+    finally:
+        watch.send_signal(signal.SIGINT)
+        watch.wait(timeout=HANG)  # stdout is the reader's
+    err = watch.stderr.read()
+    assert watch.returncode == 0, err
+    assert (sweep / "report.png").is_file() and "Traceback" not in err

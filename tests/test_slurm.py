@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runner.spec import SpecError, resolve_spec
-from runner.spec.slurm import expand_hostlist, job_port, placement
+from runner.spec.slurm import expand_hostlist, job_port, placement, submitit_problems
 from tests.helpers.config import compose_config
 
 
@@ -62,3 +62,19 @@ def test_nodes_auto_resolves_from_slurm_or_to_one_node() -> None:
             compose_config(["nodes=auto", "device=cpu"]),
             environ={**JOB, "SLURM_JOB_NODELIST": "gpu[01-"},
         )
+
+
+def test_a_submitit_sweep_maps_a_job_to_one_runner_per_node() -> None:
+    """What docs/multi-node.md says a sweep of multi-GPU jobs on SLURM is: each job an
+    allocation of hydra.launcher.nodes nodes, a runner on each (tasks_per_node=1) starting
+    its nproc ranks, one per GPU of the node; anything else is named before any job."""
+    good = {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 2}
+    assert submitit_problems(good, "auto", 2) == []
+    assert submitit_problems({**good, "nodes": 2}, "auto", "auto") == []
+    (tasks,) = submitit_problems({**good, "tasks_per_node": 2}, "auto", 1)
+    assert tasks.startswith("hydra.launcher.tasks_per_node=2: runner runs one task per node")
+    assert tasks.endswith("set hydra.launcher.tasks_per_node=1 and nproc=2")
+    (ranks,) = submitit_problems(good, "auto", 4)
+    assert ranks.startswith("nproc=4: each node of a job has hydra.launcher.gpus_per_node=2")
+    (nodes,) = submitit_problems({**good, "nodes": 2}, 1, 2)
+    assert nodes.startswith("nodes=1: each job gets hydra.launcher.nodes=2 nodes")

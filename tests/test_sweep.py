@@ -132,3 +132,16 @@ def test_an_optuna_sweep_the_wrong_way_round_stops_before_any_job(tmp_path: Path
     )
     assert "Traceback" not in proc.stderr
     assert not any(root.glob("*/model.pt")) and not any(root.glob("*/logs"))
+
+
+def test_a_slurm_sweep_runner_cannot_run_is_refused_before_any_job_is_sent(
+    tmp_path: Path,
+) -> None:
+    """Checked as the sweep starts, on the submitting host: no SLURM needed, none asked."""
+    proc, root = run_sweep(
+        tmp_path, *TINY, "hydra/launcher=submitit_slurm", "hydra.launcher.tasks_per_node=2",
+        "seed=1,2",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "hydra.launcher.tasks_per_node=2: runner runs one task per node" in proc.stderr
+    assert "Traceback" not in proc.stderr and not root.exists()

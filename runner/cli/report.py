@@ -103,7 +103,7 @@ def rows(runs: list[Path], base: Path) -> tuple[list[str], list[dict[str, Any]]]
     metrics = metric_columns(configs)
     table = []
     for run, config in zip(runs, configs, strict=True):
-        summary = read_json(run / "summary.json") or {}
+        summary = read_json(run / "summary.json") or _so_far(run)
         final = summary.get("final") or {}
         row = {"run": label(run, base), **{k: config.get(k, "") for k in keys}}
         row.update(
@@ -115,6 +115,14 @@ def rows(runs: list[Path], base: Path) -> tuple[list[str], list[dict[str, Any]]]
         table.append(row)
     columns = ["run", *keys, "status", "steps", "wall_time_s", *metrics]
     return columns, table
+
+
+def _so_far(run: Path) -> dict[str, Any]:
+    """A run without a summary (still running): its latest values from metrics.jsonl."""
+    final: dict[str, Any] = {}
+    for record in read_jsonl(run / "metrics.jsonl"):
+        final.update(record)
+    return {"final": final, "steps": final.get("step", "")} if final else {}
 
 
 def print_table(columns: list[str], table: list[dict[str, Any]]) -> None:
@@ -180,6 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, help=f"the PNG to write (default: {REPORT_PNG} next to the runs)"
     )
+    parser.add_argument(
+        "--watch",
+        type=float,
+        metavar="SECONDS",
+        help="redraw the table and the PNG every SECONDS (a sweep's new jobs included) "
+        "until Ctrl-C",
+    )
     args = parser.parse_args(argv)
     try:  # the `report` extra: not every machine that trains draws plots
         import matplotlib  # noqa: F401
@@ -197,8 +212,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runner-report: no such directory: {', '.join(missing)}", file=sys.stderr)
         return 2
     paths = [p.resolve() for p in args.dirs]
+    if args.watch is not None and args.watch <= 0:
+        print(f"runner-report: --watch {args.watch}: give seconds above 0", file=sys.stderr)
+        return 2
     runs = find_runs(paths)
-    if not runs:
+    if not runs and args.watch is None:
         shown = ", ".join(str(p) for p in args.dirs)
         print(
             f"runner-report: no runs in {shown} (a run directory holds summary.json or "
@@ -212,10 +230,39 @@ def main(argv: list[str] | None = None) -> int:
     else:  # several: next to them, in their common parent
         base = Path(os.path.commonpath(paths))
         out = args.out or base / REPORT_PNG
+    if args.watch is not None:
+        return _watch(paths, base, out, args.watch)
+    _report(runs, base, out)
+    return 0
+
+
+def _report(runs: list[Path], base: Path, out: Path) -> None:
     columns, table = rows(runs, base)
     print_table(columns, table)
-    print(f"loss curves: {plot_losses(runs, base, out)}")
-    return 0
+    print(f"loss curves: {plot_losses(runs, base, out)}", flush=True)
+
+
+def _watch(paths: list[Path], base: Path, out: Path, seconds: float) -> int:
+    """The report again every `seconds` (runs found anew: a sweep's jobs as they start),
+    on a terminal in place of the last one; Ctrl-C ends it."""
+    import time
+
+    from rich.console import Console
+
+    console = Console()
+    try:
+        while True:
+            runs = find_runs(paths)
+            if console.is_terminal:
+                console.clear()
+            print(time.strftime("%H:%M:%S"), flush=True)
+            if runs:
+                _report(runs, base, out)
+            else:
+                print("runner-report: no runs yet", flush=True)
+            time.sleep(seconds)
+    except KeyboardInterrupt:
+        return 0
 
 
 if __name__ == "__main__":

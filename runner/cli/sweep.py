@@ -23,6 +23,7 @@ from runner.cli.report import job_order, metric_columns, run_config
 from runner.errors import first_line
 from runner.rundir.files import file_lock, read_json, write_atomic
 from runner.rundir.summary import Status
+from runner.spec.slurm import submitit_problems
 from runner.trackers.finish import finish_sweep_trackers
 
 SWEEP_CSV, SWEEP_MD = "sweep.csv", "sweep.md"
@@ -115,6 +116,11 @@ class SweepTable(Callback):
         SweepTable.sweep_dir = Path(config.hydra.sweep.dir)
         earlier = SweepTable.sweep_dir / "multirun.yaml"
         SweepTable.earlier_multirun = earlier.read_bytes() if earlier.is_file() else None
+        launcher = config.hydra.launcher
+        if str(launcher.get("_target_", "")).endswith("SlurmLauncher"):  # before any job is sent
+            problems = submitit_problems(launcher, config.get("nodes"), config.get("nproc"))
+            if problems:
+                refuse_sweep(problems, SweepTable.sweep_dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 PORT_BASE, PORT_SPAN = 15000, 20000  # job-derived ports land in 15000..34999
 
@@ -98,3 +99,29 @@ def requeued(environ: Mapping[str, str]) -> bool:
     runner's own after a graceful stop). SLURM_RESTART_COUNT counts them."""
     count = environ.get("SLURM_RESTART_COUNT", "0") or "0"
     return count.isdigit() and int(count) > 0
+
+
+def submitit_problems(launcher: Mapping[str, Any], nodes: Any, nproc: Any) -> list[str]:
+    """A `hydra/launcher=submitit_slurm` sweep that cannot run the way runner runs on SLURM:
+    each job's allocation runs one runner per node (tasks_per_node=1), which starts the
+    node's `nproc` ranks, a GPU each, and the job's `nodes` are the allocation's."""
+    problems = []
+    tasks = launcher.get("tasks_per_node")
+    if tasks not in (None, 1):
+        problems.append(
+            f"hydra.launcher.tasks_per_node={tasks}: runner runs one task per node, which "
+            f"starts the node's ranks; set hydra.launcher.tasks_per_node=1 and nproc={tasks}"
+        )
+    gpus = launcher.get("gpus_per_node")
+    if isinstance(gpus, int) and gpus > 0 and isinstance(nproc, int) and nproc > gpus:
+        problems.append(
+            f"nproc={nproc}: each node of a job has hydra.launcher.gpus_per_node={gpus} "
+            f"GPU(s), one per rank; use nproc<={gpus}, or nproc=auto"
+        )
+    allocated = launcher.get("nodes")
+    if isinstance(allocated, int) and allocated > 1 and nodes not in ("auto", allocated):
+        problems.append(
+            f"nodes={nodes}: each job gets hydra.launcher.nodes={allocated} nodes, a runner on "
+            "each; use nodes=auto (the allocation's)"
+        )
+    return problems

@@ -50,9 +50,13 @@ def test_a_sweep_is_one_slurm_job_per_point_with_its_table(slurm, tmp_path):
     rows = (sweep / "sweep.csv").read_text().splitlines()
     assert len(rows) == 3 and all(",completed," in row for row in rows[1:]), rows
     assert "seed=1" in rows[1] and "seed=2" in rows[2]
-    # submitit submits the sweep as one job array: a task per point, <array>_0 and <array>_1
+    # submitit submits the sweep as one job array: a task per point, <array>_0 and <array>_1,
+    # each an allocation of its own 2 nodes with a runner on each (docs/multi-node.md)
     tasks = [p.name for p in (sweep / ".submitit").iterdir() if p.is_dir() and "_" in p.name]
     assert len(tasks) == 2, tasks
+    for job in ("0", "1"):
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["world_size"] == 2 and (sweep / job / "node1").is_dir(), summary
 
 
 def test_a_failing_rank_on_node_2_fails_the_job_naming_rank_and_host(slurm, tmp_path):
