@@ -158,7 +158,7 @@ SUITES = {
     "pruning": (
         "The compute a pruner saves a search: hydra/sweeper=runner, 12 learning rates "
         "(log-uniform 1e-4..0.3, a seeded random sampler: the same 12 in every sweep), one "
-        "trial at a time, mlp on digits, nproc=1, 200 steps each, an evaluation every 20; "
+        "trial at a time, mlp on digits, nproc=1, 1000 steps each, an evaluation every 100; "
         "ratios against the sweep without a pruner",
         pruning_suite,
         "per sweep: the steps its trials trained (each trial's summary.json), its wall time "

@@ -187,8 +187,22 @@ def machine() -> str:
 
 
 def _cell(values: list[float], digits: int) -> str:
+    digits = 0 if _counts(values) else digits
     median, low, high = statistics.median(values), min(values), max(values)
     return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def _counts(values: list[float]) -> bool:
+    """Whole numbers (steps, a trial's number): shown without decimals."""
+    return all(float(v).is_integer() for v in values)
+
+
+def _plain(values: list[float]) -> str:
+    """A metric without a ratio: its median; fractions below 1 to four places."""
+    median = statistics.median(values)
+    if _counts(values):
+        return f"{median:.0f}"
+    return f"{median:.4f}" if abs(median) < 1 else f"{median:.1f}"
 
 
 @dataclass
@@ -247,6 +261,6 @@ def run_suite(suite: Suite, reps: int, steps: int) -> str:
                     f"{statistics.median(values) / reference:.3f}",
                 ]
             else:
-                cells.append(f"{statistics.median(values):.1f}")
+                cells.append(_plain(values))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

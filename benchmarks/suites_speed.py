@@ -419,20 +419,21 @@ def sweep_suite(_steps: int) -> list[Config]:
 
 PRUNED_STEPS, PRUNED_WALL = "trained steps", "sweep wall s"
 BEST_TRIAL, BEST_VALUE = "best trial", "best val/accuracy"
-PRUNING_TRIALS, PRUNING_STEPS = 12, 200
+PRUNING_TRIALS, PRUNING_STEPS, PRUNING_EVAL = 12, 1000, 100
 
 
 def pruning_suite(_steps: int) -> list[Config]:
     """One search, with and without a pruner: PRUNING_TRIALS learning rates drawn by a seeded
     random sampler (the same ones whatever the trials report), one trial at a time, mlp on
-    digits, PRUNING_STEPS steps each, an evaluation every 20. What the search trained (the
-    steps of every trial) and which trial it found best."""
+    digits, PRUNING_STEPS steps each, an evaluation every PRUNING_EVAL. What the search
+    trained (the steps of every trial) and which trial it found best."""
     search = [
         "hydra/sweeper=runner", "hydra/launcher=runner", "hydra/sweeper/sampler=random",
         "hydra.sweeper.sampler.seed=0", f"hydra.sweeper.n_trials={PRUNING_TRIALS}",
         "hydra.sweeper.n_jobs=1", "optimizer.lr=tag(log, interval(0.0001, 0.3))",
         "model=mlp", "data=digits", "precision=fp32", "nproc=1", "max_epochs=null",
-        f"max_steps={PRUNING_STEPS}", "eval_interval=20", "log_interval=20",
+        f"max_steps={PRUNING_STEPS}", f"eval_interval={PRUNING_EVAL}",
+        f"log_interval={PRUNING_EVAL}",
         "progress_bar=false", "checkpoint.interval=null",
     ]  # fmt: skip
 
@@ -458,13 +459,13 @@ def pruning_suite(_steps: int) -> list[Config]:
         return measure
 
     median = ["hydra/sweeper/pruner=median", "hydra.sweeper.pruner.n_startup_trials=3"]
-    median += ["hydra.sweeper.pruner.n_warmup_steps=40"]
-    asha = ["hydra/sweeper/pruner=asha", "hydra.sweeper.pruner.min_resource=20"]
+    median += [f"hydra.sweeper.pruner.n_warmup_steps={2 * PRUNING_EVAL}"]
+    asha = ["hydra/sweeper/pruner=asha", f"hydra.sweeper.pruner.min_resource={PRUNING_EVAL}"]
     asha += ["hydra.sweeper.pruner.reduction_factor=3"]
     return [
         Config("no pruner", sweep()),
-        Config("median (3 startup trials, 40 warmup steps)", sweep(*median)),
-        Config("asha (min 20 steps, reduction 3)", sweep(*asha)),
+        Config(f"median (3 startup trials, {2 * PRUNING_EVAL} warmup steps)", sweep(*median)),
+        Config(f"asha (min {PRUNING_EVAL} steps, reduction 3)", sweep(*asha)),
     ]
 
 
