@@ -440,6 +440,36 @@ def test_composition_errors_name_the_override_and_what_is_valid(
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
+        (
+            ["hydra/launcher=runner", "hydra.launcher.fail_fast=maybe"],
+            "hydra.launcher.fail_fast=maybe: not a valid bool; valid: true or false",
+        ),
+        (
+            ["hydra/sweeper=runner", "hydra.sweeper.n_trials=many"],
+            "hydra.sweeper.n_trials=many: not a valid integer; valid: a whole number",
+        ),
+    ],
+)
+def test_a_typed_hydra_key_given_the_wrong_type_names_what_is_valid(
+    overrides: list[str], expected: str
+) -> None:
+    """The launcher's and sweeper's keys are typed (their dataclasses): a value of another
+    type is named with what is valid, not as Hydra's "Error merging override"."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from runner.cli.compose_errors import composition_problem
+    from tests.helpers.cli import CONF_DIR
+
+    conf = initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
+    with pytest.raises(HydraException) as info, conf:
+        compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    assert composition_problem(info.value, overrides) == expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
         (["grad_accum=0"], "grad_accum=0: must be >= 1"),
         (["-m", "model=mlp,vit"], "model=vit: no such model option"),  # before any job
     ],

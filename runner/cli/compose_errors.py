@@ -68,7 +68,29 @@ def composition_problem(
                 f"only of {group}={', '.join(owners)}"
             )
         return f"{override[1]}: unknown key; {_suggestion(key)}"
+    merging = re.match(r"Error merging override (\S+)", str(exc))
+    reason = _type_mismatch(first_line(getattr(exc.__cause__, "msg", "") or ""))
+    if merging and reason:  # a value of the wrong type for a typed key (Hydra's own, too)
+        return f"{merging[1]}: {reason}"
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
+TYPES = {
+    "bool": "true or false",
+    "boolean": "true or false",
+    "int": "a whole number",
+    "integer": "a whole number",
+    "float": "a number",
+}
+
+
+def _type_mismatch(message: str) -> str | None:
+    """OmegaConf's "Value 'x' is not a valid bool (type str)" as runner says it."""
+    found = re.match(r"Value '.*' (?:is not a valid|could not be converted to) (\w+)", message)
+    if found is None:
+        return None
+    kind = found[1].lower()
+    return f"not a valid {kind}; valid: {TYPES.get(kind, kind)}"
 
 
 SWITCHED_SECTIONS = {"compile"}  # `false`, or a mapping of options, in the YAML
