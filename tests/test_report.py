@@ -64,8 +64,7 @@ def test_watch_shows_a_sweep_as_it_runs(tmp_path: Path) -> None:
     import json
     import signal
     import threading
-
-    from tests.helpers.cli import wait_until
+    import time
 
     sweep = tmp_path / "sweep"
     first = write_run(sweep, "0", {"seed": 0, "sweep": {"metric": "val/loss"}})
@@ -78,16 +77,19 @@ def test_watch_shows_a_sweep_as_it_runs(tmp_path: Path) -> None:
     reader = threading.Thread(target=lambda: lines.extend(watch.stdout), daemon=True)
     reader.start()
 
-    def shown(*texts: str):
-        return lambda: all(any(text in line for line in list(lines)) for text in texts)
+    def wait_for(*texts: str) -> None:  # the watch never ends by itself: no communicate()
+        deadline = time.monotonic() + HANG
+        while not all(any(text in line for line in list(lines)) for text in texts):
+            assert watch.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.05)
 
     try:
-        wait_until(watch, shown("running", "0.75"))
+        wait_for("running", "0.75")
         write_run(sweep, "1", {"seed": 1, "sweep": {"metric": "val/loss"}})  # a job starts
         (first / "summary.json").write_text(
             json.dumps({"status": "pruned", "steps": 20, "final": {"val/loss": 0.75}})
         )
-        wait_until(watch, shown("pruned", "│ 1 "))
+        wait_for("pruned", "seed")  # seed: the column the two runs differ in
     finally:
         watch.send_signal(signal.SIGINT)
         watch.wait(timeout=HANG)  # stdout is the reader's

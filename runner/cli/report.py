@@ -245,10 +245,16 @@ def _report(runs: list[Path], base: Path, out: Path) -> None:
 def _watch(paths: list[Path], base: Path, out: Path, seconds: float) -> int:
     """The report again every `seconds` (runs found anew: a sweep's jobs as they start),
     on a terminal in place of the last one; Ctrl-C ends it."""
+    import signal
     import time
 
     from rich.console import Console
 
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for signum in (signal.SIGINT, signal.SIGTERM):  # also where a parent ignores Ctrl-C
+        signal.signal(signum, stop)
     console = Console()
     try:
         while True:
