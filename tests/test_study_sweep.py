@@ -187,3 +187,15 @@ def test_a_pruner_with_a_metric_no_evaluation_reports_is_refused(tmp_path: Path)
     assert done.returncode == 2, done.stderr
     assert "hydra/sweeper/pruner=asha: a pruner reads sweep.metric at each" in done.stderr
     assert "Traceback" not in done.stderr and not root.exists()
+
+
+@pytest.mark.slow
+def test_a_pruner_whose_jobs_run_on_other_hosts_is_refused(tmp_path: Path) -> None:
+    """submitit_slurm's jobs cannot reach the sweep's study: refused, nothing submitted."""
+    done, root = run_sweep(
+        tmp_path, "hydra/sweeper=runner", "hydra/launcher=submitit_slurm",
+        "hydra/sweeper/pruner=median", "optimizer.lr=interval(0.001,0.1)", *FAST,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "the jobs of hydra/launcher=submitit_slurm run on other hosts" in done.stderr
+    assert "Traceback" not in done.stderr and not root.exists()
