@@ -104,6 +104,7 @@ def test_fail_fast_stops_the_sweep_at_the_first_failure(tmp_path: Path) -> None:
     assert "runner: job 0 failed: rank 0 on " in proc.stderr  # the root cause, as it happens
     assert "hydra.launcher.fail_fast=true: the sweep stops (stopping job(s) 1)" in proc.stderr
     assert "runner: sweep: 0 done, 1 running, 0 queued, 1 failed" in proc.stderr
+    assert "runner: 1 queued job(s) never started: 2" in proc.stderr
     summaries = {p.name: json.loads((p / "summary.json").read_text()) for p in root.glob("[0-9]")}
     assert summaries["0"]["status"] == "failed"
     assert summaries["1"]["status"] == "interrupted"

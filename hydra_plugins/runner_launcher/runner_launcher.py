@@ -154,7 +154,9 @@ class _Sweep:
                 if self.running:
                     for conn in multiprocessing.connection.wait(list(self.running)):
                         self._collect(conn)
-                if self.stopping:
+                if self.stopping and queue:  # named: the sweep table only lists jobs that ran
+                    never = ", ".join(str(job.idx) for job in queue)
+                    _say(f"{len(queue)} queued job(s) never started: {never}")
                     queue.clear()
         finally:
             for sig, handler in self.handlers.items():
