@@ -331,7 +331,9 @@ def _failure(job: _Job, result: JobReturn) -> str | None:
 
 def _say(line: str) -> None:
     """The sweep's own lines, on stderr beside the jobs' `runner:` lines."""
-    print(f"runner: {line}", file=sys.stderr, flush=True)
+    from runner.cli.sweep import say
+
+    say(line)
 
 
 def _kind(pool: Any) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.cli.sweep import say
 from runner.rundir.files import read_json
 from runner.rundir.summary import Status
 from runner.spec import RunSpec
@@ -281,12 +282,6 @@ class StudySweep:
             best = self.study.best_trial
             results.update(best_params=best.params, best_value=best.value, best_trial=best.number)
         OmegaConf.save(OmegaConf.create(results), self.sweep_dir / "optimization_results.yaml")
-
-
-def say(line: str) -> None:
-    import sys
-
-    print(f"runner: {line}", file=sys.stderr, flush=True)
 
 
 def _fixed_overrides(arguments: list[str]) -> list[str]:

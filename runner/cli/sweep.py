@@ -141,6 +141,11 @@ class SweepTable(Callback):
             )
 
 
+def say(line: str) -> None:
+    """A sweep's own lines (its launcher's, its sweeper's), on stderr beside the jobs'."""
+    print(f"runner: {line}", file=sys.stderr, flush=True)
+
+
 def refuse_sweep(problems: list[str], sweep_dir: Path) -> None:
     """Bad input found by a sweep's launcher or sweeper: reported like any configuration
     problem, exit 2, before the first job; the directory is left as it was."""
