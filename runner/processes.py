@@ -7,10 +7,12 @@ any link, even with SIGKILL, takes everything below it down.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 _PR_SET_PDEATHSIG = 1
@@ -71,3 +73,39 @@ def add_code_dirs(directories: Sequence[str]) -> None:
     merged = list(dict.fromkeys([*directories, *inherited]))
     if merged:
         os.environ["PYTHONPATH"] = os.pathsep.join(merged)
+
+
+# A local Ray cluster's workers (a run's ranks, a sweep's trials) run at the priority elastic
+# ranks have: Ray starts workers at nice 15, so that any other process takes their CPU first.
+LOCAL_RAY_CLUSTER = {"worker_niceness": 0}
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below `root`: a local cluster's GCS, raylet, workers."""
+    import psutil
+
+    try:
+        return {child.pid for child in psutil.Process(root).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def reap(pids: set[int], timeout_s: float = 15.0) -> None:
+    """Wait for `pids` to end (ray.shutdown asked them to), then kill what is left. A zombie
+    counts as ended: its parent, not us, collects it."""
+    deadline = time.monotonic() + timeout_s
+    while pids and time.monotonic() < deadline:
+        pids = {pid for pid in pids if running(pid)}
+        time.sleep(0.1)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -162,10 +162,11 @@ def _run(cfg: DictConfig) -> float | None:
 
 
 def _with_trial(spec: RunSpec, hydra_cfg: Any) -> RunSpec:
-    """A job of hydra/sweeper=runner is a trial of its study: rank 0 reports to it."""
+    """A job of hydra/sweeper=runner is a trial of its study, a job of hydra/launcher=tune a
+    Tune trial: rank 0 reports to it."""
     from runner.cli.study_sweep import job_trial
 
-    trial = job_trial(hydra_cfg.sweeper, hydra_cfg.job.num)
+    trial = job_trial(hydra_cfg.sweeper, hydra_cfg.launcher, hydra_cfg.job.num)
     if trial is None:
         return spec
     return dataclasses.replace(spec, sweep=dataclasses.replace(spec.sweep, trial=trial))

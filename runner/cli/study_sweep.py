@@ -35,16 +35,47 @@ from runner.sweeps.study import (
 from runner.sweeps.study_server import ADDRESS_ENV, StudyServer
 
 RUNNER_SWEEPER = "hydra_plugins.runner_sweeper.runner_sweeper.RunnerSweeper"
+TUNE_LAUNCHER = "hydra_plugins.runner_tune.tune_launcher.TuneLauncher"
 CHECK_DIR = ".check"  # the run directory the checks name: never made
 
 
-def job_trial(sweeper: Any, job_num: int) -> TrialSpec | None:
+def job_trial(sweeper: Any, launcher: Any, job_num: int) -> TrialSpec | None:
     """The trial a sweep's job is: when the sweep's sweeper is runner's and its study answers
-    reports (a pruner), the address the sweep's process gave its environment."""
+    reports (a pruner), or the job is a Ray Tune trial, the address the sweep's process (or the
+    trial) gave its environment."""
     address = os.environ.get(ADDRESS_ENV)
-    if sweeper is None or sweeper.get("_target_") != RUNNER_SWEEPER or not address:
+    ours = (_target(sweeper) == RUNNER_SWEEPER) or (_target(launcher) == TUNE_LAUNCHER)
+    if not ours or not address:
         return None
     return TrialSpec(address=address, number=int(job_num))
+
+
+def job_spec(config: Any, sweep_dir: Path) -> tuple[RunSpec | None, list[str]]:
+    """The run a sweep's composed job config (hydra's part included) resolves to, as the job
+    would resolve it (no directory made); or the problems that stop it."""
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from runner.cli.resolving import resolve_cfg
+    from runner.spec import SpecError
+
+    task = copy.deepcopy(config)
+    with open_dict(task):
+        del task["hydra"]
+    earlier = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(config)
+    try:
+        return resolve_cfg(task, sweep_dir / CHECK_DIR)[0], []
+    except SpecError as err:
+        return None, err.problems
+    finally:
+        HydraConfig.instance().cfg = earlier
+
+
+def _target(node: Any) -> str | None:
+    return node.get("_target_") if node is not None else None
 
 
 def sweep_problems(
@@ -143,6 +174,12 @@ class StudySweep:
                 "hydra/launcher=submitit_slurm run on other hosts, where the study cannot hear "
                 "their reports; prune on one node (hydra/launcher=runner), or drop the pruner"
             )
+        if self.sweeper.pruner and type(self.launcher).__name__ == "TuneLauncher":
+            problems.append(
+                f"hydra/sweeper/pruner={self.sweeper.pruner['name']}: the jobs of "
+                "hydra/launcher=tune report to their Tune trial; prune with "
+                "hydra.launcher.scheduler=asha, or drop the pruner"
+            )
         if problems:
             refuse_sweep(problems, self.sweep_dir)
         assert spec is not None
@@ -173,27 +210,9 @@ class StudySweep:
     def _first_spec(self, overrides: list[str]) -> tuple[RunSpec | None, list[str]]:
         """The run the sweep's fixed overrides make (no searched value): what the checks
         read, as a job would resolve it."""
-        import copy
-
-        from hydra.core.hydra_config import HydraConfig
-        from omegaconf import open_dict
-
-        from runner.cli.resolving import resolve_cfg
-        from runner.spec import SpecError
-
         loader = self.sweeper.hydra_context.config_loader  # as the launcher composes a job's
         config = loader.load_sweep_config(self.sweeper.config, list(overrides))
-        task = copy.deepcopy(config)
-        with open_dict(task):
-            del task["hydra"]
-        earlier = HydraConfig.instance().cfg
-        HydraConfig.instance().set_config(config)
-        try:
-            return resolve_cfg(task, self.sweep_dir / CHECK_DIR)[0], []
-        except SpecError as err:
-            return None, err.problems
-        finally:
-            HydraConfig.instance().cfg = earlier
+        return job_spec(config, self.sweep_dir)
 
     def _sampler(self, distributions: dict) -> Any:
         sampler = self.sweeper.sampler

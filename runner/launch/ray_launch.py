@@ -11,7 +11,6 @@ workers on this host. A rank's failure is reported from its error file, as elast
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -19,7 +18,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from typing import Any
 
 from runner import hardware, heartbeat
@@ -27,6 +25,7 @@ from runner.launch import outcomes
 from runner.launch.failures import root_cause
 from runner.launch.stopping import GracefulStop
 from runner.launch.watchdog import Watchdog
+from runner.processes import LOCAL_RAY_CLUSTER, descendants, reap
 from runner.rundir.files import RunDir
 from runner.rundir.summary import Status
 from runner.spec import RunSpec
@@ -34,9 +33,7 @@ from runner.spec import RunSpec
 log = logging.getLogger("runner")
 INVALID = 2
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # read by Ray Train's controller
-# A local cluster's workers (the ranks) run at the priority elastic ranks have: Ray starts
-# workers at nice 15, so that any other process on the host takes their CPU first.
-LOCAL_CLUSTER = {"worker_niceness": 0}
+LOCAL_CLUSTER = LOCAL_RAY_CLUSTER  # a local cluster's workers at nice 0 (runner.processes)
 STARTUP_TIMEOUT = "WorkerGroupStartupTimeoutError"  # what it raises when that runs out
 PASSED_ENV = (  # what the agent's ranks get from it, and Ray's workers need given
     "PYTHONPATH",
@@ -67,7 +64,7 @@ def run_on_ray(
         error = {"rank": None, "exitcode": INVALID, "message": problem, "problems": [problem]}
         write_outcome(run_dir, Status.FAILED, error)
         return INVALID
-    before = _descendants(os.getpid())  # the fork server: not Ray's
+    before = descendants(os.getpid())  # the fork server: not Ray's
     interrupts = _Interrupts()  # before ray.init: a cluster half started is ours to stop too
     try:
         problem = _connect(ray, spec, address, {**env, **_controller_env(launcher)})
@@ -88,9 +85,9 @@ def run_on_ray(
         return outcomes.signalled(exc.signum, run_dir, None, None, write_outcome)
     finally:
         interrupts.ignore()
-        ours = _descendants(os.getpid()) - before if address is None else set()
+        ours = descendants(os.getpid()) - before if address is None else set()
         ray.shutdown()  # a cluster runner started goes with it, every process of it
-        _reap(ours)
+        reap(ours)
 
 
 def _connect(ray: Any, spec: RunSpec, address: str | None, env: dict[str, str]) -> str | None:
@@ -237,37 +234,6 @@ def _unreachable(address: str | None, timeout_s: float = 5.0) -> str | None:
     except OSError as exc:
         reason = exc.strerror or exc
         return f"no Ray cluster answers there ({reason}); start one with `ray start --head`"
-
-
-def _descendants(root: int) -> set[int]:
-    """Every process below `root`: a local cluster's GCS, raylet, workers."""
-    import psutil
-
-    try:
-        return {child.pid for child in psutil.Process(root).children(recursive=True)}
-    except psutil.NoSuchProcess:
-        return set()
-
-
-def _reap(pids: set[int], timeout_s: float = 15.0) -> None:
-    """Wait for `pids` to end (ray.shutdown asked them to), then kill what is left. A zombie
-    counts as ended: its parent, not us, collects it."""
-    deadline = time.monotonic() + timeout_s
-    while pids and time.monotonic() < deadline:
-        pids = {pid for pid in pids if _running(pid)}
-        time.sleep(0.1)
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _running(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _latest_attempt(run_dir: RunDir, world_size: int) -> int:
