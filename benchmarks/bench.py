@@ -25,7 +25,13 @@ from suites_gpu import (
     gpu_gpt_suite,
     gpu_suite,
 )
-from suites_memory import activation_suite, capacity_table, memory_gpt_suite, memory_suite
+from suites_memory import (
+    activation_notes,
+    activation_suite,
+    capacity_table,
+    memory_gpt_suite,
+    memory_suite,
+)
 from suites_speed import (
     CHECKPOINT_BLOCKED,
     LAUNCHER_LOG,
@@ -209,13 +215,14 @@ SUITES = {
         "the device, fused AdamW, TF32), fsdp's against runner ddp on the same GPUs",
         gpu_gpt_suite,
     ),
-    "activation_checkpointing": (
-        "B3 activation checkpointing: gpt (4 layers, 128 wide), 1024-token blocks, nproc=2, "
-        "global batch 16, fp32, AdamW",
-        activation_suite,
-    ),
 }
 SUITES: dict[str, Suite] = {name: Suite(*entry) for name, entry in SUITES.items()}
+SUITES["activation_checkpointing"] = Suite(
+    "B3 activation checkpointing: gpt (4 layers, 128 wide), 1024-token blocks, nproc=2, "
+    "global batch 16, fp32, AdamW; none, full (every block), every 2nd block, selective",
+    activation_suite,
+    notes=activation_notes,
+)
 SUITES |= {
     name: Suite(title, build, DATA_HOW.get(name), DATA_RATIO_METRICS)
     for name, (title, build) in DATA_SUITES.items()

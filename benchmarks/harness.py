@@ -211,6 +211,8 @@ class Suite:
     build: Callable[[int], list[Config]]  # steps -> the configurations, baseline first
     how: str | None = None  # how it measures, for the table; None: steps from inside
     ratios: tuple[str, ...] = ()  # more metrics compared with the baseline
+    # what the medians say, under the table: {configuration: {metric: median}} -> lines
+    notes: Callable[[dict[str, dict[str, float]]], list[str]] | None = None
 
 
 def run_suite(suite: Suite, reps: int, steps: int) -> str:
@@ -263,4 +265,10 @@ def run_suite(suite: Suite, reps: int, steps: int) -> str:
             else:
                 cells.append(_plain(values))
         lines.append("| " + " | ".join(cells) + " |")
+    if suite.notes is not None:
+        medians = {
+            name: {m: statistics.median(r[m] for r in runs) for m in metrics}
+            for name, runs in results.items()
+        }
+        lines += ["", *suite.notes(medians)]
     return "\n".join(lines) + "\n"

@@ -70,6 +70,9 @@ GPT_LONG = [
 ]
 
 
+AC_MODES = ("none", "full", "2", "selective")
+
+
 def activation_suite(steps: int) -> list[Config]:
     """Activation checkpointing on the gpt model: peak memory (RSS) against step time."""
     return [
@@ -78,8 +81,41 @@ def activation_suite(steps: int) -> list[Config]:
             (*GPT_LONG, f"activation_checkpointing={m}"),
             steps,
         )
-        for m in ("none", "full", "2")
+        for m in AC_MODES
     ]
+
+
+def activation_notes(medians: dict[str, dict[str, float]]) -> list[str]:
+    """Each mode's saving of peak memory and its extra step time, against none's, as shares
+    of full checkpointing's; selective's goal: at least half the saving for at most half the
+    extra time."""
+    by_mode = {m: medians[f"runner gpt activation_checkpointing={m}"] for m in AC_MODES}
+    peak = next(k for k in by_mode["none"] if k.startswith("peak RSS"))
+    step = next(k for k in by_mode["none"] if k.startswith("s/step"))
+    saving = {m: by_mode["none"][peak] - v[peak] for m, v in by_mode.items()}
+    extra = {m: v[step] - by_mode["none"][step] for m, v in by_mode.items()}
+    lines = [
+        "| mode | peak RSS saved vs none, MB/rank | share of full's | extra s/step vs none "
+        "| share of full's |",
+        "|---|---|---|---|---|",
+    ]
+    for mode in AC_MODES[1:]:
+        share_saved = saving[mode] / saving["full"] if saving["full"] else float("nan")
+        share_extra = extra[mode] / extra["full"] if extra["full"] else float("nan")
+        lines.append(
+            f"| {mode} | {saving[mode]:.1f} | {share_saved:.2f} | {extra[mode]:.3f} "
+            f"| {share_extra:.2f} |"
+        )
+    kept = saving["selective"] / saving["full"] if saving["full"] else float("nan")
+    cost = extra["selective"] / extra["full"] if extra["full"] else float("nan")
+    met = kept >= 0.5 and cost <= 0.5
+    lines += [
+        "",
+        f"Selective keeps {kept:.2f} of full's saving at {cost:.2f} of its extra time (goal: "
+        f"at least 0.50 of the saving at no more than 0.50 of the time): "
+        f"{'met' if met else 'not met'}.",
+    ]
+    return lines
 
 
 # Per rank: peak resident memory (torch itself, about 450 MB, included). Large enough that

@@ -107,9 +107,18 @@ CASES = [
     (["loss._target_=cross entropy"], "loss._target_='cross entropy': expected the dotted path"),
     (["data.num_workers=-1"], "data.num_workers=-1: must be >= 0"),
     (["activation_checkpointing=0"], "activation_checkpointing=0: must be >= 1"),
+    (["activation_memory_budget=1.5"], "activation_memory_budget=1.5: must be <= 1"),
+    (
+        ["activation_memory_budget=0.5"],
+        "activation_memory_budget=0.5: the compiler's partitioner (AOTAutograd's, under compile",
+    ),
+    (
+        ["activation_memory_budget=0.5", "compile=true", "activation_checkpointing=selective"],
+        "activation_memory_budget=0.5 with activation_checkpointing=selective: choose one",
+    ),
     (
         ["activation_checkpointing=some"],
-        "activation_checkpointing='some': expected one of none, full or an integer",
+        "activation_checkpointing='some': expected one of none, full, selective or an integer",
     ),
     (["code_dir=[no/such/dir]"], "code_dir='no/such/dir': directory does not exist"),
     (["chaos.kill_rank=5", "chaos.at_step=2"], "chaos.kill_rank=5: must be a rank in 0..1"),

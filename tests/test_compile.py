@@ -40,8 +40,12 @@ def test_whole_model_under_ddp(cli, mlp_reference):  # noqa: F811
     check_compiled(cli, ARGS, "the whole Sequential compiled", mlp_reference)
 
 
-def test_gpt_blocks_after_checkpointing_before_fsdp(cli, corpus, lm_reference):
-    gpt = [*lm_args(corpus), "parallelism=fsdp", "activation_checkpointing=full"]
+@pytest.mark.parametrize(
+    "memory", ["activation_checkpointing=full", "activation_checkpointing=selective",
+               "activation_memory_budget=0.5"],
+)  # fmt: skip
+def test_gpt_blocks_after_checkpointing_before_fsdp(cli, corpus, lm_reference, memory):
+    gpt = [*lm_args(corpus), "parallelism=fsdp", memory]
     check_compiled(cli, gpt, "2 blocks (Block) compiled one by one", lm_reference)
 
 

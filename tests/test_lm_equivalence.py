@@ -115,3 +115,21 @@ def test_activation_checkpointing_trains_the_same_model(
     assert result.returncode == 0, result.output
     weights = torch.load(result.run_dir / "model.pt", weights_only=True)
     assert relative_error(weights, reference) <= RTOL
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_selective_checkpointing_trains_bit_identical_weights(
+    cli, corpus: Path, parallelism: str
+) -> None:
+    """Two ranks, two microbatches: selective checkpointing recomputes the cheap operations
+    of every block and ends on the weights of the run without checkpointing, bit for bit."""
+    runs = {}
+    for ac in ("none", "selective"):
+        result = cli(
+            *lm_args(corpus), "nproc=2", "grad_accum=2", f"parallelism={parallelism}",
+            f"activation_checkpointing={ac}", *ENGINE_OPTIONS.get(parallelism, []), name=ac,
+        )  # fmt: skip
+        assert result.returncode == 0, result.output
+        runs[ac] = torch.load(result.run_dir / "model.pt", weights_only=True)
+    assert runs["none"].keys() == runs["selective"].keys()
+    assert all(torch.equal(runs["none"][k], runs["selective"][k]) for k in runs["none"])

@@ -9,6 +9,16 @@ Activation checkpointing keeps only each checkpointed block's input during the f
 pass and recomputes the block in the backward pass: activation memory for compute. It
 is non-reentrant (torch.utils.checkpoint with use_reentrant=False) and leaves the
 module tree and state_dict keys as they were, so checkpoints and model.pt do not change.
+
+Selective checkpointing (torchtitan's default) decides per operation instead: the outputs of
+attention, collectives and every other matrix product are kept, and everything else in the
+block (norms, activations, dropout, reshapes, the other products) is recomputed in the
+backward pass. In a transformer block the kept products are its input projections (qkv,
+the MLP's first layer), whose recompute would cost most; the others (the attention's output
+projection, the MLP's second layer) feed a residual sum, and the backward pass needs at most
+one of them again, so recomputing it costs one small product per block. Its policy runs inside
+torch.utils.checkpoint (`create_selective_checkpoint_contexts`), per block, so it holds
+under every engine and under torch.compile.
 """
 
 from __future__ import annotations
@@ -43,8 +53,57 @@ def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def apply_activation_checkpointing(module: nn.Module, every: int) -> int:
-    """Checkpoint every `every`-th block (1: all of them). Returns how many were wrapped.
+def _selectively_checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    products = {False: 0, True: 0}  # matrix products seen, in the forward and the recompute
+    matmuls, kept = matrix_products(), kept_operations()
+
+    def policy(ctx: Any, op: Any, *_: Any, **__: Any) -> Any:
+        if op in matmuls:  # the 1st, 3rd, ... of the block: its input projections
+            products[ctx.is_recompute] += 1
+            keep = products[ctx.is_recompute] % 2 == 1
+        else:
+            keep = op in kept
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    context = functools.partial(create_selective_checkpoint_contexts, policy)
+    return checkpoint(forward, *args, use_reentrant=False, context_fn=context, **kwargs)
+
+
+def _ops(names: Sequence[tuple[str, str]]) -> frozenset[Any]:
+    import torch
+
+    found = set()
+    for namespace, name in names:
+        packet = getattr(getattr(torch.ops, namespace), name, None)
+        if packet is not None:
+            found.add(packet.default)
+    return frozenset(found)
+
+
+@functools.cache
+def matrix_products() -> frozenset[Any]:
+    return _ops([("aten", "mm"), ("aten", "addmm"), ("aten", "bmm"), ("aten", "baddbmm")])
+
+
+@functools.cache
+def kept_operations() -> frozenset[Any]:
+    """What selective checkpointing always keeps: attention (each backend's kernel) and
+    collectives (tensor parallelism's reductions), where this torch has them."""
+    return _ops([
+        ("aten", "_scaled_dot_product_flash_attention"),
+        ("aten", "_scaled_dot_product_efficient_attention"),
+        ("aten", "_scaled_dot_product_cudnn_attention"),
+        ("aten", "_scaled_dot_product_flash_attention_for_cpu"),
+        ("_c10d_functional", "reduce_scatter_tensor"),
+        ("_c10d_functional", "all_reduce"),
+    ])  # fmt: skip
+
+
+def apply_activation_checkpointing(module: nn.Module, every: int, selective: bool = False) -> int:
+    """Checkpoint every `every`-th block (1: all of them), or every block selectively (see
+    the module's text). Returns how many were wrapped.
 
     Raises ValueError when the model has no blocks to checkpoint."""
     blocks = find_blocks(module)
@@ -54,6 +113,7 @@ def apply_activation_checkpointing(module: nn.Module, every: int) -> int:
             "of modules of one class) to checkpoint; use activation_checkpointing=none"
         )
     chosen = blocks[every - 1 :: every]
+    wrapper = _selectively_checkpointed if selective else _checkpointed
     for block in chosen:
-        block.forward = functools.partial(_checkpointed, block.forward)
+        block.forward = functools.partial(wrapper, block.forward)
     return len(chosen)

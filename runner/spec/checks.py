@@ -111,6 +111,7 @@ def _check_auto_microbatching(spec: RunSpec, problems: list[str]) -> None:
 
 def _check_compile(spec: RunSpec, problems: list[str]) -> None:
     options = spec.compile
+    _check_memory_budget(spec, problems)
     if options is None:
         return
     bucket_mb = getattr(spec.parallelism, "bucket_cap_mb", None)
@@ -128,6 +129,24 @@ def _check_compile(spec: RunSpec, problems: list[str]) -> None:
                 "which is not on PATH; install a C++ compiler (Debian/Ubuntu: apt-get install "
                 "g++; or set CXX), or use compile.backend=aot_eager"
             )
+
+
+def _check_memory_budget(spec: RunSpec, problems: list[str]) -> None:
+    budget = spec.activation_memory_budget
+    if budget is None:
+        return
+    key = f"activation_memory_budget={budget:g}"
+    if spec.compile is None or spec.compile.backend == "eager":
+        problems.append(
+            f"{key}: the compiler's partitioner (AOTAutograd's, under compile with the inductor "
+            "or aot_eager backend) chooses what to recompute within the budget, and without it "
+            "nothing does; set compile=true, or use activation_checkpointing=selective"
+        )
+    if spec.activation_checkpointing != "none":
+        problems.append(
+            f"{key} with activation_checkpointing={spec.activation_checkpointing}: choose one "
+            "(the budget lets the compiler decide what every block recomputes)"
+        )
 
 
 def _check_deepspeed(spec: RunSpec, problems: list[str]) -> None:

@@ -349,7 +349,12 @@ class RunSpec:
     max_steps: int | None = _bound(None, min=1)
     max_epochs: int | None = _bound(None, min=1)
     grad_clip_norm: float | None = _bound(None, gt=0.0)
-    activation_checkpointing: Literal["none", "full"] | int = _bound("none", min=1)
+    # none | full (every block) | selective (every block: matmuls and attention kept, the rest
+    # recomputed) | N (every Nth block)
+    activation_checkpointing: Literal["none", "full", "selective"] | int = _bound("none", min=1)
+    # under compile: the share of the activations the compiler's partitioner may keep (it
+    # recomputes the cheapest rest); null: what it keeps by itself
+    activation_memory_budget: float | None = _bound(None, gt=0.0, max=1.0)
 
     log_interval: int = _bound(10, min=1)
     eval_interval: int | None = _bound(None, min=1)
@@ -375,7 +380,7 @@ class RunSpec:
     def checkpoint_every(self) -> int:
         """Activation checkpointing as 'every Nth block' (0: off, 1: every block)."""
         ac = self.activation_checkpointing
-        return {"none": 0, "full": 1}[ac] if isinstance(ac, str) else ac
+        return {"none": 0, "full": 1, "selective": 1}[ac] if isinstance(ac, str) else ac
 
     @property
     def eval_samples(self) -> int | None:

@@ -41,11 +41,17 @@ def blocks_to_compile(module: nn.Module, options: CompileSpec) -> list[nn.Module
     return blocks if total and in_blocks >= BLOCKS_SHARE * total else []
 
 
-def compile_model(module: nn.Module, options: CompileSpec) -> str:
-    """Compile `module` in place; say what was compiled."""
+def compile_model(
+    module: nn.Module, options: CompileSpec, memory_budget: float | None = None
+) -> str:
+    """Compile `module` in place; say what was compiled. `memory_budget`: the share of the
+    activations the partitioner keeps (activation_memory_budget)."""
     import torch._dynamo
+    import torch._functorch.config
 
     torch._dynamo.config.optimize_ddp = True  # DDP: one graph per bucket (a no-op elsewhere)
+    if memory_budget is not None:
+        torch._functorch.config.activation_memory_budget = memory_budget
     kwargs: dict[str, Any] = {
         "backend": options.backend,
         "fullgraph": options.fullgraph,

@@ -41,13 +41,15 @@ def parallelize(
     in this rank's shards once the engine sharded it) in its distributed form, ready to
     train for `total_steps` optimizer steps."""
     if spec.checkpoint_every:
-        apply_activation_checkpointing(module, spec.checkpoint_every)
+        selective = spec.activation_checkpointing == "selective"
+        apply_activation_checkpointing(module, spec.checkpoint_every, selective)
     channels_last = spec.model.channels_last and torch.device(device).type == "cuda"
     if channels_last:
         module = module.to(memory_format=torch.channels_last)
     clock = None
     if spec.compile is not None:
         clock = CompileClock()
-        log.info("compile: %s", compile_model(module, spec.compile))
+        compiled = compile_model(module, spec.compile, spec.activation_memory_budget)
+        log.info("compile: %s", compiled)
     engine = build_engine(spec, module, device, total_steps, fill)
     return Parallelized(engine, channels_last, clock)
