@@ -10,15 +10,16 @@ pass and recomputes the block in the backward pass: activation memory for comput
 is non-reentrant (torch.utils.checkpoint with use_reentrant=False) and leaves the
 module tree and state_dict keys as they were, so checkpoints and model.pt do not change.
 
-Selective checkpointing (torchtitan's default) decides per operation instead: the outputs of
-attention, collectives and every other matrix product are kept, and everything else in the
-block (norms, activations, dropout, reshapes, the other products) is recomputed in the
-backward pass. In a transformer block the kept products are its input projections (qkv,
-the MLP's first layer), whose recompute would cost most; the others (the attention's output
-projection, the MLP's second layer) feed a residual sum, and the backward pass needs at most
-one of them again, so recomputing it costs one small product per block. Its policy runs inside
-torch.utils.checkpoint (`create_selective_checkpoint_contexts`), per block, so it holds
-under every engine and under torch.compile.
+Selective checkpointing decides per operation instead, with torchtitan's default policy:
+the outputs of attention, of collectives and of every other matrix product are kept, and
+everything else in the block (norms, activations, dropout, reshapes, the other products)
+is recomputed in the backward pass. In a transformer block the kept products are its input
+projections (qkv, the MLP's first layer), whose recompute would cost most; the others (the
+attention's output projection, the MLP's second layer) feed a residual sum, and the
+backward pass needs at most one of them again, so recomputing it costs one small product
+per block. Its policy runs inside torch.utils.checkpoint
+(`create_selective_checkpoint_contexts`), per block, so it holds under every engine and
+under torch.compile.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _selectively_checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
     matmuls, kept = matrix_products(), kept_operations()
 
     def policy(ctx: Any, op: Any, *_: Any, **__: Any) -> Any:
-        if op in matmuls:  # the 1st, 3rd, ... of the block: its input projections
+        if op in matmuls:  # the 1st, 3rd, ... of the block: qkv, the MLP's first layer
             products[ctx.is_recompute] += 1
             keep = products[ctx.is_recompute] % 2 == 1
         else:
@@ -88,17 +89,26 @@ def matrix_products() -> frozenset[Any]:
 
 
 @functools.cache
-def kept_operations() -> frozenset[Any]:
-    """What selective checkpointing always keeps: attention (each backend's kernel) and
-    collectives (tensor parallelism's reductions), where this torch has them."""
+def attention_operations() -> frozenset[Any]:
+    """Attention's kernels, each backend's, where this torch has them."""
     return _ops([
         ("aten", "_scaled_dot_product_flash_attention"),
         ("aten", "_scaled_dot_product_efficient_attention"),
         ("aten", "_scaled_dot_product_cudnn_attention"),
         ("aten", "_scaled_dot_product_flash_attention_for_cpu"),
+    ])  # fmt: skip
+
+
+@functools.cache
+def kept_operations() -> frozenset[Any]:
+    """What selective checkpointing always keeps: attention and collectives (tensor
+    parallelism's reductions)."""
+    collectives = _ops([
         ("_c10d_functional", "reduce_scatter_tensor"),
         ("_c10d_functional", "all_reduce"),
+        ("_c10d_functional", "all_gather_into_tensor"),
     ])  # fmt: skip
+    return attention_operations() | collectives
 
 
 def apply_activation_checkpointing(module: nn.Module, every: int, selective: bool = False) -> int:
