@@ -31,6 +31,8 @@ from suites_memory import (
     capacity_table,
     memory_gpt_suite,
     memory_suite,
+    tensor_parallel_notes,
+    tensor_parallel_suite,
 )
 from suites_speed import (
     CHECKPOINT_BLOCKED,
@@ -217,6 +219,12 @@ SUITES = {
     ),
 }
 SUITES: dict[str, Suite] = {name: Suite(*entry) for name, entry in SUITES.items()}
+SUITES["tensor_parallel"] = Suite(
+    "B3 tensor parallelism: per-rank state of one gpt (4 layers, 512 wide) at TP2, FSDP4 and "
+    "FSDP2 x TP2 against ddp's whole state (16 bytes a parameter), fp32, AdamW",
+    tensor_parallel_suite,
+    notes=tensor_parallel_notes,
+)
 SUITES["activation_checkpointing"] = Suite(
     "B3 activation checkpointing: gpt (4 layers, 128 wide), 1024-token blocks, nproc=2, "
     "global batch 16, fp32, AdamW; none, full (every block), every 2nd block, selective",

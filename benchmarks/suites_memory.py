@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 from harness import (
@@ -16,6 +17,7 @@ from harness import (
     machine,
     plain_resnet,
     run,
+    run_runner,
     runner_row,
     thread_env,
     venv_tool,
@@ -68,6 +70,44 @@ GPT_LONG = [
     "global_batch_size=16",
     "eval_interval=null",
 ]
+
+
+TP_LAYOUTS = (  # name, ranks sharing the state (N), overrides
+    ("ddp, 2 ranks (the whole state on each)", 1, 2, ("parallelism=ddp",)),
+    ("fsdp tensor=2, 2 ranks (TP2)", 2, 2, ("parallelism=fsdp", "parallelism.tensor=2")),
+    ("fsdp, 4 ranks (FSDP4)", 4, 4, ("parallelism=fsdp",)),
+    ("fsdp tensor=2, 4 ranks (FSDP2 x TP2)", 4, 4, ("parallelism=fsdp", "parallelism.tensor=2")),
+)
+
+
+def tensor_parallel_suite(steps: int) -> list[Config]:
+    """Per-rank state of one gpt under tensor parallelism, FSDP and both; the baseline is
+    ddp, whose ranks each hold the whole state (16 bytes a parameter: fp32 weights,
+    gradients, AdamW's two moments)."""
+    return [
+        Config(f"runner gpt {name}", partial(run_runner, *GPT_WIDE, *extra, nproc=n, steps=steps))
+        for name, _, n, extra in TP_LAYOUTS
+    ]
+
+
+def tensor_parallel_notes(medians: dict[str, dict[str, float]]) -> list[str]:
+    """Each layout's state per rank against theory: the whole state (ddp's) over N."""
+    whole = medians[f"runner gpt {TP_LAYOUTS[0][0]}"][STATE]
+    lines = [
+        "| layout | state MB/rank | theory 16Ψ/N, MB | measured / theory |",
+        "|---|---|---|---|",
+    ]
+    for name, sharing, _, _ in TP_LAYOUTS:
+        measured = medians[f"runner gpt {name}"][STATE]
+        theory = whole / sharing
+        lines.append(f"| {name} | {measured:.1f} | {theory:.1f} | {measured / theory:.3f} |")
+    lines += [
+        "",
+        "Ψ: the gpt's parameters; 16Ψ: ddp's state per rank. Above 1: what stays whole on "
+        "each rank of a tensor group (the norms' weights, which sequence parallelism "
+        "replicates) and what FSDP pads to split evenly.",
+    ]
+    return lines
 
 
 AC_MODES = ("none", "full", "2", "selective")

@@ -109,6 +109,26 @@ CASES = [
     (["activation_checkpointing=0"], "activation_checkpointing=0: must be >= 1"),
     (["activation_memory_budget=1.5"], "activation_memory_budget=1.5: must be <= 1"),
     (
+        ["parallelism=fsdp", "parallelism.tensor=3", "nproc=2"],
+        "parallelism.tensor=3: a tensor-parallel group is ranks of one node, so it must divide "
+        "nproc=2; valid: 1, 2",
+    ),
+    (
+        ["parallelism=fsdp", "parallelism.tensor=2", "parallelism.replicate=2", "nproc=2"],
+        "parallelism.replicate=2: replicate x shard x tensor must be the world size nproc x "
+        "nodes = 2, so with parallelism.tensor=2 replicate must divide 1; valid: 1",
+    ),
+    (
+        [
+            "parallelism=fsdp",
+            "parallelism.tensor=2",
+            "nproc=4",
+            "global_batch_size=6",
+            "grad_accum=2",
+        ],
+        "global_batch_size=6: not divisible by data ranks (world / tensor) x grad_accum = 2 x 2",
+    ),
+    (
         ["activation_memory_budget=0.5"],
         "activation_memory_budget=0.5: the compiler's partitioner (AOTAutograd's, under compile",
     ),
@@ -294,8 +314,17 @@ CLI_CASES = [
         ["parallelism=fsdp", "parallelism.wrap=[Blok]"],
         "parallelism.wrap=['Blok']: Sequential has no module of that class; it has Flatten, Linear",
     ),
+    (
+        ["parallelism=fsdp", "parallelism.tensor=2"],
+        "parallelism.tensor=2: Sequential has no tensor-parallel plan (runner's gpt has one)",
+    ),
     # Hydra's composition errors, reported the same way
     (["parallelism=zero4"], "parallelism=zero4: no such parallelism option; valid: ddp, fsdp,"),
+    (
+        ["parallelism=zero2", "parallelism.tensor=2"],
+        "parallelism.tensor=2: not a key of the chosen parallelism option; only of "
+        "parallelism=fsdp (tensor parallelism splits layers into DTensor shards",
+    ),
     (["nprocs=2"], "nprocs=2: unknown key; did you mean nproc?"),
     (
         ["parallelism=zero2", "parallelism.bucket_cap_mb=1"],

@@ -30,6 +30,16 @@ from runner.spec import RunSpec
 GRAMMAR_DOCS = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
 
+# Why a key belongs to one option of its group only, where that is not obvious.
+WHY_ONLY = {
+    "parallelism.tensor": (
+        " (tensor parallelism splits layers into DTensor shards on FSDP2's device mesh; ddp "
+        "keeps whole replicas and DeepSpeed's ZeRO flattens each parameter into partitions of "
+        "its own, which cannot hold a layer split across ranks)"
+    ),
+}
+
+
 def composition_problem(
     exc: HydraException, overrides: list[str], conf_dir: str | None = None
 ) -> str:
@@ -63,9 +73,10 @@ def composition_problem(
         owners = _options_with(key)
         if owners:  # a key of another option of the group (parallelism=zero2 + a ddp key)
             group = key.partition(".")[0]
+            why = WHY_ONLY.get(key, "")
             return (
                 f"{override[1]}: not a key of the chosen {group} option; "
-                f"only of {group}={', '.join(owners)}"
+                f"only of {group}={', '.join(owners)}{why}"
             )
         return f"{override[1]}: unknown key; {_suggestion(key)}"
     merging = re.match(r"Error merging override (\S+)", str(exc))

@@ -32,6 +32,7 @@ from torch import nn
 from runner import dist as rdist
 from runner.engines.base import Engine, Fill, FinalTensor, local_grad_norm
 from runner.engines.precision import DTYPES, grad_scaler
+from runner.mesh import data_mesh, device_mesh, layout
 from runner.models.blocks import find_blocks
 from runner.spec import RunSpec
 
@@ -66,7 +67,7 @@ class FSDPEngine(Engine):
             "reshard_after_forward": options.reshard_after_forward,
             "mp_policy": policy,
             "offload_policy": offload,
-            "mesh": device_mesh(torch.device(device).type, options.replicas),
+            "mesh": data_mesh(device_mesh(layout(spec), torch.device(device).type)),
         }
         self.blocks = find_blocks(module, options.wrap)
         for block in self.blocks:
@@ -80,9 +81,11 @@ class FSDPEngine(Engine):
         self.module = self.model = module
         self.device_type = torch.device(device).type
         self.replicas = options.replicas
-        if self.replicas > 1:
-            shards = rdist.get_world_size() // self.replicas
-            log.info("fsdp: HSDP: %d copies, each sharded over %d ranks", self.replicas, shards)
+        grid = layout(spec)
+        self.tensor = grid.tensor
+        if grid.replicate > 1:
+            copies, shards = grid.replicate, grid.shard
+            log.info("fsdp: HSDP: %d copies, each sharded over %d ranks", copies, shards)
         self.grad_clip_norm = spec.grad_clip_norm
         self.params = list(module.parameters())  # the sharded ones, listed once
         self.build_optimizer(spec, module, total_steps)
@@ -93,6 +96,20 @@ class FSDPEngine(Engine):
     @property
     def grad_copies(self) -> int:
         return self.replicas
+
+    def grad_norm_share(self) -> torch.Tensor | float:
+        """Under tensor parallelism some gradients are held whole by every rank of a group
+        (the norms'), or as partial sums: the global norm, which DTensor reduces over the
+        mesh (a collective: log steps only), shared evenly."""
+        if self.tensor == 1 or self.clip_norm is not None:
+            return super().grad_norm_share()
+        grads = [p.grad for p in self.params if p.grad is not None]
+        world = rdist.get_world_size()
+        if not grads:
+            return -1.0 / world
+        norm = torch.nn.utils.get_total_norm(grads)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return norm.double().square() / world
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
         self.model.set_requires_gradient_sync(index == count - 1)
@@ -198,18 +215,6 @@ class FSDPEngine(Engine):
         if self.scaler and extra.get("scaler"):
             self.scaler.load_state_dict(extra["scaler"])
         return extra["client"]
-
-
-def device_mesh(device_type: str, replicate: int) -> Any:
-    """The ranks as FSDP2 sees them: one dimension (shard over all), or for HSDP two,
-    (replicate, shard): consecutive ranks (a node's, when replicate = nodes) shard one copy."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    world = rdist.get_world_size()
-    if replicate == 1:
-        return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
-    shape = (replicate, world // replicate)
-    return init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard"))
 
 
 def _shared_memory_stager(device_type: str) -> Any:

@@ -77,7 +77,8 @@ def component_problems(spec: RunSpec) -> list[str]:
     for name, metric in spec.metrics.items():
         found += components.problems(f"metrics.{name}", metric.node, provided)
     wrap = getattr(spec.parallelism, "wrap", ())
-    if (spec.checkpoint_every or wrap) and not found:
+    tensor = getattr(spec.parallelism, "tensor", 1)
+    if (spec.checkpoint_every or wrap or tensor > 1) and not found:
         found += _block_problems(spec, provided())
     if (spec.optimizer.lr_multipliers or spec.optimizer.no_weight_decay) and not found:
         found += _pattern_problems(spec, provided())
@@ -200,8 +201,8 @@ def _sample(names: list[str]) -> str:
 
 
 def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
-    """Activation checkpointing needs blocks: build the model on the meta device (no memory,
-    no init cost) and look for them."""
+    """Activation checkpointing needs blocks, tensor parallelism a plan that fits the model:
+    build the model on the meta device (no memory, no init cost) and look."""
     import torch
 
     if info is None:
@@ -219,6 +220,12 @@ def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
             f"parallelism.wrap={wrap}: {type(model).__name__} has no module of that class; "
             f"it has {', '.join(classes)}"
         )
+    from runner.mesh import layout
+    from runner.models.tensor_plans import plan_problems
+
+    tensor = layout(spec).tensor
+    if tensor > 1:
+        found += plan_problems(model, tensor)
     if spec.checkpoint_every and not find_blocks(model):
         found.append(
             f"activation_checkpointing={spec.activation_checkpointing}: {type(model).__name__} "

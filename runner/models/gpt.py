@@ -16,25 +16,31 @@ from torch import nn
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention. `qkv`'s output rows are grouped by head (head 0's
+    query, key and value, then head 1's, ...), so that a contiguous slice of them holds whole
+    heads: tensor parallelism splits it column-wise, each rank computing its own heads, and
+    the forward pass reads the head count from the width it is given."""
+
     def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"n_embd={n_embd}: must be divisible by n_head={n_head}")
         self.n_head = n_head
+        self.head_size = n_embd // n_head
         self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-        batch, time, channels = x.shape
-        q, k, v = self.qkv(x).split(channels, dim=2)
-        q, k, v = (t.view(batch, time, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
+        batch, time = x.shape[:2]
+        qkv = self.qkv(x).view(batch, time, -1, 3, self.head_size)  # this rank's heads
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))
         dropout = self.dropout if self.training else 0.0
         if key_mask is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout)
-        return self.proj(y.transpose(1, 2).reshape(batch, time, channels))
+        return self.proj(y.transpose(1, 2).reshape(batch, time, -1))
 
 
 class Block(nn.Module):

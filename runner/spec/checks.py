@@ -36,11 +36,13 @@ def check_spec(spec: RunSpec, problems: list[str], run_dir: Path | None) -> None
 
 
 def _check_sizes(spec: RunSpec, problems: list[str]) -> None:
-    per_step = spec.world_size * spec.accum_steps
+    data_ranks = spec.data_world_size
+    per_step = data_ranks * spec.accum_steps
     if spec.global_batch_size % per_step:
+        ranks = "world_size" if data_ranks == spec.world_size else "data ranks (world / tensor)"
         problems.append(
             f"global_batch_size={spec.global_batch_size}: not divisible by "
-            f"world_size x grad_accum = {spec.world_size} x {spec.accum_steps} = {per_step}; "
+            f"{ranks} x grad_accum = {data_ranks} x {spec.accum_steps} = {per_step}; "
             f"pick a multiple of {per_step}"
         )
     if spec.max_steps is None and spec.max_epochs is None:

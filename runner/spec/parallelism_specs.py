@@ -82,6 +82,8 @@ class FSDPSpec:
     # HSDP: `replicate` groups of world/replicate ranks, each group holding a whole sharded
     # copy; null = nodes (shard within a node, replicate across nodes)
     replicate: int | None = _bound(None, min=1)
+    # tensor parallelism: groups of `tensor` ranks (within a node) split each layer; 1 = none
+    tensor: int = _bound(1, min=1)
 
     @property
     def replicas(self) -> int:

@@ -148,12 +148,23 @@ def _resolve_replicate(spec: RunSpec, problems: list[str]) -> RunSpec:
     if not isinstance(options, FSDPSpec):
         return spec
     replicate = spec.nodes if options.replicate is None else options.replicate
-    world = spec.world_size
-    if world % replicate:
-        divisors = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
+    world, tensor = spec.world_size, options.tensor
+    if spec.nproc % tensor:
+        valid = ", ".join(str(d) for d in range(1, spec.nproc + 1) if spec.nproc % d == 0)
         problems.append(
-            f"parallelism.replicate={replicate}: must divide the world size nproc x nodes = "
-            f"{world}; valid: {divisors}"
+            f"parallelism.tensor={tensor}: a tensor-parallel group is ranks of one node, so it "
+            f"must divide nproc={spec.nproc}; valid: {valid}"
+        )
+    elif world % (replicate * tensor):
+        rest = world // tensor
+        divisors = ", ".join(str(d) for d in range(1, rest + 1) if rest % d == 0)
+        problems.append(
+            f"parallelism.replicate={replicate}: replicate x shard x tensor must be the world "
+            f"size nproc x nodes = {world}, so with parallelism.tensor={tensor} replicate must "
+            f"divide {rest}; valid: {divisors}"
+            if tensor > 1
+            else f"parallelism.replicate={replicate}: must divide the world size nproc x nodes "
+            f"= {world}; valid: {divisors}"
         )
     parallelism = dataclasses.replace(options, replicate=replicate)
     return dataclasses.replace(spec, parallelism=parallelism)

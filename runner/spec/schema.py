@@ -388,8 +388,16 @@ class RunSpec:
         return None if self.eval_batches is None else self.eval_batches * self.global_batch_size
 
     @property
+    def data_world_size(self) -> int:
+        """Ranks that read their own part of each batch (runner.mesh): the world size, but
+        under tensor parallelism its groups, which each read one."""
+        from runner.mesh import layout
+
+        return layout(self).data_world
+
+    @property
     def per_rank_batch_size(self) -> int:
-        return self.global_batch_size // self.world_size
+        return self.global_batch_size // self.data_world_size
 
     @property
     def accum_steps(self) -> int:

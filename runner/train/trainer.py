@@ -20,6 +20,7 @@ from runner.callbacks import Run
 from runner.components import instantiate
 from runner.errors import describe
 from runner.heartbeat import Heartbeat, Phase
+from runner.mesh import layout
 from runner.models.initial_weights import seed_everything
 from runner.rundir.checkpoints import CheckpointStore
 from runner.rundir.files import EVAL_FILE, RunDir, write_json
@@ -64,10 +65,13 @@ class Trainer:
         self.heart = heart or Heartbeat(None, 0, 0, 0)  # beats for the agent's hang watchdog
         self.rank, self.world = rdist.get_global_rank(), rdist.get_world_size()
         self.is_main = self.rank == 0
+        # the ranks that read their own part of each batch (a tensor group reads one: runner.mesh)
+        self.grid = layout(spec)
+        self.data_rank = self.grid.data_rank(self.rank)
 
         self.written = written if written is not None else written_config(run_dir.root)
         flops = self._build()
-        seed_everything(spec.seed + 1000 * self.rank)  # per-rank streams for augmentation
+        seed_everything(spec.seed + 1000 * self.data_rank)  # per-rank streams for augmentation
 
         self.guard = NonFiniteGuard(
             self.world, self.rank, device, spec.nonfinite, spec.nonfinite_max_skips
@@ -88,7 +92,9 @@ class Trainer:
         self.heart.beat(Phase.START, self.step)  # where this attempt starts (a stop needs it)
         if self.is_main:  # this attempt in the run's history
             record_attempt(run_dir, self.attempt, self.resumed_from)
-        figures = StepFigures(spec, device, self.samples, flops, self.world)
+        figures = StepFigures(
+            spec, device, self.samples, flops, self.world, self.grid.tensor_rank(self.rank) == 0
+        )
         self.log = StepLog(  # records: metrics.jsonl, trackers, progress, on_step_end, spikes
             spec, run_dir, self.guard, self.spikes, self.callbacks, self.item_check, figures,
             (self.step, self.data.total_steps), terminal, self.written,
@@ -110,7 +116,7 @@ class Trainer:
             n: _on_device(instantiate(m.node, data.info), device) for n, m in spec.metrics.items()
         }
         cuda = torch.device(device).type == "cuda"
-        self.data = build_rank_data(spec, data, self.rank, self.world, cuda)
+        self.data = build_rank_data(spec, data, self.data_rank, self.grid.data_world, cuda)
         with_warmup = with_warmup_steps(spec, self.data.steps_per_epoch)
         parallel = parallelize(module, with_warmup, device, self.data.total_steps, fill)
         self.engine, self.channels_last = parallel.engine, parallel.channels_last
@@ -290,8 +296,9 @@ class Trainer:
         if step in self.spikes.skipped:  # after a loss spike's rollback: not trained on
             self.engine.skip_step()
             return None, 0, -1.0, 0
-        items = global_items(self.loss_fn, microbatches, n_global, self.device)
-        weight = self.world / items  # DDP averages over ranks; this makes it a mean over items
+        items = global_items(self.loss_fn, microbatches, n_global, self.device, self.grid.tensor)
+        # the engines average over the data ranks; this makes it a mean over items
+        weight = self.grid.data_world / items
         loss_sum, tokens = None, 0
         for done in accumulate(
             self.steps, self.engine, microbatches, step, self.passes.train,
@@ -310,6 +317,8 @@ class Trainer:
         else:
             self.engine.step()
             self.guard.after_step(self.engine.nonfinite_skips, step)
+        if loss_sum is not None and self.grid.tensor > 1:  # a tensor group's ranks share it
+            loss_sum = loss_sum / self.grid.tensor
         return loss_sum, items, share, tokens
 
     def evaluate(self) -> dict[str, float]:

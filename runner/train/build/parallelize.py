@@ -1,10 +1,12 @@
 """One place turns a model into its distributed form, in torchtitan's order.
 
-1. activation checkpointing, per block (before anything wraps a block);
-2. memory format (channels_last, on CUDA);
-3. torch.compile, per block or whole (after checkpointing has wrapped the blocks, before
+1. tensor parallelism, by the model's plan, over the mesh's tensor dimension (runner.mesh);
+2. activation checkpointing, per block (before anything wraps a block);
+3. memory format (channels_last, on CUDA);
+4. torch.compile, per block or whole (after checkpointing has wrapped the blocks, before
    FSDP shards them);
-4. the engine: DDP's wrap, DeepSpeed's, or FSDP2's shards (runner.engines).
+5. the engine: DDP's wrap, DeepSpeed's, or FSDP2's shards (runner.engines), over the
+   mesh's data dimensions.
 
 Each step changes the module in place or wraps it; state_dict keys stay those of the model
 the config builds, so checkpoints and model.pt do not depend on the path taken here.
@@ -20,7 +22,9 @@ from torch import nn
 
 from runner.engines import build_engine
 from runner.engines.base import Engine, Fill
+from runner.mesh import device_mesh, layout, tensor_mesh
 from runner.models.blocks import apply_activation_checkpointing
+from runner.models.tensor_plans import apply_plan
 from runner.spec import RunSpec
 from runner.train.build.compiling import CompileClock, compile_model
 
@@ -40,6 +44,11 @@ def parallelize(
     """`module` (built on `device` from the spec, or without its weights: then `fill` fills
     in this rank's shards once the engine sharded it) in its distributed form, ready to
     train for `total_steps` optimizer steps."""
+    grid = layout(spec)
+    if grid.tensor > 1:
+        mesh = device_mesh(grid, torch.device(device).type)
+        apply_plan(module, tensor_mesh(mesh))
+        log.info("tensor parallelism: groups of %d ranks split each layer", grid.tensor)
     if spec.checkpoint_every:
         selective = spec.activation_checkpointing == "selective"
         apply_activation_checkpointing(module, spec.checkpoint_every, selective)

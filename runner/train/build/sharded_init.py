@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -136,8 +137,10 @@ def _check_no_stray_tensors(module: nn.Module) -> None:
 
 def _fill_shards(module: nn.Module, weights: InitialWeights, device: str) -> None:
     """FSDP2: allocate this rank's shards and read into each its rows of the tensor (FSDP2
-    shards dim 0, so a shard is one byte range of the file)."""
-    from torch.distributed.tensor import DTensor
+    shards dim 0, so a shard is one byte range of the file). A tensor that tensor
+    parallelism split otherwise (columns, or rows within rows) is read whole, one at a time,
+    and this rank's part cut from it in place (no collective)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     module.to_empty(device=device)
@@ -147,12 +150,28 @@ def _fill_shards(module: nn.Module, weights: InitialWeights, device: str) -> Non
             if not isinstance(tensor, DTensor):
                 tensor.copy_(read(key).view(tensor.shape))
                 continue
+            if not _rows_only(tensor.placements):
+                whole = read(key).view(tensor.shape)
+                mine = distribute_tensor(
+                    whole, tensor.device_mesh, tensor.placements, src_data_rank=None
+                )
+                tensor.to_local().copy_(mine.to_local())
+                continue
             shape, offset = compute_local_shape_and_global_offset(
                 tensor.shape, tensor.device_mesh, tensor.placements
             )
             row = math.prod(tensor.shape[1:])
             part = read(key, offset[0] * row, math.prod(shape)).view(shape)
             tensor.to_local().copy_(part)
+
+
+def _rows_only(placements: Any) -> bool:
+    """Placements whose local part is one run of whole rows: replicated, or split along dim
+    0 once (FSDP2 alone, HSDP)."""
+    from torch.distributed.tensor import Shard
+
+    shards = [p for p in placements if not p.is_replicate()]
+    return len(shards) <= 1 and all(type(p) is Shard and p.dim == 0 for p in shards)
 
 
 def _fill_partitions(module: nn.Module, weights: InitialWeights) -> None:

@@ -68,9 +68,20 @@ def peak_memory_mb(device: str) -> float:
 class StepFigures:
     """Counts what happens between two log records on this rank."""
 
-    def __init__(self, spec: RunSpec, device: str, samples: int, flops: float | None, world: int):
-        """`flops`: the model's FLOPs per token on token data (None: not token data)."""
+    def __init__(
+        self,
+        spec: RunSpec,
+        device: str,
+        samples: int,
+        flops: float | None,
+        world: int,
+        counts_tokens: bool = True,
+    ):
+        """`flops`: the model's FLOPs per token on token data (None: not token data).
+        `counts_tokens`: whether this rank's tokens count (one rank of a tensor group: they
+        all read the same batch); MFU divides by every rank, the tensor groups' included."""
         self.token_data = flops is not None
+        self.counts_tokens = counts_tokens
         self.peak_memory_mb = partial(peak_memory_mb, device)
         peak = device_peak_flops(spec, device) if self.token_data else None
         # MFU per token/s of the whole run
@@ -90,7 +101,7 @@ class StepFigures:
 
     def add_tokens(self, tokens: int) -> None:
         """A step's tokens on this rank (its real microbatches')."""
-        if self.token_data:
+        if self.token_data and self.counts_tokens:
             self._tokens += tokens
 
     def take(self, samples: int) -> tuple[dict[str, Any], float, float]:

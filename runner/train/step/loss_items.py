@@ -19,11 +19,11 @@ from runner.train.step.batch_parts import split
 
 
 def global_items(
-    loss_fn: Any, microbatches: list[tuple[Any, bool]], n_global: int, device: str
+    loss_fn: Any, microbatches: list[tuple[Any, bool]], n_global: int, device: str, copies: int = 1
 ) -> Any:
     """Samples in the global batch, or, for a loss that counts its own items (tokens),
     those of every microbatch on every rank: a host number on one rank, else a tensor on
-    the device (an all-reduce)."""
+    the device (an all-reduce). `copies`: ranks that read each batch (a tensor group's)."""
     count = getattr(loss_fn, "count", None)
     if count is None:
         return n_global
@@ -41,7 +41,7 @@ def global_items(
     total = torch.full((), float(on_host), dtype=torch.float64, device=device)
     for counted in on_device:
         total += counted
-    return rdist.all_reduce(total).float()
+    return (rdist.all_reduce(total) / copies).float()
 
 
 class ItemCheck:

@@ -1,0 +1,84 @@
+"""The ranks as a device mesh, in one place: what the engines shard over, what the sampler
+splits the data by, and what the checkpoint and logging code count.
+
+A run's ranks form a (replicate, shard, tensor) grid, the tensor dimension innermost: a
+tensor-parallel group is `tensor` consecutive ranks (on one node), which split each layer
+between them and read the same batch. The data ranks are the product of the data
+dimensions, replicate x shard: each reads its own part of the global batch. Without
+tensor parallelism every rank is a data rank (ddp, ZeRO, FSDP: shard; HSDP: replicate x
+shard).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+REPLICATE, SHARD, TENSOR = "replicate", "shard", "tensor"
+
+
+@dataclass(frozen=True)
+class Layout:
+    replicate: int = 1
+    shard: int = 1
+    tensor: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.replicate * self.shard * self.tensor
+
+    @property
+    def data_world(self) -> int:
+        """Ranks that read their own part of each batch."""
+        return self.replicate * self.shard
+
+    def data_rank(self, rank: int) -> int:
+        """Which part of the batch `rank` reads: its tensor group's."""
+        return rank // self.tensor
+
+    def tensor_rank(self, rank: int) -> int:
+        """Where `rank` sits in its tensor-parallel group."""
+        return rank % self.tensor
+
+
+def layout(spec: Any) -> Layout:
+    """The run's grid: the world size split by parallelism.replicate and .tensor (fsdp's;
+    every other parallelism is data-parallel over every rank)."""
+    world = spec.world_size
+    options = spec.parallelism
+    replicate = getattr(options, "replicas", 1)
+    tensor = getattr(options, "tensor", 1)
+    return Layout(replicate, max(1, world // (replicate * tensor)), tensor)  # checked: spec
+
+
+_MESHES: dict[tuple[str, Layout], Any] = {}
+
+
+def device_mesh(grid: Layout, device_type: str) -> Any:
+    """The run's DeviceMesh (made once per process): dimensions of size one left out, so
+    that FSDP alone keeps its 1-D mesh (shard) and HSDP its 2-D one (replicate, shard)."""
+    key = (device_type, grid)
+    if key not in _MESHES:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        dims = [(REPLICATE, grid.replicate), (SHARD, grid.shard), (TENSOR, grid.tensor)]
+        kept = [(name, size) for name, size in dims if size > 1 or name == SHARD]
+        _MESHES[key] = init_device_mesh(
+            device_type,
+            tuple(size for _, size in kept),
+            mesh_dim_names=tuple(name for name, _ in kept),
+        )
+    return _MESHES[key]
+
+
+def data_mesh(mesh: Any) -> Any:
+    """The data dimensions of the run's mesh: what FSDP shards (and HSDP replicates) over."""
+    names = [n for n in mesh.mesh_dim_names if n in (REPLICATE, SHARD)]
+    if tuple(names) == tuple(mesh.mesh_dim_names):
+        return mesh
+    return mesh[names[0]] if len(names) == 1 else mesh[tuple(names)]
+
+
+def tensor_mesh(mesh: Any) -> Any | None:
+    """The tensor dimension of the run's mesh; None without tensor parallelism."""
+    return mesh[TENSOR] if TENSOR in mesh.mesh_dim_names else None

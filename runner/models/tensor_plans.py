@@ -1,0 +1,123 @@
+"""Tensor-parallel plans: how a model's layers split across the ranks of a tensor group
+(torch.distributed.tensor.parallel), and what a plan needs of the model's sizes.
+
+runner's gpt ships its plan, Megatron's layout with sequence parallelism between:
+- the token and position embeddings split by rows (vocabulary, positions), their sum
+  scattered along the sequence;
+- in each block, the norms run on the rank's part of the sequence (sequence parallel);
+  attention and the MLP gather it, their first layers (qkv, mlp.0) split column-wise (each
+  rank its own heads, its own part of the hidden width) and their last (proj, mlp.2)
+  row-wise, reduced and scattered back along the sequence;
+- the final norm sequence-parallel, the head column-wise, its logits gathered whole.
+
+A Hugging Face model uses its own plan (`base_model_tp_plan`, applied by transformers). A
+model of the user's brings a plan as a component: `parallelism.tp_plan._target_` names a
+function `plan(model, mesh)` that calls `parallelize_module` on the model's modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+PlanFunction = Callable[[nn.Module, Any], None]
+
+
+def plan_for(model: nn.Module) -> PlanFunction | None:
+    """The model's tensor-parallel plan, None where it has none."""
+    from runner.models.gpt import GPT
+
+    if isinstance(model, GPT):
+        return gpt_plan
+    return None
+
+
+def plan_problems(model: nn.Module, tensor: int) -> list[str]:
+    """Why `model` cannot be split across `tensor` ranks (before any rank starts)."""
+    from runner.models.gpt import GPT
+
+    if plan_for(model) is None:
+        return [
+            f"parallelism.tensor={tensor}: {type(model).__name__} has no tensor-parallel plan "
+            "(runner's gpt has one); use parallelism.tensor=1"
+        ]
+    if isinstance(model, GPT):
+        return gpt_problems(model, tensor)
+    return []
+
+
+def apply_plan(model: nn.Module, mesh: Any) -> None:
+    """Split `model` across the tensor dimension `mesh` by its plan."""
+    plan = plan_for(model)
+    if plan is None:
+        raise ValueError(f"{type(model).__name__} has no tensor-parallel plan")
+    plan(model, mesh)
+
+
+def gpt_problems(model: nn.Module, tensor: int, key: str = "parallelism.tensor") -> list[str]:
+    """What runner's gpt plan needs: every size it splits divisible by the group."""
+    first = model.blocks[0].attn
+    sizes = {
+        "model.n_head": first.n_head,
+        "model.n_embd": model.n_embd,
+        "the vocabulary (data's vocab_size)": model.wte.num_embeddings,
+    }
+    return [
+        f"{key}={tensor}: must divide {name}={size} (the gpt's plan splits it across the "
+        f"tensor group)"
+        for name, size in sizes.items()
+        if size % tensor
+    ]
+
+
+def gpt_plan(model: nn.Module, mesh: Any) -> None:
+    """runner's gpt across the ranks of `mesh` (the tensor dimension): see the module text."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    # The residual stream stays a DTensor split along the sequence (use_local_output=False):
+    # it knows its global length, so a length the group does not divide (a padded batch)
+    # splits unevenly and gathers back whole.
+    sequence = Shard(1)
+    parallelize_module(
+        model,
+        mesh,
+        {
+            "wte": RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=sequence, use_local_output=False
+            ),
+            "wpe": RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=Shard(0), use_local_output=False
+            ),
+            "ln_f": SequenceParallel(),
+            "lm_head": ColwiseParallel(input_layouts=sequence, output_layouts=Replicate()),
+        },
+    )
+    gathered = Replicate()
+    for block in model.blocks:
+        parallelize_module(
+            block,
+            mesh,
+            {
+                "ln_1": SequenceParallel(),
+                "attn": PrepareModuleInput(
+                    input_layouts=(sequence, None), desired_input_layouts=(gathered, None)
+                ),
+                "attn.qkv": ColwiseParallel(),
+                "attn.proj": RowwiseParallel(output_layouts=sequence, use_local_output=False),
+                "ln_2": SequenceParallel(),
+                "mlp": PrepareModuleInput(
+                    input_layouts=(sequence,), desired_input_layouts=(gathered,)
+                ),
+                "mlp.0": ColwiseParallel(),
+                "mlp.2": RowwiseParallel(output_layouts=sequence, use_local_output=False),
+            },
+        )
