@@ -316,7 +316,8 @@ CLI_CASES = [
     ),
     (
         ["parallelism=fsdp", "parallelism.tensor=2"],
-        "parallelism.tensor=2: Sequential has no tensor-parallel plan (runner's gpt has one)",
+        "parallelism.tensor=2: Sequential has no tensor-parallel plan (runner's gpt has one, as do "
+        "Hugging Face models with a base_model_tp_plan)",
     ),
     # Hydra's composition errors, reported the same way
     (["parallelism=zero4"], "parallelism=zero4: no such parallelism option; valid: ddp, fsdp,"),

@@ -18,6 +18,7 @@ from runner.spec import RunSpec, resolve_spec
 from tests.helpers.cli import run_cli
 from tests.helpers.config import compose_config
 from tests.helpers.equivalence import relative_error
+from tests.helpers.hugging_face import llama_args, text_corpus
 from tests.helpers.language_model import lm_args, train_plain
 from tests.helpers.weights import max_relative_difference
 
@@ -129,3 +130,22 @@ def test_a_tensor_parallel_checkpoint_resumes_on_another_mesh(
     assert second.returncode == 0, second.output
     assert second.summary()["resumed_from"] == int(checkpoint.name.split("_")[1])
     assert max_relative_difference(second.run_dir, reference.run_dir) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_hugging_face_llama_trains_under_its_own_plan(cli, tmp_path: Path) -> None:
+    """A transformers Llama (built from its config, no download) split by its config's
+    base_model_tp_plan trains the weights FSDP alone trains; a head count the group does
+    not divide is refused, naming it."""
+    corpus = text_corpus(tmp_path)
+    common = [*llama_args(corpus), "precision=fp32", "max_epochs=null", "max_steps=4",
+              "log_interval=2", "nproc=2", "parallelism=fsdp"]  # fmt: skip
+    plain = cli(*common, name="fsdp2")
+    assert plain.returncode == 0, plain.output
+    split = cli(*common, "parallelism.tensor=2", name="tp2")
+    assert split.returncode == 0, split.output
+    assert "tensor parallelism: groups of 2 ranks split each layer" in split.rank_log(0)
+    assert max_relative_difference(split.run_dir, plain.run_dir) < 1e-5
+    odd = cli(*common, "model.config.num_key_value_heads=1", "parallelism.tensor=2")
+    assert odd.returncode == 2, odd.output
+    assert "parallelism.tensor=2: must divide model config num_key_value_heads=1" in odd.output

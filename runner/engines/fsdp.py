@@ -103,13 +103,10 @@ class FSDPEngine(Engine):
         mesh (a collective: log steps only), shared evenly."""
         if self.tensor == 1 or self.clip_norm is not None:
             return super().grad_norm_share()
-        grads = [p.grad for p in self.params if p.grad is not None]
         world = rdist.get_world_size()
-        if not grads:
+        if not any(p.grad is not None for p in self.params):
             return -1.0 / world
-        norm = torch.nn.utils.get_total_norm(grads)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        return norm.double().square() / world
+        return global_grad_norm(self.params).double().square() / world
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
         self.model.set_requires_gradient_sync(index == count - 1)
@@ -130,7 +127,10 @@ class FSDPEngine(Engine):
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         norm = None
-        if self.grad_clip_norm is not None:  # the global norm (a collective): clipping needs it
+        if self.grad_clip_norm is not None and self.tensor > 1:  # params on several meshes
+            norm = self.clip_norm = global_grad_norm(self.params)
+            clip_to(self.params, self.grad_clip_norm, norm)
+        elif self.grad_clip_norm is not None:  # the global norm (a collective): clipping needs it
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
             norm = self.clip_norm = norm.to_local() if hasattr(norm, "to_local") else norm
         elif self.scaler is None and norm_wanted:  # this rank's shards: the guard combines them
@@ -215,6 +215,32 @@ class FSDPEngine(Engine):
         if self.scaler and extra.get("scaler"):
             self.scaler.load_state_dict(extra["scaler"])
         return extra["client"]
+
+
+def global_grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
+    """The norm of every gradient, each element once, on the device: DTensor reduces it over
+    each mesh (a plan may leave some parameters off the tensor dimension, so gradients sit
+    on several meshes), and the meshes' squares add up."""
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    for param in params:
+        if param.grad is not None:
+            by_mesh.setdefault(getattr(param.grad, "device_mesh", None), []).append(param.grad)
+    squares = []
+    for grads in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(grads)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        squares.append(norm.double().square())
+    return torch.stack(squares).sum().sqrt().float()
+
+
+def clip_to(params: list[torch.Tensor], max_norm: float, norm: torch.Tensor) -> None:
+    """Scale every gradient by max_norm / norm where that is below 1 (torch's rule), in
+    place on each rank's part: a shard, a copy or a partial sum scales alike."""
+    coefficient = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for param in params:
+        if param.grad is not None:
+            grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
+            grad.mul_(coefficient.to(grad.dtype))
 
 
 def _shared_memory_stager(device_type: str) -> Any:

@@ -31,6 +31,8 @@ def plan_for(model: nn.Module) -> PlanFunction | None:
 
     if isinstance(model, GPT):
         return gpt_plan
+    if hugging_face_plan(model):
+        return apply_hugging_face_plan
     return None
 
 
@@ -41,11 +43,80 @@ def plan_problems(model: nn.Module, tensor: int) -> list[str]:
     if plan_for(model) is None:
         return [
             f"parallelism.tensor={tensor}: {type(model).__name__} has no tensor-parallel plan "
-            "(runner's gpt has one); use parallelism.tensor=1"
+            "(runner's gpt has one, as do Hugging Face models with a base_model_tp_plan); "
+            "use parallelism.tensor=1"
         ]
     if isinstance(model, GPT):
         return gpt_problems(model, tensor)
-    return []
+    return hugging_face_problems(model, tensor)
+
+
+def hugging_face_plan(model: nn.Module) -> dict[str, str]:
+    """A transformers model's own plan (its config's base_model_tp_plan, under the model's
+    prefixes), by module pattern; {} where it has none."""
+    plan = getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None)
+    return dict(plan) if isinstance(plan, dict) else {}
+
+
+def expand_plan(model: nn.Module, plan: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The plan by module (or parameter) name, `*` standing for a layer number; and the
+    patterns that name nothing in the model."""
+    import re
+
+    names = [n for n, _ in model.named_modules() if n] + [n for n, _ in model.named_parameters()]
+    expanded: dict[str, str] = {}
+    unmatched = []
+    for pattern, style in plan.items():
+        regex = re.compile(re.escape(pattern).replace(r"\*", r"\d+"))
+        hits = [name for name in names if regex.fullmatch(name)]
+        if not hits:
+            unmatched.append(pattern)
+        expanded.update(dict.fromkeys(hits, style))
+    return expanded, unmatched
+
+
+def hugging_face_problems(model: nn.Module, tensor: int) -> list[str]:
+    """What a transformers plan needs: every module it names, head counts and every split
+    size divisible by the group."""
+    import difflib
+
+    key = f"parallelism.tensor={tensor}"
+    expanded, unmatched = expand_plan(model, hugging_face_plan(model))
+    modules = [n for n, _ in model.named_modules() if n]
+    problems = []
+    for pattern in unmatched:
+        alike = difflib.get_close_matches(pattern, modules, n=4, cutoff=0.3)
+        problems.append(
+            f"{key}: the plan names {pattern}, which {type(model).__name__} does not have "
+            f"(it has {', '.join(alike) or 'nothing alike'})"
+        )
+    config = getattr(model, "config", None)
+    for count in ("num_attention_heads", "num_key_value_heads"):
+        value = getattr(config, count, None)
+        if isinstance(value, int) and value % tensor:
+            problems.append(f"{key}: must divide model config {count}={value}")
+    split_dim = {"colwise": 0, "colwise_gather_output": 0, "rowwise": 1, "embedding_rowwise": 0}
+    named = dict(model.named_modules())
+    for name, style in expanded.items():
+        weight = getattr(named.get(name), "weight", None)
+        dim = split_dim.get(style)
+        if weight is not None and dim is not None and weight.shape[dim] % tensor:
+            problems.append(f"{key}: must divide {name}'s size {weight.shape[dim]} (split {style})")
+    return problems
+
+
+def apply_hugging_face_plan(model: nn.Module, mesh: Any) -> None:
+    """A transformers model split by its own plan, with transformers' own styles."""
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    expanded, _ = expand_plan(model, hugging_face_plan(model))
+    modules = dict(model.named_modules())
+    with_parameters: dict[str, str] = {}
+    for name, style in expanded.items():  # a module's own parameters split first (its
+        for param, _ in modules[name].named_parameters(recurse=False):  # loading path's job)
+            with_parameters[f"{name}.{param}"] = style
+        with_parameters[name] = style  # then its forward
+    apply_tensor_parallelism(model, mesh, with_parameters)
 
 
 def apply_plan(model: nn.Module, mesh: Any) -> None:

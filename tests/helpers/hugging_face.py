@@ -21,3 +21,23 @@ def gpt2_args(corpus: Path) -> list[str]:
     args += [f"+model.config.{k}={v}" for k, v in GPT2.items()]
     args += ["data=text", f"data.root={corpus}", "data.block_size=32", "data.min_length=8"]
     return args + ["loss=causal_lm", "metrics=language_model", "global_batch_size=8"]
+
+
+# A tiny Llama (grouped-query attention: 4 heads, 2 key-value heads), also from its config.
+LLAMA = {
+    "vocab_size": 256,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+
+
+def llama_args(corpus: Path) -> list[str]:
+    args = ["model=custom", "model._target_=transformers.LlamaForCausalLM"]
+    args += ["+model.config._target_=transformers.LlamaConfig"]
+    args += [f"+model.config.{k}={v}" for k, v in LLAMA.items()]
+    args += ["data=text", f"data.root={corpus}", "data.block_size=32", "data.min_length=8"]
+    return args + ["loss=causal_lm", "metrics=language_model", "global_batch_size=8"]
