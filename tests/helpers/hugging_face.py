@@ -16,9 +16,14 @@ def text_corpus(root: Path) -> Path:
 
 
 def gpt2_args(corpus: Path) -> list[str]:
-    args = ["model=custom", "model._target_=transformers.GPT2LMHeadModel"]
-    args += ["+model.config._target_=transformers.GPT2Config"]
-    args += [f"+model.config.{k}={v}" for k, v in GPT2.items()]
+    return _causal_lm_args("GPT2LMHeadModel", "GPT2Config", GPT2, corpus)
+
+
+def _causal_lm_args(model: str, config: str, values: dict, corpus: Path) -> list[str]:
+    """A transformers causal LM built from its config class, trained on `corpus`."""
+    args = ["model=custom", f"model._target_=transformers.{model}"]
+    args += [f"+model.config._target_=transformers.{config}"]
+    args += [f"+model.config.{k}={v}" for k, v in values.items()]
     args += ["data=text", f"data.root={corpus}", "data.block_size=32", "data.min_length=8"]
     return args + ["loss=causal_lm", "metrics=language_model", "global_batch_size=8"]
 
@@ -36,8 +41,4 @@ LLAMA = {
 
 
 def llama_args(corpus: Path) -> list[str]:
-    args = ["model=custom", "model._target_=transformers.LlamaForCausalLM"]
-    args += ["+model.config._target_=transformers.LlamaConfig"]
-    args += [f"+model.config.{k}={v}" for k, v in LLAMA.items()]
-    args += ["data=text", f"data.root={corpus}", "data.block_size=32", "data.min_length=8"]
-    return args + ["loss=causal_lm", "metrics=language_model", "global_batch_size=8"]
+    return _causal_lm_args("LlamaForCausalLM", "LlamaConfig", LLAMA, corpus)
