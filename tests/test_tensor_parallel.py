@@ -17,7 +17,7 @@ from runner.mesh import Layout
 from runner.spec import RunSpec, resolve_spec
 from tests.helpers.cli import run_cli
 from tests.helpers.config import compose_config
-from tests.helpers.equivalence import relative_error
+from tests.helpers.equivalence import ARGS, relative_error
 from tests.helpers.hugging_face import llama_args, text_corpus
 from tests.helpers.language_model import lm_args, train_plain
 from tests.helpers.weights import max_relative_difference
@@ -149,3 +149,37 @@ def test_a_hugging_face_llama_trains_under_its_own_plan(cli, tmp_path: Path) -> 
     odd = cli(*common, "model.config.num_key_value_heads=1", "parallelism.tensor=2")
     assert odd.returncode == 2, odd.output
     assert "parallelism.tensor=2: must divide model config num_key_value_heads=1" in odd.output
+
+
+USER_PLAN = '''
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+
+def plan(model, mesh, first=0):
+    """The mlp's first two linear layers: column-wise, then row-wise."""
+    linear = [name for name, m in model.named_children() if type(m).__name__ == "Linear"]
+    parallelize_module(model, mesh, {linear[first]: ColwiseParallel(),
+                                     linear[first + 1]: RowwiseParallel()})
+'''
+
+
+@pytest.mark.slow
+def test_a_plan_of_the_users_splits_their_model(cli, tmp_path: Path) -> None:
+    """parallelism.tp_plan names a function of the user's: runner's mlp split by it trains
+    the weights FSDP alone trains (the layers it leaves whole included); a plan that cannot
+    be imported is refused before any rank starts."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "myplans.py").write_text(USER_PLAN)
+    common = [*ARGS, "nproc=2", "parallelism=fsdp", f"code_dir=[{tmp_path / 'lib'}]"]
+    plain = cli(*common, name="fsdp2")
+    assert plain.returncode == 0, plain.output
+    plan = "parallelism.tp_plan={_target_:myplans.plan,first:0}"
+    split = cli(*common, "parallelism.tensor=2", plan, name="tp2")
+    assert split.returncode == 0, split.output
+    assert max_relative_difference(split.run_dir, plain.run_dir) < 1e-5
+    missing = cli(*common, "parallelism.tensor=2", "parallelism.tp_plan={_target_:myplans.plam}")
+    assert missing.returncode == 2, missing.output
+    assert (
+        "parallelism.tp_plan._target_=myplans.plam: myplans has no attribute 'plam'; did "
+        "you mean plan?" in missing.output
+    )

@@ -225,7 +225,7 @@ def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
 
     tensor = layout(spec).tensor
     if tensor > 1:
-        found += plan_problems(model, tensor)
+        found += plan_problems(model, tensor, getattr(spec.parallelism, "tp_plan", None))
     if spec.checkpoint_every and not find_blocks(model):
         found.append(
             f"activation_checkpointing={spec.activation_checkpointing}: {type(model).__name__} "

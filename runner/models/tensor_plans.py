@@ -10,9 +10,10 @@ runner's gpt ships its plan, Megatron's layout with sequence parallelism between
   row-wise, reduced and scattered back along the sequence;
 - the final norm sequence-parallel, the head column-wise, its logits gathered whole.
 
-A Hugging Face model uses its own plan (`base_model_tp_plan`, applied by transformers). A
-model of the user's brings a plan as a component: `parallelism.tp_plan._target_` names a
-function `plan(model, mesh)` that calls `parallelize_module` on the model's modules.
+A Hugging Face model uses its own plan (`base_model_tp_plan`, applied with transformers'
+styles). A model of the user's brings a plan as a component: `parallelism.tp_plan._target_`
+names a function `plan(model, mesh)` that calls `parallelize_module` on the model's modules
+(its other keys are passed to it).
 """
 
 from __future__ import annotations
@@ -25,10 +26,21 @@ from torch import nn
 PlanFunction = Callable[[nn.Module, Any], None]
 
 
-def plan_for(model: nn.Module) -> PlanFunction | None:
-    """The model's tensor-parallel plan, None where it has none."""
+PLAN_KEY = "parallelism.tp_plan"
+
+
+def plan_for(model: nn.Module, node: dict[str, Any] | None = None) -> PlanFunction | None:
+    """The plan that splits `model`: the user's (`node`, parallelism.tp_plan), else the
+    model's own; None where there is none."""
     from runner.models.gpt import GPT
 
+    if node:
+        import functools
+
+        from runner.components import TARGET, locate
+
+        options = {k: v for k, v in node.items() if not k.startswith("_")}
+        return functools.partial(locate(str(node[TARGET])), **options)
     if isinstance(model, GPT):
         return gpt_plan
     if hugging_face_plan(model):
@@ -36,10 +48,14 @@ def plan_for(model: nn.Module) -> PlanFunction | None:
     return None
 
 
-def plan_problems(model: nn.Module, tensor: int) -> list[str]:
+def plan_problems(model: nn.Module, tensor: int, node: dict[str, Any] | None = None) -> list[str]:
     """Why `model` cannot be split across `tensor` ranks (before any rank starts)."""
     from runner.models.gpt import GPT
 
+    if node:  # the user's: importable, and taking the model and the mesh
+        from runner import components
+
+        return components.problems(PLAN_KEY, node, {"model": model, "mesh": None})
     if plan_for(model) is None:
         return [
             f"parallelism.tensor={tensor}: {type(model).__name__} has no tensor-parallel plan "
@@ -119,9 +135,9 @@ def apply_hugging_face_plan(model: nn.Module, mesh: Any) -> None:
     apply_tensor_parallelism(model, mesh, with_parameters)
 
 
-def apply_plan(model: nn.Module, mesh: Any) -> None:
-    """Split `model` across the tensor dimension `mesh` by its plan."""
-    plan = plan_for(model)
+def apply_plan(model: nn.Module, mesh: Any, node: dict[str, Any] | None = None) -> None:
+    """Split `model` across the tensor dimension `mesh` by its plan (or the user's)."""
+    plan = plan_for(model, node)
     if plan is None:
         raise ValueError(f"{type(model).__name__} has no tensor-parallel plan")
     plan(model, mesh)

@@ -84,6 +84,9 @@ class FSDPSpec:
     replicate: int | None = _bound(None, min=1)
     # tensor parallelism: groups of `tensor` ranks (within a node) split each layer; 1 = none
     tensor: int = _bound(1, min=1)
+    # a plan of the user's: {_target_: pkg.module.fn}, fn(model, mesh) splitting the model;
+    # null: the model's own (runner's gpt, a Hugging Face model's base_model_tp_plan)
+    tp_plan: dict[str, Any] | None = None
 
     @property
     def replicas(self) -> int:

@@ -47,7 +47,7 @@ def parallelize(
     grid = layout(spec)
     if grid.tensor > 1:
         mesh = device_mesh(grid, torch.device(device).type)
-        apply_plan(module, tensor_mesh(mesh))
+        apply_plan(module, tensor_mesh(mesh), getattr(spec.parallelism, "tp_plan", None))
         log.info("tensor parallelism: groups of %d ranks split each layer", grid.tensor)
     if spec.checkpoint_every:
         selective = spec.activation_checkpointing == "selective"
