@@ -41,10 +41,11 @@ class Layout:
         return rank % self.tensor
 
 
-def layout(spec: Any) -> Layout:
-    """The run's grid: the world size split by parallelism.replicate and .tensor (fsdp's;
-    every other parallelism is data-parallel over every rank)."""
-    world = spec.world_size
+def layout(spec: Any, world: int | None = None) -> Layout:
+    """The run's grid: the world size (the spec's, or the running group's `world`) split by
+    parallelism.replicate and .tensor (fsdp's; every other parallelism is data-parallel
+    over every rank)."""
+    world = spec.world_size if world is None else world
     options = spec.parallelism
     replicate = getattr(options, "replicas", 1)
     tensor = getattr(options, "tensor", 1)

@@ -250,25 +250,27 @@ def _watch(paths: list[Path], base: Path, out: Path, seconds: float) -> int:
 
     from rich.console import Console
 
-    def stop(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
+    stopped: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped.append(signum)  # a flag, not an exception: the drawing code may swallow one
 
     for signum in (signal.SIGINT, signal.SIGTERM):  # also where a parent ignores Ctrl-C
         signal.signal(signum, stop)
     console = Console()
-    try:
-        while True:
-            runs = find_runs(paths)
-            if console.is_terminal:
-                console.clear()
-            print(time.strftime("%H:%M:%S"), flush=True)
-            if runs:
-                _report(runs, base, out)
-            else:
-                print("runner-report: no runs yet", flush=True)
-            time.sleep(seconds)
-    except KeyboardInterrupt:
-        return 0
+    while not stopped:
+        runs = find_runs(paths)
+        if console.is_terminal:
+            console.clear()
+        print(time.strftime("%H:%M:%S"), flush=True)
+        if runs:
+            _report(runs, base, out)
+        else:
+            print("runner-report: no runs yet", flush=True)
+        until = time.monotonic() + seconds
+        while not stopped and time.monotonic() < until:
+            time.sleep(min(0.1, seconds))
+    return 0
 
 
 if __name__ == "__main__":

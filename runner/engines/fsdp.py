@@ -60,6 +60,7 @@ class FSDPEngine(Engine):
         )
 
         options = spec.parallelism
+        grid = layout(spec, rdist.get_world_size())  # the running group's
         precision = spec.precision.name
         policy = MixedPrecisionPolicy(param_dtype=DTYPES.get(precision), reduce_dtype=torch.float32)
         offload = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
@@ -67,7 +68,7 @@ class FSDPEngine(Engine):
             "reshard_after_forward": options.reshard_after_forward,
             "mp_policy": policy,
             "offload_policy": offload,
-            "mesh": data_mesh(device_mesh(layout(spec), torch.device(device).type)),
+            "mesh": data_mesh(device_mesh(grid, torch.device(device).type)),
         }
         self.blocks = find_blocks(module, options.wrap)
         for block in self.blocks:
@@ -81,7 +82,6 @@ class FSDPEngine(Engine):
         self.module = self.model = module
         self.device_type = torch.device(device).type
         self.replicas = options.replicas
-        grid = layout(spec)
         self.tensor = grid.tensor
         if grid.replicate > 1:
             copies, shards = grid.replicate, grid.shard

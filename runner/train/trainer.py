@@ -66,7 +66,7 @@ class Trainer:
         self.rank, self.world = rdist.get_global_rank(), rdist.get_world_size()
         self.is_main = self.rank == 0
         # the ranks that read their own part of each batch (a tensor group reads one: runner.mesh)
-        self.grid = layout(spec)
+        self.grid = layout(spec, self.world)
         self.data_rank = self.grid.data_rank(self.rank)
 
         self.written = written if written is not None else written_config(run_dir.root)

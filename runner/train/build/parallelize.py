@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from runner import dist as rdist
 from runner.engines import build_engine
 from runner.engines.base import Engine, Fill
 from runner.mesh import device_mesh, layout, tensor_mesh
@@ -44,7 +45,7 @@ def parallelize(
     """`module` (built on `device` from the spec, or without its weights: then `fill` fills
     in this rank's shards once the engine sharded it) in its distributed form, ready to
     train for `total_steps` optimizer steps."""
-    grid = layout(spec)
+    grid = layout(spec, rdist.get_world_size())  # the running group's
     if grid.tensor > 1:
         mesh = device_mesh(grid, torch.device(device).type)
         apply_plan(module, tensor_mesh(mesh), getattr(spec.parallelism, "tp_plan", None))
