@@ -34,6 +34,22 @@ def test_checkpoint_resumes_at_another_world_size_and_split(
         assert spec.resume == str(checkpoint)
 
 
+def test_ddp_and_fsdp_read_each_others_checkpoints_and_zero_only_its_own(tmp_path: Path) -> None:
+    written = {}
+    for saved, configured in (("ddp", "fsdp"), ("fsdp", "ddp")):
+        written[saved] = save_checkpoint(tmp_path / saved, [*MLP, f"parallelism={saved}"])
+        spec = resolve_spec(
+            compose_config([*MLP, f"parallelism={configured}", f"resume={written[saved]}"])
+        )
+        assert spec.resume == str(written[saved])
+    checkpoint = save_checkpoint(tmp_path / "zero2", [*MLP, "parallelism=zero2"])
+    (problem,) = resume_problems(checkpoint, [*MLP, "parallelism=ddp"])
+    assert problem.startswith("parallelism=ddp: the checkpoint")
+    assert "resume with parallelism=zero2 (a ZeRO checkpoint loads only under" in problem
+    (problem,) = resume_problems(written["ddp"], [*MLP, "parallelism=zero2"])
+    assert "resume with parallelism=ddp" in problem
+
+
 def test_zero_checkpoint_resumes_at_another_precision(tmp_path: Path) -> None:
     """ZeRO keeps fp32 weights in every precision, as ddp and fsdp do; a checkpoint written
     when it kept 16-bit ones (its meta names no weights_dtype) must keep its precision."""

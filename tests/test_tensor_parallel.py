@@ -2,7 +2,7 @@
 split by its plan trains the weights plain single-process PyTorch trains, within 1e-5
 (fp32), alone (TP=4), under FSDP2 (FSDP2 x TP2) and HSDP (2 copies x TP2), at one and three
 microbatches; gradient clipping and the logged gradient norm see every shard once; a
-checkpoint written at FSDP2 x TP2 goes on at FSDP4 and at TP4; a gpt whose sizes the group
+checkpoint written at FSDP2 x TP2 goes on at FSDP4, at TP4 and at ddp; a gpt whose sizes the group
 does not divide is refused before any rank starts."""
 
 from __future__ import annotations
@@ -42,6 +42,64 @@ def test_the_batch_splits_over_the_data_ranks_only() -> None:
         "device=cpu",
     ]))  # fmt: skip
     assert (spec.world_size, spec.data_world_size, spec.per_rank_batch_size) == (4, 2, 4)
+
+
+def split_head(rank: int, init_file: str, out: str) -> None:
+    """Rank `rank` of 2: the gpt split by its plan, its logits left split by vocabulary and
+    gathered, on an odd sequence (split unevenly); the loss and gradients of each."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from runner.engines.loss_parallel import loss_of, split_by_class, split_loss
+    from runner.models.gpt import GPT
+    from runner.models.tensor_plans import gpt_plan
+    from runner.train.losses import CausalLM, CrossEntropy
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    tokens = torch.randint(0, 64, (2, 15), generator=torch.Generator().manual_seed(0))
+    targets = tokens.clone()
+    targets[0, 3] = -100  # an ignored token
+    results = {}
+    for split in (False, True):
+        torch.manual_seed(0)
+        model = GPT(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_embd=16)
+        gpt_plan(model, mesh, split_logits=split)
+        with split_loss():  # as the engine runs a training microbatch
+            logits = model(tokens)
+            loss, _ = loss_of(CausalLM(), logits, targets)
+            loss.backward()
+        assert split_by_class(logits) is split
+        assert not isinstance(loss, DTensor)
+        grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+        results[split] = (loss.detach(), grads)
+        if split:  # a loss that cannot run on split logits gets them gathered
+            smoothed, _ = loss_of(CrossEntropy(label_smoothing=0.1), logits[:, 0], tokens[:, 1])
+            assert not isinstance(smoothed, DTensor)
+    if rank == 0:
+        torch.save(results, out)
+    dist.destroy_process_group()
+    os._exit(0)  # skip gloo's teardown (tests/test_sync_strategies.py)
+
+
+@pytest.mark.slow
+@pytest.mark.floor  # torch 2.11 raised on the unevenly split sequence's gradient
+def test_the_loss_runs_on_logits_split_by_vocabulary(tmp_path: Path) -> None:
+    """Loss parallel: the gpt's logits stay split across the tensor group and the loss (an
+    ignored token included) and every gradient equal those of gathered logits, on a
+    sequence the group splits unevenly (torch 2.11 raised on its gathered gradient)."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "results.pt"
+    mp.spawn(split_head, args=(str(tmp_path / "init"), str(out)), nprocs=2, join=True)
+    results = torch.load(out, weights_only=True)
+    (gathered_loss, gathered), (split_loss, split) = results[False], results[True]
+    assert split_loss == pytest.approx(gathered_loss.item(), rel=1e-6)
+    for name, grad in gathered.items():
+        assert torch.allclose(split[name], grad, rtol=1e-5, atol=1e-7), name
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +148,17 @@ CLIPPED = ["grad_clip_norm=0.5", "checkpoint.interval=2", "checkpoint.keep=3"]
 
 @pytest.fixture(scope="module")
 def fsdp4_and_tp(tmp_path_factory, corpus: Path) -> dict[str, Any]:
-    """The same gpt, its gradients clipped, trained at FSDP4 and at FSDP2 x TP2."""
+    """The same gpt, its gradients clipped, trained at FSDP4, at FSDP2 x TP2 and at ddp."""
     runs = {}
-    for name, mesh in (("fsdp4", []), ("fsdp2xtp2", ["parallelism.tensor=2"])):
+    meshes = {
+        "fsdp4": ["parallelism=fsdp"],
+        "fsdp2xtp2": ["parallelism=fsdp", "parallelism.tensor=2"],
+        "ddp": ["parallelism=ddp"],
+    }
+    for name, mesh in meshes.items():
         result = run_cli(
             tmp_path_factory.mktemp(name), *lm_args(corpus), *FOUR_HEADS, *CLIPPED, "nproc=4",
-            "parallelism=fsdp", *mesh, name=name,
+            *mesh, name=name,
         )  # fmt: skip
         assert result.returncode == 0, result.output
         runs[name] = result
@@ -115,17 +178,37 @@ def test_clipping_and_the_gradient_norm_hold_across_the_tensor_group(fsdp4_and_t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", [[], ["parallelism.tensor=4"]], ids=["to-fsdp4", "to-tp4"])
+@pytest.mark.parametrize(
+    "mesh",
+    [["parallelism=fsdp"], ["parallelism=fsdp", "parallelism.tensor=4"], ["parallelism=ddp"]],
+    ids=["to-fsdp4", "to-tp4", "to-ddp"],
+)
 def test_a_tensor_parallel_checkpoint_resumes_on_another_mesh(
     cli, corpus: Path, fsdp4_and_tp, mesh: list[str]
 ) -> None:
-    """FSDP2 x TP2's first checkpoint goes on at FSDP4 and at TP4 (DCP reshards each
-    tensor to the new mesh) to the weights of the run that never stopped."""
+    """FSDP2 x TP2's first checkpoint goes on at FSDP4, at TP4 (DCP reshards each tensor
+    to the new mesh) and at ddp (every rank reads each tensor whole) to the weights of the
+    run that never stopped."""
     reference = fsdp4_and_tp["fsdp2xtp2"]
     checkpoint = sorted((reference.run_dir / "checkpoints").glob("step_*"))[0]
     second = cli(
-        *lm_args(corpus), *FOUR_HEADS, *CLIPPED, "nproc=4", "parallelism=fsdp", *mesh,
-        f"resume={checkpoint}", name="second",
+        *lm_args(corpus), *FOUR_HEADS, *CLIPPED, "nproc=4", *mesh, f"resume={checkpoint}",
+        name="second",
+    )  # fmt: skip
+    assert second.returncode == 0, second.output
+    assert second.summary()["resumed_from"] == int(checkpoint.name.split("_")[1])
+    assert max_relative_difference(second.run_dir, reference.run_dir) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_ddp_checkpoint_resumes_under_tensor_parallelism(cli, corpus: Path, fsdp4_and_tp) -> None:
+    """ddp's whole state goes on at FSDP2 x TP2 (each rank cuts its part of every tensor,
+    its optimizer state included) to the weights of the ddp run that never stopped."""
+    reference = fsdp4_and_tp["ddp"]
+    checkpoint = sorted((reference.run_dir / "checkpoints").glob("step_*"))[0]
+    second = cli(
+        *lm_args(corpus), *FOUR_HEADS, *CLIPPED, "nproc=4", "parallelism=fsdp",
+        "parallelism.tensor=2", f"resume={checkpoint}", name="second",
     )  # fmt: skip
     assert second.returncode == 0, second.output
     assert second.summary()["resumed_from"] == int(checkpoint.name.split("_")[1])

@@ -23,14 +23,13 @@ from runner.engines.base import (
     local_grad_norm,
     save_durably,
 )
+from runner.engines.dcp_state import STATE_FILE, is_dcp_checkpoint, load_dcp
 from runner.engines.precision import grad_scaler
 from runner.engines.shared_memory import SharedMemoryAllReduce, scaled_sum_hook
 from runner.hardware import shared_memory_obstacle
 from runner.spec import RunSpec, SyncStrategy
 
 log = logging.getLogger(__name__)
-
-STATE_FILE = "state.pt"
 
 
 def bucket_view(option: bool | None, strategy: SyncStrategy) -> bool:
@@ -153,10 +152,15 @@ class DDPEngine(Engine):
         }
 
     def load_checkpoint(self, directory: Path, reshard: Path | None = None) -> dict[str, Any]:
-        device = next(self.module.parameters()).device
-        state = torch.load(directory / STATE_FILE, map_location=device, weights_only=False)
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """ddp's own state file, or a sharded (FSDP2, tensor-parallel) checkpoint's DCP
+        files, every tensor read whole."""
+        if is_dcp_checkpoint(directory):
+            state = load_dcp(directory, self.module, self.optimizer)
+        else:
+            device = next(self.module.parameters()).device
+            state = torch.load(directory / STATE_FILE, map_location=device, weights_only=False)
+            self.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])

@@ -31,15 +31,21 @@ from torch import nn
 
 from runner import dist as rdist
 from runner.engines.base import Engine, Fill, FinalTensor, local_grad_norm
+from runner.engines.dcp_state import (
+    DCP_DIR,
+    ENGINE_FILE,
+    STATE_FILE,
+    is_dcp_checkpoint,
+    load_dcp,
+    load_whole,
+)
+from runner.engines.loss_parallel import split_loss
 from runner.engines.precision import DTYPES, grad_scaler
 from runner.mesh import data_mesh, device_mesh, layout
 from runner.models.blocks import find_blocks
 from runner.spec import RunSpec
 
 log = logging.getLogger(__name__)
-
-DCP_DIR = "dcp"
-ENGINE_FILE = "engine.pt"
 
 
 class FSDPEngine(Engine):
@@ -109,8 +115,10 @@ class FSDPEngine(Engine):
         return global_grad_norm(self.params).double().square() / world
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
+        """Gradients sync at the last microbatch. Under tensor parallelism the pass runs in
+        loss parallel's context: a loss on logits split by vocabulary has its backward there."""
         self.model.set_requires_gradient_sync(index == count - 1)
-        return contextlib.nullcontext()
+        return split_loss() if self.tensor > 1 else contextlib.nullcontext()
 
     def communicating_modules(self) -> list[nn.Module]:
         from torch.distributed.fsdp import FSDPModule
@@ -198,19 +206,12 @@ class FSDPEngine(Engine):
             torch.save(extra, directory / ENGINE_FILE)
 
     def load_checkpoint(self, directory: Path, reshard: Path | None = None) -> dict[str, Any]:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
-        dcp.load(state, checkpoint_id=str(directory / DCP_DIR))
-        set_state_dict(
-            self.module,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
-        )
-        extra = torch.load(directory / ENGINE_FILE, weights_only=False)
+        """Its own DCP shards at any mesh, or ddp's whole state (each rank keeps its part)."""
+        if is_dcp_checkpoint(directory):
+            extra = load_dcp(directory, self.module, self.optimizer)
+        else:
+            extra = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
+            load_whole(extra, self.module, self.optimizer)
         self.scheduler.load_state_dict(extra["scheduler"])
         if self.scaler and extra.get("scaler"):
             self.scaler.load_state_dict(extra["scaler"])

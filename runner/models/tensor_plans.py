@@ -8,7 +8,9 @@ runner's gpt ships its plan, Megatron's layout with sequence parallelism between
   attention and the MLP gather it, their first layers (qkv, mlp.0) split column-wise (each
   rank its own heads, its own part of the hidden width) and their last (proj, mlp.2)
   row-wise, reduced and scattered back along the sequence;
-- the final norm sequence-parallel, the head column-wise, its logits gathered whole.
+- the final norm sequence-parallel, the head column-wise; its logits stay split by
+  vocabulary where the loss runs on them so (loss parallel: runner.engines.loss_parallel),
+  else they are gathered whole.
 
 A Hugging Face model uses its own plan (`base_model_tp_plan`, applied with transformers'
 styles). A model of the user's brings a plan as a component: `parallelism.tp_plan._target_`
@@ -21,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 PlanFunction = Callable[[nn.Module, Any], None]
@@ -135,12 +138,19 @@ def apply_hugging_face_plan(model: nn.Module, mesh: Any) -> None:
     apply_tensor_parallelism(model, mesh, with_parameters)
 
 
-def apply_plan(model: nn.Module, mesh: Any, node: dict[str, Any] | None = None) -> None:
-    """Split `model` across the tensor dimension `mesh` by its plan (or the user's)."""
+def apply_plan(
+    model: nn.Module, mesh: Any, node: dict[str, Any] | None = None, split_logits: bool = False
+) -> None:
+    """Split `model` across the tensor dimension `mesh` by its plan (or the user's).
+    `split_logits`: the loss runs on logits split by vocabulary, so a plan that can leave
+    them so (the gpt's) does; the others gather them."""
     plan = plan_for(model, node)
     if plan is None:
         raise ValueError(f"{type(model).__name__} has no tensor-parallel plan")
-    plan(model, mesh)
+    if plan is gpt_plan:
+        gpt_plan(model, mesh, split_logits)
+    else:
+        plan(model, mesh)
 
 
 def gpt_problems(model: nn.Module, tensor: int, key: str = "parallelism.tensor") -> list[str]:
@@ -159,8 +169,10 @@ def gpt_problems(model: nn.Module, tensor: int, key: str = "parallelism.tensor")
     ]
 
 
-def gpt_plan(model: nn.Module, mesh: Any) -> None:
-    """runner's gpt across the ranks of `mesh` (the tensor dimension): see the module text."""
+def gpt_plan(model: nn.Module, mesh: Any, split_logits: bool = False) -> None:
+    """runner's gpt across the ranks of `mesh` (the tensor dimension): see the module text.
+    `split_logits`: the head's logits stay split by vocabulary (a DTensor, for a loss that
+    runs on them so: loss parallel), else they are gathered whole."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -173,7 +185,7 @@ def gpt_plan(model: nn.Module, mesh: Any) -> None:
     # The residual stream stays a DTensor split along the sequence (use_local_output=False):
     # it knows its global length, so a length the group does not divide (a padded batch)
     # splits unevenly and gathers back whole.
-    sequence = Shard(1)
+    sequence, gathered = Shard(1), Replicate()
     parallelize_module(
         model,
         mesh,
@@ -185,10 +197,18 @@ def gpt_plan(model: nn.Module, mesh: Any) -> None:
                 input_layouts=Replicate(), output_layouts=Shard(0), use_local_output=False
             ),
             "ln_f": SequenceParallel(),
-            "lm_head": ColwiseParallel(input_layouts=sequence, output_layouts=Replicate()),
+            "lm_head": PrepareModuleInput(
+                input_layouts=(sequence,), desired_input_layouts=(gathered,), use_local_output=True
+            ),
         },
     )
-    gathered = Replicate()
+    model.lm_head.register_forward_pre_hook(_contiguous_inputs)  # after the gather (below)
+    head = (
+        ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+        if split_logits
+        else ColwiseParallel(output_layouts=gathered)
+    )
+    parallelize_module(model.lm_head, mesh, head)
     for block in model.blocks:
         parallelize_module(
             block,
@@ -196,15 +216,54 @@ def gpt_plan(model: nn.Module, mesh: Any) -> None:
             {
                 "ln_1": SequenceParallel(),
                 "attn": PrepareModuleInput(
-                    input_layouts=(sequence, None), desired_input_layouts=(gathered, None)
+                    input_layouts=(sequence, None),
+                    desired_input_layouts=(gathered, None),
+                    use_local_output=True,
                 ),
                 "attn.qkv": ColwiseParallel(),
                 "attn.proj": RowwiseParallel(output_layouts=sequence, use_local_output=False),
                 "ln_2": SequenceParallel(),
                 "mlp": PrepareModuleInput(
-                    input_layouts=(sequence,), desired_input_layouts=(gathered,)
+                    input_layouts=(sequence,),
+                    desired_input_layouts=(gathered,),
+                    use_local_output=True,
                 ),
                 "mlp.0": ColwiseParallel(),
                 "mlp.2": RowwiseParallel(output_layouts=sequence, use_local_output=False),
             },
+        )
+        # A sequence the group split unevenly gathers back non-contiguous, and torch 2.11's
+        # DTensor linear views its input (a RuntimeError there): each layer that gathers its
+        # input (attention, the MLP, the head) makes it contiguous after the gather.
+        block.attn.register_forward_pre_hook(_contiguous_inputs)
+        block.mlp.register_forward_pre_hook(_contiguous_inputs)
+        for layer in (block.attn.proj, block.mlp[2]):  # and their gradients, gathered
+            layer.register_forward_hook(_contiguous_gradient, prepend=True)
+
+
+def _contiguous_inputs(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(a.contiguous() if hasattr(a, "contiguous") else a for a in args)
+
+
+def _contiguous_gradient(module: nn.Module, args: Any, output: Any) -> Any:
+    """The layer's output (before its own output hook redistributes it) as is, whose
+    gradient arrives contiguous: an unevenly split sequence's gradient gathers back
+    non-contiguous, and torch 2.11's linear backward views it."""
+    return _ContiguousGradient.apply(output)
+
+
+class _ContiguousGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, value: Any) -> Any:
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        if not isinstance(grad, DTensor) or grad.to_local().is_contiguous():
+            return grad
+        local = grad.to_local().contiguous()
+        return DTensor.from_local(
+            local, grad.device_mesh, grad.placements, shape=grad.shape, stride=grad.stride()
         )

@@ -65,7 +65,12 @@ def check_resume(spec: RunSpec, checkpoint: Path) -> list[str]:
     saved = f"the checkpoint {checkpoint}"
     problems = []
     kept = [
-        ("parallelism", spec.parallelism.name, "checkpoints do not convert between parallelisms"),
+        (
+            "parallelism",
+            _reader(spec.parallelism.name, meta.get("parallelism")),
+            "a ZeRO checkpoint loads only under the parallelism that wrote it; ddp and fsdp "
+            "read each other's, at any mesh",
+        ),
         ("optimizer", spec.optimizer.name, "the optimizer state is kept"),
         (
             "global_batch_size",
@@ -104,6 +109,13 @@ def check_resume(spec: RunSpec, checkpoint: Path) -> list[str]:
                 f"first mismatching parameter {mismatch}"
             )
     return problems
+
+
+def _reader(configured: str, saved: Any) -> str:
+    """The parallelism the checkpoint must have been written with for `configured` to read
+    it: its own; ddp reads fsdp's DCP shards (tensor-parallel too) whole, and fsdp cuts its
+    part from ddp's whole state."""
+    return saved if {configured, saved} == {"ddp", "fsdp"} else configured
 
 
 def _model_input(spec: RunSpec) -> dict[str, Any]:

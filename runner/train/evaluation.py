@@ -11,6 +11,7 @@ import torch
 
 from runner import dist as rdist
 from runner.engines.base import Engine
+from runner.engines.loss_parallel import gathered, loss_of
 from runner.engines.precision import autocast
 from runner.heartbeat import Heartbeat, Phase
 from runner.spec import RunSpec
@@ -54,9 +55,11 @@ class Evaluator:
                     logits = logits_of(module(*args, **kwargs))
                 if not real:  # a placeholder: the forward's collectives, nothing counted
                     continue
-                loss, count = self.loss_fn(logits, targets)
+                loss, count = loss_of(self.loss_fn, logits, targets)
                 totals[0] += loss.double()
                 totals[1] += count
+                if self.metrics:
+                    logits = gathered(logits)  # split across a tensor group: gathered
                 for metric in self.metrics.values():
                     metric.update(logits, targets)
         rdist.all_reduce(totals)

@@ -24,6 +24,9 @@ class CrossEntropy:
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing={label_smoothing}: must be in [0, 1)")
         self.label_smoothing = label_smoothing
+        # cross-entropy on logits split by class across a tensor group (loss parallel):
+        # torch's supports no label smoothing
+        self.splits_classes = label_smoothing == 0.0
 
     def __call__(self, outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, int]:
         loss = F.cross_entropy(
@@ -38,6 +41,8 @@ class CausalLM:
     Targets equal to `ignore_index` (padding, prompt tokens) are no items: they add
     nothing to the loss and are not counted.
     """
+
+    splits_classes = True  # runs on logits split by vocabulary (runner.engines.loss_parallel)
 
     def __init__(self, ignore_index: int = -100):
         self.ignore_index = ignore_index

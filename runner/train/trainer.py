@@ -118,7 +118,10 @@ class Trainer:
         cuda = torch.device(device).type == "cuda"
         self.data = build_rank_data(spec, data, self.data_rank, self.grid.data_world, cuda)
         with_warmup = with_warmup_steps(spec, self.data.steps_per_epoch)
-        parallel = parallelize(module, with_warmup, device, self.data.total_steps, fill)
+        split_logits = getattr(self.loss_fn, "splits_classes", False)  # loss parallel
+        parallel = parallelize(
+            module, with_warmup, device, self.data.total_steps, fill, split_logits
+        )
         self.engine, self.channels_last = parallel.engine, parallel.channels_last
         give_back_freed_memory()  # and what sharding freed, before the first step
         self.compile_clock = parallel.compile_clock

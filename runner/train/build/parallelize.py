@@ -40,15 +40,22 @@ class Parallelized:
 
 
 def parallelize(
-    module: nn.Module, spec: RunSpec, device: str, total_steps: int, fill: Fill | None = None
+    module: nn.Module,
+    spec: RunSpec,
+    device: str,
+    total_steps: int,
+    fill: Fill | None = None,
+    split_logits: bool = False,
 ) -> Parallelized:
     """`module` (built on `device` from the spec, or without its weights: then `fill` fills
     in this rank's shards once the engine sharded it) in its distributed form, ready to
-    train for `total_steps` optimizer steps."""
+    train for `total_steps` optimizer steps. `split_logits`: the loss runs on logits split
+    across a tensor group by vocabulary (loss parallel)."""
     grid = layout(spec, rdist.get_world_size())  # the running group's
     if grid.tensor > 1:
         mesh = device_mesh(grid, torch.device(device).type)
-        apply_plan(module, tensor_mesh(mesh), getattr(spec.parallelism, "tp_plan", None))
+        plan = getattr(spec.parallelism, "tp_plan", None)
+        apply_plan(module, tensor_mesh(mesh), plan, split_logits)
         log.info("tensor parallelism: groups of %d ranks split each layer", grid.tensor)
     if spec.checkpoint_every:
         selective = spec.activation_checkpointing == "selective"

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from runner.engines.base import Engine
+from runner.engines.loss_parallel import loss_of
 from runner.engines.precision import autocast
 from runner.spec import RunSpec
 from runner.train.guards.chaos import Faults
@@ -49,7 +50,7 @@ class LossPass:
     def _loss(self, args: Any, kwargs: Any, targets: Any, real: bool) -> tuple[torch.Tensor, Any]:
         with autocast(self.spec.precision, self.device_type):
             outputs = self.engine.model(*args, **kwargs)
-        loss, count = self.loss_fn(logits_of(outputs), targets)
+        loss, count = loss_of(self.loss_fn, logits_of(outputs), targets)
         if not real:  # a placeholder: runs for the collectives, counts nothing
             loss = loss * 0.0
         return loss, count
