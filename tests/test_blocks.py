@@ -3,6 +3,7 @@ results: the same gradients, the same state_dict keys."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -45,43 +46,62 @@ def test_checkpointing_keeps_gradients_and_keys() -> None:
     assert all(torch.equal(want[name], got[name]) for name in want)
 
 
-def test_selective_checkpointing_is_bit_identical_and_keeps_the_matmuls() -> None:
+@pytest.mark.parametrize("dropout", [0.0, 0.1], ids=["fused-attention", "math-attention"])
+def test_selective_checkpointing_is_bit_identical_and_keeps_attention_and_its_inputs(
+    dropout: float,
+) -> None:
     """Every block checkpointed selectively: the same gradients bit for bit (dropout's mask
-    recomputed from the same random state), and in the backward pass only the cheap
-    operations run again, never a matrix product or attention."""
+    recomputed from the same random state); in the backward pass attention (a fused kernel,
+    or on CPU with dropout the math path's) and its input projection (qkv) never run again,
+    the MLP's first product and the cheap operations do. Full checkpointing, for contrast,
+    runs qkv again."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from runner.models.blocks import kept_operations
-
     class Ops(TorchDispatchMode):
+        """Each operation run, with the width of its output."""
+
         def __init__(self) -> None:
             super().__init__()
-            self.seen: list = []
+            self.seen: list[tuple[str, int]] = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.seen.append(func)
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            width = out.shape[-1] if isinstance(out, torch.Tensor) and out.ndim else 0
+            self.seen.append((str(func), width))
+            return out
+
+    def backward_ops(model: nn.Module) -> tuple[list[tuple[str, int]], dict[str, torch.Tensor]]:
+        torch.manual_seed(1)
+        loss = model(ids).float().pow(2).mean()
+        model.zero_grad()
+        with Ops() as backward:
+            loss.backward()
+        return backward.seen, {name: p.grad.clone() for name, p in model.named_parameters()}
 
     torch.manual_seed(0)
-    plain = GPT(vocab_size=32, block_size=16, n_layer=3, n_embd=16, n_head=2, dropout=0.1)
-    selective = GPT(vocab_size=32, block_size=16, n_layer=3, n_embd=16, n_head=2, dropout=0.1)
-    selective.load_state_dict(plain.state_dict())
-    assert apply_activation_checkpointing(selective, every=1, selective=True) == 3
-    assert list(selective.state_dict()) == list(plain.state_dict())
+    layers, width = 3, 16
+    sizes = {"vocab_size": 32, "block_size": 16, "n_layer": layers, "n_embd": width}
+    models = {name: GPT(**sizes, n_head=2, dropout=dropout) for name in ("none", "sel", "full")}
+    for model in models.values():
+        model.load_state_dict(models["none"].state_dict())
+    assert apply_activation_checkpointing(models["sel"], every=1, selective=True) == layers
+    apply_activation_checkpointing(models["full"], every=1)
+    assert list(models["sel"].state_dict()) == list(models["none"].state_dict())
     ids = torch.randint(0, 32, (3, 16))
-    torch.manual_seed(1)
-    want = _grads(plain, ids)
-    torch.manual_seed(1)
-    loss = selective(ids).float().pow(2).mean()
-    with Ops() as backward:
-        selective.zero_grad()
-        loss.backward()
-    got = {name: p.grad.clone() for name, p in selective.named_parameters()}
-    assert all(torch.equal(want[name], got[name]) for name in want)
-    recomputed = {str(op) for op in backward.seen}
-    assert "aten.native_layer_norm.default" in recomputed  # the cheap part, run again
-    assert "aten.gelu.default" in recomputed
-    forward_only = {str(op) for op in kept_operations()} & {
-        "aten._scaled_dot_product_flash_attention_for_cpu.default",
-    }
-    assert forward_only and not forward_only & recomputed  # attention's forward: kept
+    ops, grads = {}, {}
+    for name, model in models.items():
+        ops[name], grads[name] = backward_ops(model)
+        assert all(torch.equal(grads["none"][n], grads[name][n]) for n in grads["none"])
+    names = {op for op, _ in ops["sel"]}
+    assert {"aten.native_layer_norm.default", "aten.gelu.default"} <= names  # run again
+    fused = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+    assert fused not in names  # attention's forward: kept
+    assert (fused in {op for op, _ in ops["full"]}) is (dropout == 0.0)  # full runs it again
+
+    def products(name: str, out: int) -> int:  # matrix products with `out` columns
+        return ops[name].count(("aten.mm.default", out))
+
+    qkv, mlp_hidden = 3 * width, 4 * width  # the widths of qkv's and mlp.0's outputs
+    assert products("none", qkv) == products("sel", qkv) == 0  # qkv: kept
+    assert products("full", qkv) == layers  # (a backward pass makes no such product)
+    assert products("sel", mlp_hidden) == products("none", mlp_hidden) + layers  # mlp.0 again

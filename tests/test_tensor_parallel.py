@@ -2,7 +2,8 @@
 split by its plan trains the weights plain single-process PyTorch trains, within 1e-5
 (fp32), alone (TP=4), under FSDP2 (FSDP2 x TP2) and HSDP (2 copies x TP2), at one and three
 microbatches; gradient clipping and the logged gradient norm see every shard once; a
-checkpoint written at FSDP2 x TP2 goes on at FSDP4, at TP4 and at ddp; a gpt whose sizes the group
+checkpoint written at FSDP2 x TP2 goes on at FSDP4, at TP4 and at ddp; init_from, async
+checkpoints and runner export hold under it; a gpt whose sizes the group
 does not divide is refused before any rank starts."""
 
 from __future__ import annotations
@@ -213,6 +214,41 @@ def test_a_ddp_checkpoint_resumes_under_tensor_parallelism(cli, corpus: Path, fs
     assert second.returncode == 0, second.output
     assert second.summary()["resumed_from"] == int(checkpoint.name.split("_")[1])
     assert max_relative_difference(second.run_dir, reference.run_dir) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_run_starts_from_weights_saves_async_and_exports(
+    cli, corpus: Path, fsdp4_and_tp, tmp_path: Path
+) -> None:
+    """init_from under FSDP2 x TP2 (each rank cuts its part of every tensor) trains the
+    weights FSDP4 trains from them; its checkpoints, written in the background, export
+    (runner export, each tensor whole) to its model.pt."""
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    from tests.helpers.cli import HANG, child_env, runner_command
+
+    start = fsdp4_and_tp["fsdp4"].run_dir / "model.pt"
+    common = [*lm_args(corpus), *FOUR_HEADS, "nproc=4", "parallelism=fsdp", "max_steps=4",
+              f"init_from={start}", "checkpoint.interval=2"]  # fmt: skip
+    split = cli(*common, "parallelism.tensor=2", "checkpoint.async=true", name="tp")
+    assert split.returncode == 0, split.output
+    plain = cli(*common, name="fsdp4")
+    assert plain.returncode == 0, plain.output
+    assert max_relative_difference(split.run_dir, plain.run_dir) < 1e-5
+    final = torch.load(split.run_dir / "model.pt", weights_only=True)
+    assert not torch.equal(final["lm_head.weight"], torch.load(start)["lm_head.weight"])
+    checkpoint = max((split.run_dir / "checkpoints").glob("step_*"))
+    assert checkpoint.name.endswith("4")
+    done = subprocess.run(
+        runner_command("export", str(checkpoint), "--to", str(tmp_path / "out")),
+        capture_output=True, text=True, timeout=HANG, env=child_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    exported = load_file(tmp_path / "out" / "model.safetensors")
+    assert exported.keys() == final.keys()
+    assert all(torch.equal(exported[k], v) for k, v in final.items())
 
 
 @pytest.mark.slow

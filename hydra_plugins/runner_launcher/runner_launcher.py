@@ -283,7 +283,7 @@ def _resume(jobs: list[_Job], rerun_failed: bool, sweep_dir: Path) -> dict[int, 
     """Running the sweep's command again in its directory: the jobs kept as they are (their
     results for the sweeper); the interrupted ones (and failed, when asked) go on from their
     last checkpoint."""
-    from runner.cli.sweep_resume import KEEP, NEW, RESUME, earlier_start
+    from runner.cli.sweep_resume import KEEP, NEW, RESUME, earlier_start, resuming_line
 
     starts = {job.idx: earlier_start(job.dir, rerun_failed) for job in jobs}
     if all(start.action == NEW for start in starts.values()):
@@ -296,11 +296,7 @@ def _resume(jobs: list[_Job], rerun_failed: bool, sweep_dir: Path) -> dict[int, 
         elif start.action == RESUME:
             with open_dict(job.config):
                 job.config.resume = "auto"
-    counts = {a: sum(s.action == a for s in starts.values()) for a in (KEEP, RESUME, NEW)}
-    _say(
-        f"resuming the sweep in {sweep_dir}: {counts[KEEP]} job(s) kept as they ended, "
-        f"{counts[RESUME]} going on from their last checkpoint, {counts[NEW]} not started yet"
-    )
+    _say(resuming_line(sweep_dir, starts.values()) or "")
     return kept
 
 

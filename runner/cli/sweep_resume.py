@@ -11,6 +11,7 @@ directory whose overrides are not this job's means the directory holds another s
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,19 @@ def earlier_start(job_dir: Path, rerun_failed: bool) -> EarlierStart:
     if status == Status.FAILED and not rerun_failed:
         return EarlierStart(KEEP, status)
     return EarlierStart(RESUME, status or Status.INTERRUPTED)
+
+
+def resuming_line(sweep_dir: Path, starts: Iterable[EarlierStart]) -> str | None:
+    """What a sweep started again in its directory says of its jobs; None when none of them
+    had started before."""
+    actions = [start.action for start in starts]
+    if all(action == NEW for action in actions):
+        return None
+    kept, going_on, new = (actions.count(a) for a in (KEEP, RESUME, NEW))
+    return (
+        f"resuming the sweep in {sweep_dir}: {kept} job(s) kept as they ended, {going_on} "
+        f"going on from their last checkpoint, {new} not started yet"
+    )
 
 
 def other_sweep_problem(

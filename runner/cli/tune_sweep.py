@@ -307,17 +307,13 @@ class _Tune:
         """Each job's part for its trial; an earlier start's jobs kept or going on."""
         from omegaconf import open_dict
 
-        from runner.cli.sweep_resume import KEEP, NEW, RESUME, earlier_start
+        from runner.cli.sweep_resume import KEEP, RESUME, earlier_start, resuming_line
         from runner.cli.tune_trial import TrialJob
 
         starts = {job.idx: earlier_start(job.dir, self.launcher.rerun_failed) for job in self.jobs}
-        if any(start.action != NEW for start in starts.values()):
-            counts = {a: sum(s.action == a for s in starts.values()) for a in (KEEP, RESUME, NEW)}
-            say(
-                f"resuming the sweep in {self.jobs[0].dir.parent}: {counts[KEEP]} job(s) kept "
-                f"as they ended, {counts[RESUME]} going on from their last checkpoint, "
-                f"{counts[NEW]} not started yet"
-            )
+        line = resuming_line(self.jobs[0].dir.parent, starts.values())
+        if line:
+            say(line)
         env = {k: v for k, v in os.environ.items() if k.startswith(PASSED_ENV_PREFIXES)}
         experiment = self.experiment.resolve()
         trial_jobs = {}

@@ -10,16 +10,21 @@ pass and recomputes the block in the backward pass: activation memory for comput
 is non-reentrant (torch.utils.checkpoint with use_reentrant=False) and leaves the
 module tree and state_dict keys as they were, so checkpoints and model.pt do not change.
 
-Selective checkpointing decides per operation instead, with torchtitan's default policy:
-the outputs of attention, of collectives and of every other matrix product are kept, and
-everything else in the block (norms, activations, dropout, reshapes, the other products)
-is recomputed in the backward pass. In a transformer block the kept products are its input
-projections (qkv, the MLP's first layer), whose recompute would cost most; the others (the
-attention's output projection, the MLP's second layer) feed a residual sum, and the
-backward pass needs at most one of them again, so recomputing it costs one small product
-per block. Its policy runs inside torch.utils.checkpoint
-(`create_selective_checkpoint_contexts`), per block, so it holds under every engine and
-under torch.compile.
+Selective checkpointing decides per operation instead: it keeps the outputs of attention,
+of the matrix products that come before attention in the block (its input projections:
+qkv, or q, k and v) and of collectives, and recomputes everything else in the backward
+pass: the norms, activations, dropout, and the products after attention (its output
+projection, the MLP). Attention is the one operation whose recompute costs far more than
+its output weighs (its output is one row of width per token; its cost grows with the
+sequence); every linear layer costs alike per byte it keeps, so the policy keeps those that
+attention's backward needs and drops the MLP's, the block's largest activations (its two
+4x-wide tensors). On the gpt this keeps about three quarters of full checkpointing's saving
+for a recompute of the block's products after attention (measured:
+benchmarks/results/activation_checkpointing.md). torchtitan's policy keeps every other
+product instead (the MLP's first layer too): half the saving, for less recompute where the
+products dominate a step. A block with no attention keeps its products and recomputes the
+rest. The policy runs inside torch.utils.checkpoint (`create_selective_checkpoint_contexts`),
+per block, so it holds under every engine and under torch.compile.
 """
 
 from __future__ import annotations
@@ -57,15 +62,14 @@ def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
 def _selectively_checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    products = {False: 0, True: 0}  # matrix products seen, in the forward and the recompute
+    attended = {False: False, True: False}  # attention run yet, in the forward and the recompute
     matmuls, kept = matrix_products(), kept_operations()
+    attention = attention_operations() | softmaxes()  # a fused kernel, or the math path's
 
     def policy(ctx: Any, op: Any, *_: Any, **__: Any) -> Any:
-        if op in matmuls:  # the 1st, 3rd, ... of the block: qkv, the MLP's first layer
-            products[ctx.is_recompute] += 1
-            keep = products[ctx.is_recompute] % 2 == 1
-        else:
-            keep = op in kept
+        if op in attention:
+            attended[ctx.is_recompute] = True
+        keep = op in kept or (op in matmuls and not attended[ctx.is_recompute])
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
     context = functools.partial(create_selective_checkpoint_contexts, policy)
@@ -97,6 +101,13 @@ def attention_operations() -> frozenset[Any]:
         ("aten", "_scaled_dot_product_cudnn_attention"),
         ("aten", "_scaled_dot_product_flash_attention_for_cpu"),
     ])  # fmt: skip
+
+
+@functools.cache
+def softmaxes() -> frozenset[Any]:
+    """Where attention without a fused kernel (the math path: dropout on CPU, a mask some
+    kernels refuse) turns its scores into weights."""
+    return _ops([("aten", "_softmax"), ("aten", "_safe_softmax")])
 
 
 @functools.cache

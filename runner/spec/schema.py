@@ -349,8 +349,8 @@ class RunSpec:
     max_steps: int | None = _bound(None, min=1)
     max_epochs: int | None = _bound(None, min=1)
     grad_clip_norm: float | None = _bound(None, gt=0.0)
-    # none | full (every block) | selective (every block: matmuls and attention kept, the rest
-    # recomputed) | N (every Nth block)
+    # none | full (every block) | selective (every block: attention and the products before it
+    # kept, the rest recomputed) | N (every Nth block)
     activation_checkpointing: Literal["none", "full", "selective"] | int = _bound("none", min=1)
     # under compile: the share of the activations the compiler's partitioner may keep (it
     # recomputes the cheapest rest); null: what it keeps by itself
