@@ -1,8 +1,9 @@
 """compile: torch.compile (inductor, real C++ kernels on CPU) trains the weights eager
 training does, up to the float rounding of reordered sums, on real 2-rank gloo runs: the
 whole mlp under DDP (dynamo's DDP optimizer), and the gpt block by block after activation
-checkpointing and before FSDP shards it. Eager is plain PyTorch on whole global batches
-(the equivalence tests' references, which every eager split matches within 1e-7).
+checkpointing and before FSDP shards it, and after tensor parallelism split it. Eager is
+plain PyTorch on whole global batches (the equivalence tests' references, which every eager
+split matches within 1e-7).
 model.pt keeps eager's keys.
 """
 
@@ -46,6 +47,14 @@ def test_whole_model_under_ddp(cli, mlp_reference):  # noqa: F811
 )  # fmt: skip
 def test_gpt_blocks_after_checkpointing_before_fsdp(cli, corpus, lm_reference, memory):
     gpt = [*lm_args(corpus), "parallelism=fsdp", memory]
+    check_compiled(cli, gpt, "2 blocks (Block) compiled one by one", lm_reference)
+
+
+def test_gpt_blocks_split_across_a_tensor_group(cli, corpus, lm_reference):
+    """Each block compiled after the tensor-parallel plan split it (DTensor, the sequence's
+    gathers and scatters inside the graph) and selective checkpointing wrapped it."""
+    gpt = [*lm_args(corpus), "nproc=2", "parallelism=fsdp", "parallelism.tensor=2",
+           "activation_checkpointing=selective"]  # fmt: skip
     check_compiled(cli, gpt, "2 blocks (Block) compiled one by one", lm_reference)
 
 

@@ -74,6 +74,7 @@ def split_head(rank: int, init_file: str, out: str) -> None:
             loss, _ = loss_of(CausalLM(), logits, targets)
             loss.backward()
         assert split_by_class(logits) is split
+        assert logits.shape[:2] == tokens.shape  # padded to 16 inside, cut back to 15
         assert not isinstance(loss, DTensor)
         grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
         results[split] = (loss.detach(), grads)
@@ -87,11 +88,12 @@ def split_head(rank: int, init_file: str, out: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.floor  # torch 2.11 raised on the unevenly split sequence's gradient
+@pytest.mark.floor  # torch 2.11 raised on an unevenly split sequence
 def test_the_loss_runs_on_logits_split_by_vocabulary(tmp_path: Path) -> None:
     """Loss parallel: the gpt's logits stay split across the tensor group and the loss (an
     ignored token included) and every gradient equal those of gathered logits, on a
-    sequence the group splits unevenly (torch 2.11 raised on its gathered gradient)."""
+    sequence the group does not divide (the gpt pads it to a multiple of the group; an
+    uneven split raised in torch 2.11's DTensor linear)."""
     import torch.multiprocessing as mp
 
     out = tmp_path / "results.pt"
@@ -99,8 +101,7 @@ def test_the_loss_runs_on_logits_split_by_vocabulary(tmp_path: Path) -> None:
     results = torch.load(out, weights_only=True)
     (gathered_loss, gathered), (split_loss, split) = results[False], results[True]
     assert split_loss == pytest.approx(gathered_loss.item(), rel=1e-6)
-    for name, grad in gathered.items():
-        assert torch.allclose(split[name], grad, rtol=1e-5, atol=1e-7), name
+    assert relative_error(split, gathered) < 1e-6  # rounding only
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +117,9 @@ def reference(corpus: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize(
     "mesh",
     [["parallelism.tensor=4"], ["parallelism.tensor=2"],
-     ["parallelism.tensor=2", "parallelism.replicate=2"]],
-    ids=["tp4", "fsdp2xtp2", "hsdp2xtp2"],
+     ["parallelism.tensor=2", "parallelism.replicate=2"],
+     ["parallelism.tensor=2", "activation_checkpointing=selective"]],
+    ids=["tp4", "fsdp2xtp2", "hsdp2xtp2", "fsdp2xtp2-selective"],
 )  # fmt: skip
 def test_tensor_parallel_meshes_train_the_plain_model(
     cli, corpus: Path, reference, mesh: list[str], grad_accum: int

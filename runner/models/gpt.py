@@ -76,6 +76,8 @@ class GPT(nn.Module):
     ):
         super().__init__()
         self.block_size = block_size
+        # a tensor-parallel plan splits the sequence across its group: padded to a multiple
+        self.sequence_multiple = 1
         self.n_layer, self.n_embd = n_layer, n_embd
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
@@ -116,12 +118,19 @@ class GPT(nn.Module):
             raise ValueError(
                 f"a sequence of {time} tokens is longer than block_size={self.block_size}"
             )
-        positions = torch.arange(time, device=input_ids.device)
+        pad = -time % self.sequence_multiple
+        if pad:  # at the end, where causal attention keeps every real position from seeing it
+            input_ids = F.pad(input_ids, (0, pad))
+            if attention_mask is not None:
+                attention_mask = F.pad(attention_mask, (0, pad))
+        length = time + pad
+        positions = torch.arange(length, device=input_ids.device).clamp(max=self.block_size - 1)
         x = self.drop(self.wte(input_ids) + self.wpe(positions))
-        key_mask = _key_mask(attention_mask, time) if attention_mask is not None else None
+        key_mask = _key_mask(attention_mask, length) if attention_mask is not None else None
         for block in self.blocks:
             x = block(x, key_mask)
-        return self.lm_head(self.ln_f(x))
+        logits = self.lm_head(self.ln_f(x))
+        return logits[:, :time] if pad else logits
 
 
 def _key_mask(attention_mask: torch.Tensor, time: int) -> torch.Tensor:

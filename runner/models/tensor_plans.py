@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 
 PlanFunction = Callable[[nn.Module, Any], None]
@@ -182,10 +181,17 @@ def gpt_plan(model: nn.Module, mesh: Any, split_logits: bool = False) -> None:
         parallelize_module,
     )
 
-    # The residual stream stays a DTensor split along the sequence (use_local_output=False):
-    # it knows its global length, so a length the group does not divide (a padded batch)
-    # splits unevenly and gathers back whole.
+    # The residual stream stays a DTensor split along the sequence (use_local_output=False);
+    # the gpt pads its sequence to a multiple of the group, so every rank holds an equal part
+    # (an uneven split broke torch 2.11's DTensor linear, and compiled blocks at a second
+    # length: each rank compiled its own, and their collectives disagreed in size).
+    model.sequence_multiple = mesh.size()
     sequence, gathered = Shard(1), Replicate()
+    head = (
+        ColwiseParallel(input_layouts=sequence, output_layouts=Shard(-1), use_local_output=False)
+        if split_logits
+        else ColwiseParallel(input_layouts=sequence, output_layouts=gathered)
+    )
     parallelize_module(
         model,
         mesh,
@@ -197,18 +203,9 @@ def gpt_plan(model: nn.Module, mesh: Any, split_logits: bool = False) -> None:
                 input_layouts=Replicate(), output_layouts=Shard(0), use_local_output=False
             ),
             "ln_f": SequenceParallel(),
-            "lm_head": PrepareModuleInput(
-                input_layouts=(sequence,), desired_input_layouts=(gathered,), use_local_output=True
-            ),
+            "lm_head": head,
         },
     )
-    model.lm_head.register_forward_pre_hook(_contiguous_inputs)  # after the gather (below)
-    head = (
-        ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
-        if split_logits
-        else ColwiseParallel(output_layouts=gathered)
-    )
-    parallelize_module(model.lm_head, mesh, head)
     for block in model.blocks:
         parallelize_module(
             block,
@@ -216,54 +213,15 @@ def gpt_plan(model: nn.Module, mesh: Any, split_logits: bool = False) -> None:
             {
                 "ln_1": SequenceParallel(),
                 "attn": PrepareModuleInput(
-                    input_layouts=(sequence, None),
-                    desired_input_layouts=(gathered, None),
-                    use_local_output=True,
+                    input_layouts=(sequence, None), desired_input_layouts=(gathered, None)
                 ),
                 "attn.qkv": ColwiseParallel(),
                 "attn.proj": RowwiseParallel(output_layouts=sequence, use_local_output=False),
                 "ln_2": SequenceParallel(),
                 "mlp": PrepareModuleInput(
-                    input_layouts=(sequence,),
-                    desired_input_layouts=(gathered,),
-                    use_local_output=True,
+                    input_layouts=(sequence,), desired_input_layouts=(gathered,)
                 ),
                 "mlp.0": ColwiseParallel(),
                 "mlp.2": RowwiseParallel(output_layouts=sequence, use_local_output=False),
             },
-        )
-        # A sequence the group split unevenly gathers back non-contiguous, and torch 2.11's
-        # DTensor linear views its input (a RuntimeError there): each layer that gathers its
-        # input (attention, the MLP, the head) makes it contiguous after the gather.
-        block.attn.register_forward_pre_hook(_contiguous_inputs)
-        block.mlp.register_forward_pre_hook(_contiguous_inputs)
-        for layer in (block.attn.proj, block.mlp[2]):  # and their gradients, gathered
-            layer.register_forward_hook(_contiguous_gradient, prepend=True)
-
-
-def _contiguous_inputs(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(a.contiguous() if hasattr(a, "contiguous") else a for a in args)
-
-
-def _contiguous_gradient(module: nn.Module, args: Any, output: Any) -> Any:
-    """The layer's output (before its own output hook redistributes it) as is, whose
-    gradient arrives contiguous: an unevenly split sequence's gradient gathers back
-    non-contiguous, and torch 2.11's linear backward views it."""
-    return _ContiguousGradient.apply(output)
-
-
-class _ContiguousGradient(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, value: Any) -> Any:
-        return value.view_as(value)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
-        from torch.distributed.tensor import DTensor
-
-        if not isinstance(grad, DTensor) or grad.to_local().is_contiguous():
-            return grad
-        local = grad.to_local().contiguous()
-        return DTensor.from_local(
-            local, grad.device_mesh, grad.placements, shape=grad.shape, stride=grad.stride()
         )
