@@ -3,7 +3,7 @@ split by its plan trains the weights plain single-process PyTorch trains, within
 (fp32), alone (TP=4), under FSDP2 (FSDP2 x TP2) and HSDP (2 copies x TP2), at one and three
 microbatches; gradient clipping and the logged gradient norm see every shard once; a
 checkpoint written at FSDP2 x TP2 goes on at FSDP4, at TP4 and at ddp; init_from, async
-checkpoints and runner export hold under it; a gpt whose sizes the group
+checkpoints, runner export and the non-finite guard hold under it; a gpt whose sizes the group
 does not divide is refused before any rank starts."""
 
 from __future__ import annotations
@@ -251,6 +251,43 @@ def test_a_tensor_parallel_run_starts_from_weights_saves_async_and_exports(
     exported = load_file(tmp_path / "out" / "model.safetensors")
     assert exported.keys() == final.keys()
     assert all(torch.equal(exported[k], v) for k, v in final.items())
+
+
+@pytest.mark.slow
+def test_a_nan_on_one_rank_of_a_tensor_group_skips_the_step_everywhere(cli, corpus: Path) -> None:
+    """nonfinite=skip, chaos nan: rank 1 (the second of the first tensor group) has a NaN
+    loss at step 3. Every rank drops step 3 and logs it, and FSDP2 x TP2 ends on the weights
+    FSDP4 ends on with the same step dropped."""
+    faults = ["nonfinite=skip", "chaos.kill_rank=1", "chaos.at_step=3", "chaos.action=nan"]
+    runs = {
+        name: cli(*lm_args(corpus), *FOUR_HEADS, *faults, "nproc=4", "parallelism=fsdp", *mesh,
+                  name=name)
+        for name, mesh in (("fsdp4", []), ("fsdp2xtp2", ["parallelism.tensor=2"]))
+    }  # fmt: skip
+    for result in runs.values():
+        assert result.returncode == 0, result.output
+        skipped = {m["step"]: m["train/skipped_steps"] for m in result.metrics()}
+        assert skipped[2] == 0 and skipped[4] == skipped[6] == 1
+        assert "nonfinite: step 3 skipped (non-finite" in result.rank_log(0)
+    assert max_relative_difference(runs["fsdp2xtp2"].run_dir, runs["fsdp4"].run_dir) < 1e-5
+
+
+def test_a_transformers_without_tensor_parallel_styles_is_refused(monkeypatch) -> None:
+    """An older transformers (no transformers.distributed.tensor_parallel, as this one is
+    made to look by hiding the module) is named before any rank starts, not on the rank."""
+    import sys
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from runner.models.tensor_plans import plan_problems
+    from tests.helpers.hugging_face import LLAMA
+
+    model = LlamaForCausalLM(LlamaConfig(**LLAMA))
+    assert plan_problems(model, 2) == []
+    monkeypatch.setitem(sys.modules, "transformers.distributed.tensor_parallel", None)
+    (problem,) = plan_problems(model, 2)
+    assert problem.startswith("parallelism.tensor=2: a Hugging Face model is split with")
+    assert "upgrade transformers, or use parallelism.tensor=1" in problem
 
 
 @pytest.mark.slow

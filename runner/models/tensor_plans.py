@@ -99,6 +99,15 @@ def hugging_face_problems(model: nn.Module, tensor: int) -> list[str]:
     import difflib
 
     key = f"parallelism.tensor={tensor}"
+    if _hugging_face_styles() is None:
+        from importlib.metadata import version
+
+        return [
+            f"{key}: a Hugging Face model is split with transformers' own tensor-parallel "
+            f"styles (transformers.distributed.tensor_parallel), which transformers "
+            f"{version('transformers')} does not have; upgrade transformers, or use "
+            "parallelism.tensor=1"
+        ]
     expanded, unmatched = expand_plan(model, hugging_face_plan(model))
     modules = [n for n, _ in model.named_modules() if n]
     problems = []
@@ -123,10 +132,18 @@ def hugging_face_problems(model: nn.Module, tensor: int) -> list[str]:
     return problems
 
 
+def _hugging_face_styles() -> Any:
+    """transformers' function that applies a plan's styles, where this transformers has it."""
+    try:
+        from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+    except ImportError:
+        return None
+    return apply_tensor_parallelism
+
+
 def apply_hugging_face_plan(model: nn.Module, mesh: Any) -> None:
     """A transformers model split by its own plan, with transformers' own styles."""
-    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
-
+    apply_tensor_parallelism = _hugging_face_styles()
     expanded, _ = expand_plan(model, hugging_face_plan(model))
     modules = dict(model.named_modules())
     with_parameters: dict[str, str] = {}
