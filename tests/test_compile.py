@@ -42,19 +42,16 @@ def test_whole_model_under_ddp(cli, mlp_reference):  # noqa: F811
 
 
 @pytest.mark.parametrize(
-    "memory", ["activation_checkpointing=full", "activation_checkpointing=selective",
-               "activation_memory_budget=0.5"],
+    "memory",
+    [["activation_checkpointing=full"], ["activation_memory_budget=0.5"],
+     ["activation_checkpointing=selective", "nproc=2", "parallelism.tensor=2"]],
+    ids=["full", "budget", "selective-tp2"],
 )  # fmt: skip
 def test_gpt_blocks_after_checkpointing_before_fsdp(cli, corpus, lm_reference, memory):
-    gpt = [*lm_args(corpus), "parallelism=fsdp", memory]
-    check_compiled(cli, gpt, "2 blocks (Block) compiled one by one", lm_reference)
-
-
-def test_gpt_blocks_split_across_a_tensor_group(cli, corpus, lm_reference):
-    """Each block compiled after the tensor-parallel plan split it (DTensor, the sequence's
-    gathers and scatters inside the graph) and selective checkpointing wrapped it."""
-    gpt = [*lm_args(corpus), "nproc=2", "parallelism=fsdp", "parallelism.tensor=2",
-           "activation_checkpointing=selective"]  # fmt: skip
+    """Each block compiled after checkpointing wrapped it and before FSDP shards it; in the
+    last case after the tensor-parallel plan split it too (DTensor, the sequence's gathers
+    and scatters inside the graph), with selective checkpointing."""
+    gpt = [*lm_args(corpus), "parallelism=fsdp", *memory]
     check_compiled(cli, gpt, "2 blocks (Block) compiled one by one", lm_reference)
 
 

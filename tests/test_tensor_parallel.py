@@ -181,6 +181,18 @@ def test_clipping_and_the_gradient_norm_hold_across_the_tensor_group(fsdp4_and_t
 
 
 @pytest.mark.slow
+def test_tokens_count_each_batch_once(fsdp4_and_tp) -> None:
+    """The ranks of a tensor group read one batch, and it counts once: tokens per sample in
+    each logged interval (tokens/s over samples/s, the same seconds) are at most a block's
+    (24; each microbatch is padded to its longest sample), not T times that, and so MFU
+    divides the batch's tokens by every device."""
+    for name in ("fsdp4", "fsdp2xtp2"):
+        for record in fsdp4_and_tp[name].metrics():
+            tokens = record["throughput/tokens_per_sec"] / record["throughput/samples_per_sec"]
+            assert 3 <= tokens <= 24, (name, record["step"], tokens)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mesh",
     [["parallelism=fsdp"], ["parallelism=fsdp", "parallelism.tensor=4"], ["parallelism=ddp"]],
