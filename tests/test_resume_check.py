@@ -45,7 +45,7 @@ def test_ddp_and_fsdp_read_each_others_checkpoints_and_zero_only_its_own(tmp_pat
     checkpoint = save_checkpoint(tmp_path / "zero2", [*MLP, "parallelism=zero2"])
     (problem,) = resume_problems(checkpoint, [*MLP, "parallelism=ddp"])
     assert problem.startswith("parallelism=ddp: the checkpoint")
-    assert "resume with parallelism=zero2 (a ZeRO checkpoint loads only under" in problem
+    assert "resume with parallelism=zero2 (checkpoints convert between ddp and fsdp" in problem
     (problem,) = resume_problems(written["ddp"], [*MLP, "parallelism=zero2"])
     assert "resume with parallelism=ddp" in problem
 

@@ -68,8 +68,8 @@ def check_resume(spec: RunSpec, checkpoint: Path) -> list[str]:
         (
             "parallelism",
             _reader(spec.parallelism.name, meta.get("parallelism")),
-            "a ZeRO checkpoint loads only under the parallelism that wrote it; ddp and fsdp "
-            "read each other's, at any mesh",
+            "checkpoints convert between ddp and fsdp only, at any mesh; ZeRO reads and "
+            "writes its own",
         ),
         ("optimizer", spec.optimizer.name, "the optimizer state is kept"),
         (
