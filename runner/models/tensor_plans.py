@@ -31,20 +31,23 @@ PlanFunction = Callable[[nn.Module, Any], None]
 PLAN_KEY = "parallelism.tp_plan"
 
 
-def plan_for(model: nn.Module, node: dict[str, Any] | None = None) -> PlanFunction | None:
+def plan_for(
+    model: nn.Module, node: dict[str, Any] | None = None, split_logits: bool = False
+) -> PlanFunction | None:
     """The plan that splits `model`: the user's (`node`, parallelism.tp_plan), else the
-    model's own; None where there is none."""
+    model's own; None where there is none. `split_logits`: the loss runs on logits split by
+    vocabulary, so a plan that can leave them so (the gpt's) does; the others gather them."""
+    import functools
+
     from runner.models.gpt import GPT
 
     if node:
-        import functools
-
         from runner.components import TARGET, locate
 
         options = {k: v for k, v in node.items() if not k.startswith("_")}
         return functools.partial(locate(str(node[TARGET])), **options)
     if isinstance(model, GPT):
-        return gpt_plan
+        return functools.partial(gpt_plan, split_logits=split_logits)
     if hugging_face_plan(model):
         return apply_hugging_face_plan
     return None
@@ -157,16 +160,12 @@ def apply_hugging_face_plan(model: nn.Module, mesh: Any) -> None:
 def apply_plan(
     model: nn.Module, mesh: Any, node: dict[str, Any] | None = None, split_logits: bool = False
 ) -> None:
-    """Split `model` across the tensor dimension `mesh` by its plan (or the user's).
-    `split_logits`: the loss runs on logits split by vocabulary, so a plan that can leave
-    them so (the gpt's) does; the others gather them."""
-    plan = plan_for(model, node)
+    """Split `model` across the tensor dimension `mesh` by its plan (or the user's); see
+    plan_for for `split_logits`."""
+    plan = plan_for(model, node, split_logits)
     if plan is None:
         raise ValueError(f"{type(model).__name__} has no tensor-parallel plan")
-    if plan is gpt_plan:
-        gpt_plan(model, mesh, split_logits)
-    else:
-        plan(model, mesh)
+    plan(model, mesh)
 
 
 def gpt_problems(model: nn.Module, tensor: int, key: str = "parallelism.tensor") -> list[str]:
