@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import sys
+import sysconfig
 import time
 from collections.abc import Sequence
 
@@ -32,6 +34,30 @@ def keep_extensions_in_environment() -> None:
     wins; outside a virtual environment torch's default stays."""
     if sys.prefix != sys.base_prefix:
         os.environ.setdefault(EXTENSIONS_ENV, os.path.join(sys.prefix, "torch_extensions"))
+    use_environments_ninja()
+
+
+def environments_ninja() -> str | None:
+    """The ninja this Python environment installed (DeepSpeed requires the `ninja` package,
+    which puts one beside the environment's scripts), or None."""
+    scripts = sysconfig.get_path("scripts")
+    found = shutil.which("ninja", path=scripts) if scripts else None
+    return os.path.realpath(found) if found else None
+
+
+def use_environments_ninja() -> None:
+    """Have torch's extension builds (it runs `ninja` from PATH) use the environment's own
+    ninja, here and in every process started from here. Two ninjas read each other's build
+    log as changed (1.11 and 1.13: `command line changed for shm.o`), so a user switching
+    between an activated venv (its ninja first) and `.venv/bin/runner` (the system's first)
+    rebuilt DeepSpeed's op, for minutes, at every switch."""
+    ninja = environments_ninja()
+    if ninja is None:
+        return
+    first = shutil.which("ninja")
+    if first is not None and os.path.realpath(first) == ninja:
+        return
+    os.environ["PATH"] = os.pathsep.join([os.path.dirname(ninja), os.environ.get("PATH", "")])
 
 
 def die_with_parent(sig: signal.Signals, expected_parent: int | None = None) -> None:

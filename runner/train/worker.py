@@ -136,6 +136,11 @@ def run(run_dir: RunDir, terminal: TextIO | None, heart: Heartbeat) -> None:
     if ours:
         dist.init_process_group(backend=backend)
     log.info("process group: %s, device %s", backend, device)
+    if spec.parallelism.name.startswith("zero") and device == "cpu":  # before DeepSpeed needs it
+        from runner.engines.deepspeed_ops import load_shared_memory_op
+        from runner.train.records.notices import notices
+
+        load_shared_memory_op(notices(terminal))
     start_time = float(os.environ.get("RUNNER_START_TIME", time.time()))
     trainer = Trainer(spec, run_dir, device, terminal, heart, written_config(node_dir))
     trainer.fit(start_time)
