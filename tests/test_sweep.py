@@ -36,7 +36,7 @@ def test_failing_jobs_do_not_stop_the_sweep_and_are_listed(tmp_path: Path) -> No
     for rejected in (rows[1], rows[3]):  # kept visible, with why they never started
         assert rejected["error"].startswith("invalid configuration: global_batch_size=63")
     assert rows[2]["error"].startswith("rank 1")
-    assert "runner: 3 job(s) did not complete: 1, 2, 3" in proc.stderr
+    assert "runner: 3 job(s) failed: 1, 2, 3" in proc.stderr
     markdown = (root / "sweep.md").read_text()
     assert "overrides of every job: " in markdown and "chaos.kill_rank=1" in markdown
     assert "| 2 | chaos.at_step=2 global_batch_size=64 | failed |" in markdown

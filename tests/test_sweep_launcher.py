@@ -16,7 +16,9 @@ from runner.cli.job_slots import (
     GPU,
     DevicePool,
     Slots,
+    declared_devices,
     device_pool,
+    device_problems,
     pool_problems,
     slot_size,
 )
@@ -55,6 +57,22 @@ def test_bad_slots_are_named() -> None:
     assert short.endswith("use nproc<=2")
     (cores,) = pool_problems(DevicePool(CPU, ("0", "1"), False), [3])
     assert "a core per rank" in cores and "hydra.launcher.devices=[...]" in cores
+
+
+def test_devices_are_gpu_indices_or_uuids() -> None:
+    """`abc` reached CUDA_VISIBLE_DEVICES as `a,b,c` (58fe533): CUDA saw no GPU and the jobs
+    silently trained on the CPU."""
+    uuid = "GPU-5c3d2b2e-1a2b-3c4d-5e6f-1234567890ab"
+    mig = "MIG-8c1f0a3e-0b4e-5f6a-9d2c-0123456789ab"
+    assert declared_devices("abc") == ["abc"]
+    assert declared_devices("0,1") == ["0", "1"] and declared_devices(3) == ["3"]
+    assert declared_devices(None) is None
+    assert device_problems(declared_devices([0, 1, uuid, mig, f"MIG-{uuid}/1/0"])) == []
+    (problem,) = device_problems(declared_devices([0, "x"]))
+    assert problem.startswith("hydra.launcher.devices=['0', 'x']: 'x' is not a GPU; each entry")
+    (problem,) = device_problems(declared_devices("abc"))
+    assert "'abc' is not a GPU" in problem and "hydra.launcher.devices=[0,1]" in problem
+    assert device_problems(["-1"]) and device_problems(["GPU-xyz"]) and device_problems([""])
 
 
 def _interval(job: Path) -> tuple[float, float]:
@@ -103,6 +121,8 @@ def test_fail_fast_stops_the_sweep_at_the_first_failure(tmp_path: Path) -> None:
     assert proc.returncode == 1, output
     assert "runner: job 0 failed: rank 0 on " in proc.stderr  # the root cause, as it happens
     assert "hydra.launcher.fail_fast=true: the sweep stops (stopping job(s) 1)" in proc.stderr
+    assert "job 1 failed" not in proc.stderr  # stopped, not failed (58fe533 said it failed)
+    assert "runner: job 1 stopped: interrupted after step" in proc.stderr
     assert "runner: sweep: 0 done, 1 running, 0 queued, 1 failed" in proc.stderr
     assert "runner: 1 queued job(s) never started: 2" in proc.stderr
     summaries = {p.name: json.loads((p / "summary.json").read_text()) for p in root.glob("[0-9]")}
@@ -118,6 +138,7 @@ def test_fail_fast_stops_the_sweep_at_the_first_failure(tmp_path: Path) -> None:
         (["hydra.launcher.devices=[0,1,1]"], "1 named twice"),
         (["hydra.launcher.devices=[0,1]", "nproc=1,3"], "nproc=3: a job takes a GPU per rank"),
         (["nodes=2"], "nodes=2: hydra/launcher=runner runs each job on this node"),
+        (["hydra.launcher.devices=abc"], "hydra.launcher.devices=['abc']: 'abc' is not a GPU"),
     ],
 )
 def test_an_impossible_sweep_is_refused_before_its_first_job(
@@ -154,8 +175,11 @@ def test_a_stopped_sweep_stops_its_running_jobs_and_writes_its_table(
     wait_until(proc, lambda: all(p.exists() for p in started), timeout=HANG)
     proc.send_signal(signal.Signals[name])
     _, err = proc.communicate(timeout=HANG)
-    assert proc.returncode == 1, err
+    assert proc.returncode == 128 + signal.Signals[name], err  # as a run stopped so ends
     assert f"runner: {name}: stopping every running job; no other starts" in err
+    assert "failed" not in err.replace(", 0 failed", ""), err  # stopped is not failed
+    assert "runner: job 0 stopped: interrupted after step" in err
+    assert "runner: 2 job(s) stopped before their end: 0, 1 (the same command again" in err
     for job in ("0", "1"):
         summary = json.loads((root / job / "summary.json").read_text())
         assert summary["status"] == "interrupted", summary

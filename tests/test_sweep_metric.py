@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from runner.cli.main import sweeper_problem
 from runner.cli.report import metric_columns
+from runner.cli.sweep import sweeper_problem
 from runner.spec import resolve_spec
 from tests.helpers.config import compose_config
 

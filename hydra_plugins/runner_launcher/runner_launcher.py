@@ -71,7 +71,7 @@ class RunnerLauncher(Launcher):
         self, devices: Any = None, fail_fast: bool = False, rerun_failed: bool = False
     ) -> None:
         super().__init__()
-        self.devices = None if devices is None else list(devices)
+        self.devices = devices  # checked as the sweep starts (job_slots.device_problems)
         self.fail_fast = bool(fail_fast)
         self.rerun_failed = bool(rerun_failed)
         self.stopped = False  # a signal or fail_fast stopped the sweep: no job starts any more
@@ -90,13 +90,25 @@ class RunnerLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from runner.cli.job_slots import device_pool, multi_node_problems, pool_problems
+        from runner.cli.job_slots import (
+            declared_devices,
+            device_pool,
+            device_problems,
+            multi_node_problems,
+            pool_problems,
+        )
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        pool = device_pool(self.devices)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        declared = declared_devices(self.devices)
+        problems = device_problems(declared)
+        if problems:
+            from runner.cli.sweep import refuse_sweep
+
+            refuse_sweep(problems, sweep_dir)
+        pool = device_pool(declared)
         jobs = [self._job(initial_job_idx + i, o, pool) for i, o in enumerate(job_overrides)]
         problems = pool_problems(pool, [job.size for job in jobs])
         problems += multi_node_problems([job.config.get("nodes", 1) for job in jobs])
@@ -170,6 +182,7 @@ class _Sweep:
         as the sweep ends."""
         if not self.stopping:
             _say(f"{signal.Signals(signum).name}: stopping every running job; no other starts")
+            _stopped_by(signum)
         self.stopping = self.launcher.stopped = True
         for _, _, process in self.running.values():
             if process.pid is not None:
@@ -200,11 +213,13 @@ class _Sweep:
         if result is None:
             result = _returned(job, math.nan)  # its summary says how it ended
         self.returns[job.idx] = result
-        problem = _failure(job, result)
+        problem, stopped = _failure(job, result), _stopped(job)
         if problem is not None:
             _say(f"job {job.idx} failed: {problem}")
             if self.launcher.fail_fast and not self.stopping:
                 self._fail_fast()
+        elif stopped is not None:
+            _say(f"job {job.idx} stopped: {stopped}")
         if self.stopping:  # no queued job starts any more
             self.progress.queued = 0
         self.progress.ended(job.idx, job.dir)
@@ -310,7 +325,8 @@ def _returned(job: _Job, value: float) -> JobReturn:
 
 
 def _failure(job: _Job, result: JobReturn) -> str | None:
-    """Why the job failed (its summary's error), or None when it did not."""
+    """Why the job failed (its summary's error), or None when it did not: it completed, a
+    pruner ended it, or it was stopped (interrupted: _stopped says so)."""
     from runner.rundir.files import read_json
 
     value = result._return_value
@@ -318,11 +334,30 @@ def _failure(job: _Job, result: JobReturn) -> str | None:
         return None
     job_dir = job.dir
     summary = read_json(job_dir / "summary.json") or {}
-    if summary.get("status") in ("completed", "pruned"):
-        return None  # ended without the sweep's metric
+    if summary.get("status") in ("completed", "pruned", "interrupted"):
+        return None  # ended without the sweep's metric, or stopped
     error = summary.get("error") or {}
     message = (error.get("message") or "ended without a summary").splitlines()[0]
     return f"{message} ({job_dir})"
+
+
+def _stopped(job: _Job) -> str | None:
+    """Where a job stopped before its end (a signal, fail_fast), or None when it did not."""
+    from runner.rundir.files import read_json
+
+    summary = read_json(job.dir / "summary.json") or {}
+    if summary.get("status") != "interrupted":
+        return None
+    checkpoint = (summary.get("stopped") or {}).get("checkpoint")
+    where = f"after step {summary.get('steps')}"
+    where += f", checkpoint {checkpoint}" if checkpoint else ""
+    return f"interrupted {where} ({job.dir}); the same command again goes on from there"
+
+
+def _stopped_by(signum: int) -> None:
+    from runner.cli.sweep import SweepTable
+
+    SweepTable.stopped_by = SweepTable.stopped_by or signum
 
 
 def _say(line: str) -> None:

@@ -7,10 +7,37 @@ to runner.cli.main. Time to the first step drops by the parent's own startup.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP while no agent runs to take it (run_agent relays it to one)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stopped(signum: int, _frame: object) -> None:
+    raise _Stopped(signum)
+
+
 def main() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stopped)
+    try:
+        _main()
+    except (KeyboardInterrupt, _Stopped) as stop:  # one line, no traceback
+        from runner.cli import supervise
+
+        signum = stop.signum if isinstance(stop, _Stopped) else signal.SIGINT
+        when = "as the run ended" if supervise.agent_ran() else "before any rank started"
+        print(f"runner: interrupted by {signal.Signals(signum).name} {when}", file=sys.stderr)
+        sys.exit(128 + signum)
+
+
+def _main() -> None:
     from runner.cli import torch_release
 
     torch_release.check()  # an image's torch older than runner supports: one line, exit 2

@@ -12,6 +12,7 @@ node's.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections import Counter
 from collections.abc import Sequence
@@ -46,6 +47,43 @@ def device_pool(
     if gpus:
         return DevicePool(GPU, gpus, False)
     return DevicePool(CPU, tuple(str(c) for c in sorted(_affinity())), False)
+
+
+# A GPU as CUDA_VISIBLE_DEVICES names it: its index, or its UUID (nvidia-smi -L), a MIG
+# instance's UUID included (`MIG-<uuid>`, or the older `MIG-GPU-<uuid>/<gi>/<ci>`).
+_GPU_UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+_OLD_MIG = re.compile(r"^MIG-GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}/\d+/\d+$")
+
+
+def declared_devices(value: Any) -> list[str] | None:
+    """hydra.launcher.devices as a list of entries: a list as given, one index, or a
+    comma-separated string ("0,1"); None where it is not set."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [d.strip() for d in value.split(",")]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [str(value)]
+    try:
+        return [str(d).strip() for d in value]
+    except TypeError:
+        return [str(value)]
+
+
+def device_problems(declared: Sequence[str] | None) -> list[str]:
+    """Every entry of hydra.launcher.devices that is not a GPU: an index (0, 1, ...) or a
+    GPU or MIG UUID. Anything else (`abc`) would reach CUDA_VISIBLE_DEVICES, where CUDA
+    sees no GPU at all and the job silently trains on the CPU."""
+    if declared is None:
+        return []
+    bad = [d for d in declared if not (d.isdigit() or _GPU_UUID.match(d) or _OLD_MIG.match(d))]
+    if not bad:
+        return []
+    return [
+        f"hydra.launcher.devices={list(declared)}: {', '.join(repr(d) for d in bad)} is not a "
+        "GPU; each entry is an index (0, 1, ...) or a GPU or MIG UUID (nvidia-smi -L), "
+        "e.g. hydra.launcher.devices=[0,1]"
+    ]
 
 
 def visible_gpus(environ: dict[str, str]) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 import uuid
@@ -25,11 +26,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from runner.cli.compose_errors import composition_problem
 from runner.cli.conf_files import conf_dir
 from runner.cli.evaluate import eval_argv
+from runner.cli.hydra_files import holds_a_run, hydra_subdir, write_hydra_files
 from runner.cli.k8s_manifest import manifest_argv, manifest_task
 from runner.cli.outcome import report_outcome, shown
 from runner.cli.prepare import prepare_argv, prepare_task
@@ -37,8 +39,9 @@ from runner.cli.requeue import continue_after_stop, first_run_dir
 from runner.cli.rerun import rerun_argv
 from runner.cli.resolving import problems_text, resolve_cfg
 from runner.cli.supervise import run_agent
-from runner.cli.sweep import SweepTable, write_sweep_table
-from runner.processes import add_code_dirs, keep_extensions_in_environment
+from runner.cli.sweep import SweepTable, sweeper_problem, write_sweep_table
+from runner.cli.sweep_job import earlier_start_of_job, one_job_at_a_time, stop_sweep
+from runner.processes import add_code_dirs, exit_code_for_signal, keep_extensions_in_environment
 from runner.rundir.files import RunDir, environment_info, read_json, write_json
 from runner.rundir.summary import (
     Status,
@@ -58,7 +61,7 @@ INVALID_CONFIG = 2  # exit code of a configuration rejected before any rank star
 def _discard(run_dir: Path, hydra_files: frozenset[str] = frozenset({".hydra"})) -> None:
     """Remove the directory Hydra made for a run or sweep that never started (only Hydra's
     files in it)."""
-    for node_dir in run_dir.glob("node*"):  # another node's Hydra files (see node_subdir)
+    for node_dir in run_dir.glob("node*"):  # another node's Hydra files (hydra_files.hydra_subdir)
         if {p.name for p in node_dir.iterdir()} <= {".hydra"}:
             shutil.rmtree(node_dir, ignore_errors=True)
     leftovers = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
@@ -97,14 +100,18 @@ def _this_start(hydra_cfg: Any) -> tuple[RunDir, bool]:
 
 
 def _never_started(
-    problems: list[str], run_dir: RunDir, hydra_cfg: Any, start_time: float
+    problems: list[str], cfg: DictConfig, run_dir: RunDir, hydra_cfg: Any, start_time: float
 ) -> float:
     """An invalid configuration: exit 2, or, in a sweep, a failed job whose directory says
-    why it never started (the sweep goes on)."""
+    why it never started (the sweep goes on). A directory that holds a run already is left
+    as it is."""
     log.error("%s", problems_text(problems))
     if hydra_cfg.mode != RunMode.MULTIRUN:
         _discard(run_dir.root)
         sys.exit(INVALID_CONFIG)
+    if holds_a_run(run_dir.root):
+        return math.nan
+    write_hydra_files(cfg, run_dir.root)
     message = "invalid configuration: " + "; ".join(problems)
     error = {"rank": None, "exitcode": INVALID_CONFIG, "message": message}
     write_unfinished_summary(run_dir, Status.FAILED, 0, start_time, error)
@@ -117,10 +124,14 @@ def _run(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     run_dir, requeued = _this_start(hydra_cfg)
+    if in_sweep and not requeued:
+        kept = earlier_start_of_job(cfg, run_dir.root, hydra_cfg)
+        if kept is not None:
+            return kept
     try:
         spec, secrets = resolve_cfg(cfg, run_dir.root, requeued)
     except SpecError as err:
-        return _never_started(err.problems, run_dir, hydra_cfg, start_time)
+        return _never_started(err.problems, cfg, run_dir, hydra_cfg, start_time)
 
     if in_sweep:
         spec = _with_trial(spec, hydra_cfg)
@@ -132,7 +143,8 @@ def _run(cfg: DictConfig) -> float | None:
             sys.exit(INVALID_CONFIG)
     add_code_dirs([os.getcwd(), *spec.code_dir])
     sweep_dir = Path(hydra_cfg.sweep.dir) if in_sweep else None
-    _scrub_hydra_files(secrets, run_dir.root, sweep_dir)
+    write_hydra_files(cfg, run_dir.root, spec.node_rank)  # accepted: Hydra's record of it
+    _scrub_hydra_files(secrets, run_dir.root, sweep_dir, spec.node_rank)
     os.environ[SECRETS_ENV] = secrets.environment()  # for every process started from here
     if spec.node_rank > 0:
         return _run_other_node(spec, secrets, run_dir, start_time)
@@ -156,6 +168,8 @@ def _run(cfg: DictConfig) -> float | None:
             sys.exit(end.code)
         return None
     _update_sweep_table(hydra_cfg)
+    if end.received and one_job_at_a_time(hydra_cfg):
+        stop_sweep(hydra_cfg, end.received)
     # The job's value for sweepers such as Optuna (which maximise or minimise it); NaN marks
     # a job that failed, which Optuna records as a failed trial.
     return summary.get("final", {}).get(spec.sweep.metric, math.nan)
@@ -170,20 +184,6 @@ def _with_trial(spec: RunSpec, hydra_cfg: Any) -> RunSpec:
     if trial is None:
         return spec
     return dataclasses.replace(spec, sweep=dataclasses.replace(spec.sweep, trial=trial))
-
-
-def sweeper_problem(sweeper: Any, spec: RunSpec) -> str | None:
-    """An Optuna sweep that optimizes the other way from sweep.direction."""
-    direction = sweeper.get("direction") if hasattr(sweeper, "get") else None
-    if not isinstance(direction, str) or "optuna" not in str(sweeper.get("_target_", "")):
-        return None  # no direction to agree with (several objectives: the user's own)
-    if direction.lower() == spec.sweep.direction:
-        return None
-    return (
-        f"hydra.sweeper.direction={direction}: each job returns its final {spec.sweep.metric} "
-        f"(sweep.metric), which is to {spec.sweep.direction} (sweep.direction); set "
-        f"hydra.sweeper.direction={spec.sweep.direction}, or sweep.direction to say otherwise"
-    )
 
 
 def _file_run(spec: RunSpec, secrets: Secrets, run_dir: RunDir, sweep_dir: Path | None) -> None:
@@ -209,12 +209,14 @@ def _environment(spec: RunSpec, secrets: Secrets) -> dict[str, Any]:
     return env
 
 
-def _scrub_hydra_files(secrets: Secrets, run_dir: Path, sweep_dir: Path | None) -> None:
+def _scrub_hydra_files(
+    secrets: Secrets, run_dir: Path, sweep_dir: Path | None, node_rank: int
+) -> None:
     """Hydra's own record of the run (.hydra/, a sweep's multirun.yaml) without the secret
     values given literally."""
     if not secrets.values:
         return
-    files = [*run_dir.joinpath(".hydra").glob("*.yaml")]
+    files = [*run_dir.joinpath(hydra_subdir(node_rank)).glob("*.yaml")]
     if sweep_dir is not None:
         files.append(sweep_dir / "multirun.yaml")
     for path in files:
@@ -229,10 +231,14 @@ def _summary_after(end: Any, spec: RunSpec, run_dir: RunDir, start_time: float) 
     summary = read_summary(run_dir)
     if summary is not None:
         return summary
-    status = Status.INTERRUPTED if end.received else Status.FAILED
+    if end.received:  # stopped before the agent could say so (it had not started the ranks)
+        name = signal.Signals(end.received).name
+        return write_unfinished_summary(
+            run_dir, Status.INTERRUPTED, spec.world_size, start_time, None, signal=name
+        )
     message = f"launcher exited with {end.code}"
-    error = None if end.received else {"rank": None, "exitcode": end.code, "message": message}
-    return write_unfinished_summary(run_dir, status, spec.world_size, start_time, error)
+    error = {"rank": None, "exitcode": end.code, "message": message}
+    return write_unfinished_summary(run_dir, Status.FAILED, spec.world_size, start_time, error)
 
 
 def _run_other_node(
@@ -294,25 +300,6 @@ def _update_sweep_table(hydra_cfg: Any) -> None:
     except OSError as exc:  # the table is a convenience; never fail a finished job over it
         log.warning("runner: could not update the sweep table: %s", exc)
 
-
-def node_subdir(nodes: Any, node_rank: Any) -> str:
-    """hydra.output_subdir: `.hydra` on node 0, `node{i}/.hydra` on node i, so that nodes
-    sharing a run directory never write each other's Hydra files."""
-    rank = int(node_rank or 0)
-    if str(nodes) == "auto":
-        from runner.spec import slurm
-
-        try:
-            place = slurm.placement(os.environ, None)
-        except ValueError:
-            place = None  # resolve_spec reports it
-        rank = place.node_rank if place else 0
-    return f"node{rank}/.hydra" if rank > 0 else ".hydra"
-
-
-# At import: launcher plugins (submitit, joblib) run jobs in processes that import this
-# module to unpickle the job, and resolve hydra.output_subdir there.
-OmegaConf.register_new_resolver("runner_hydra_subdir", node_subdir, replace=True)
 
 USER_CONFIG_ENV = "RUNNER_CONFIG_DIR"
 COMMAND_LINE_ENV = "RUNNER_COMMAND_LINE"  # the `runner` command line, as env.json records it
@@ -392,6 +379,8 @@ def main() -> None:
     finally:
         if not user_wants_hydra_errors:
             os.environ.pop("HYDRA_FULL_ERROR", None)
+    if SweepTable.stopped_by is not None:  # a sweep stopped by a signal: as a run would
+        sys.exit(exit_code_for_signal(SweepTable.stopped_by))
     if SweepTable.failed:  # a sweep ran every job; its exit code says whether all completed
         sys.exit(1)
 

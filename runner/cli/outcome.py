@@ -44,9 +44,31 @@ def report_outcome(summary: dict[str, Any], run_dir: RunDir) -> None:
         )
     elif status == Status.FAILED and summary.get("error"):
         log.error("runner: %s", format_error(summary["error"]))
+    elif status == Status.INTERRUPTED:
+        if not summary.get("stopped"):  # a graceful stop: the agent said where, with its step
+            log.error("runner: %s", interrupted_line(summary, run_dir))
     else:
         log.error("runner: run %s after %s steps", status, summary.get("steps"))
     log.info("run directory: %s", shown(run_dir.root))
+
+
+def interrupted_line(summary: dict[str, Any], run_dir: RunDir) -> str:
+    """Where a run stopped by a signal stands: its last logged step, and what resume=auto
+    goes on from."""
+    from runner.rundir.checkpoints import CheckpointStore, step_of
+
+    by = summary.get("signal") or "a signal"
+    steps = summary.get("steps") or 0
+    latest = CheckpointStore(run_dir.checkpoints, keep=1).latest()
+    if not steps and latest is None:
+        return f"interrupted by {by} before the first step"
+    where = f"after step {steps} (the last logged)" if steps else "before its first logged step"
+    if latest is None:
+        return f"interrupted by {by} {where}; no checkpoint yet: a new start begins at step 0"
+    return (
+        f"interrupted by {by} {where}; resume=auto goes on from its checkpoint of step "
+        f"{step_of(latest)} ({shown(latest)})"
+    )
 
 
 def shown(path: Path) -> str:

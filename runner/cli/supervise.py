@@ -131,10 +131,19 @@ class AgentEnd:
     asked_handler: Callable[..., Any] | None = None
 
 
+_ran: list[int] = []  # the agents this process ran
+
+
+def agent_ran() -> bool:
+    """Whether this process has run an agent (a run, or a sweep's job)."""
+    return bool(_ran)
+
+
 def run_agent(run_dir: Path, start_time: float, secrets: str = "{}") -> AgentEnd:
     """Run the agent for `run_dir` to the end, relaying signals to it. `secrets`: the values
     config.yaml masks, as JSON (runner.secrets)."""
     agent = _start_agent(run_dir, start_time, secrets)
+    _ran.append(agent.pid)
     relay, asks = _Relay(agent), _Asks(agent)
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, relay) for s in handled}

@@ -13,7 +13,7 @@ import csv
 import io
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from hydra.experimental.callback import Callback
@@ -25,6 +25,9 @@ from runner.rundir.files import file_lock, read_json, write_atomic
 from runner.rundir.summary import Status
 from runner.spec.slurm import submitit_problems
 from runner.trackers.finish import finish_sweep_trackers
+
+if TYPE_CHECKING:
+    from runner.spec import RunSpec
 
 SWEEP_CSV, SWEEP_MD = "sweep.csv", "sweep.md"
 
@@ -103,10 +106,32 @@ def failed_jobs(sweep_dir: Path) -> list[str]:
     return [row["job"] for row in sweep_rows(sweep_dir)[2] if row["status"] not in ended]
 
 
+def unfinished_lines(sweep_dir: Path) -> list[str]:
+    """What the sweep's end says of its jobs that did not end as meant: those that failed,
+    and those stopped before their end (a signal, fail_fast), which go on when the same
+    command runs again. Pruned jobs ended as the sweeper meant: not listed."""
+    rows = sweep_rows(sweep_dir)[2]
+    failed = [r["job"] for r in rows if r["status"] not in _ENDED + (Status.INTERRUPTED,)]
+    stopped = [r["job"] for r in rows if r["status"] == Status.INTERRUPTED]
+    lines = []
+    if failed:
+        lines.append(f"{len(failed)} job(s) failed: {', '.join(failed)}")
+    if stopped:
+        lines.append(
+            f"{len(stopped)} job(s) stopped before their end: {', '.join(stopped)} (the same "
+            "command again goes on from their last checkpoint)"
+        )
+    return lines
+
+
+_ENDED = (Status.COMPLETED, Status.PRUNED)
+
+
 class SweepTable(Callback):
     """Hydra callback (conf/config.yaml): the final sweep table, printed at the sweep's end."""
 
     failed: list[str] | None = None  # read by runner.cli.main for the exit code
+    stopped_by: int | None = None  # the signal that stopped the sweep (its exit code)
     sweep_dir: Path | None = None  # read by runner.cli.main to discard a sweep that never ran
     # The directory's multirun.yaml before Hydra's sweeper writes this command's over it:
     # a refused resume (hydra/launcher=runner) puts it back.
@@ -116,11 +141,14 @@ class SweepTable(Callback):
         SweepTable.sweep_dir = Path(config.hydra.sweep.dir)
         earlier = SweepTable.sweep_dir / "multirun.yaml"
         SweepTable.earlier_multirun = earlier.read_bytes() if earlier.is_file() else None
+        from runner.cli.sweep_resume import sweep_dir_problem
+
+        problems = [p for p in (sweep_dir_problem(config), direction_problem(config)) if p]
         launcher = config.hydra.launcher
         if str(launcher.get("_target_", "")).endswith("SlurmLauncher"):  # before any job is sent
-            problems = submitit_problems(launcher, config.get("nodes"), config.get("nproc"))
-            if problems:
-                refuse_sweep(problems, SweepTable.sweep_dir)
+            problems += submitit_problems(launcher, config.get("nodes"), config.get("nproc"))
+        if problems:  # before Hydra's sweeper writes multirun.yaml, or a job starts
+            refuse_sweep(problems, SweepTable.sweep_dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -132,13 +160,8 @@ class SweepTable(Callback):
             sweep_dir, SweepTable.failed, [sweep_dir / SWEEP_CSV, sweep_dir / SWEEP_MD]
         )
         print(f"\n{markdown}\nsweep table: {sweep_dir / SWEEP_MD} (and {SWEEP_CSV})", flush=True)
-        if SweepTable.failed:
-            jobs = ", ".join(SweepTable.failed)
-            print(
-                f"runner: {len(SweepTable.failed)} job(s) did not complete: {jobs}",
-                file=sys.stderr,
-                flush=True,
-            )
+        for line in unfinished_lines(sweep_dir):
+            say(line)
 
 
 def say(line: str) -> None:
@@ -160,3 +183,36 @@ def refuse_sweep(problems: list[str], sweep_dir: Path) -> None:
         if not any(sweep_dir.iterdir()):
             sweep_dir.rmdir()
     sys.exit(2)
+
+
+def sweeper_problem(sweeper: Any, spec: RunSpec) -> str | None:
+    """An Optuna sweep that optimizes the other way from sweep.direction."""
+    direction = sweeper.get("direction") if hasattr(sweeper, "get") else None
+    if not isinstance(direction, str) or "optuna" not in str(sweeper.get("_target_", "")):
+        return None  # no direction to agree with (several objectives: the user's own)
+    if direction.lower() == spec.sweep.direction:
+        return None
+    return (
+        f"hydra.sweeper.direction={direction}: each job returns its final {spec.sweep.metric} "
+        f"(sweep.metric), which is to {spec.sweep.direction} (sweep.direction); set "
+        f"hydra.sweeper.direction={spec.sweep.direction}, or sweep.direction to say otherwise"
+    )
+
+
+def direction_problem(config: DictConfig) -> str | None:
+    """sweeper_problem as the sweep starts, before Hydra lists its jobs: from the sweep's
+    own config (None where that does not resolve without a job's overrides: each job then
+    checks it)."""
+    from omegaconf import OmegaConf
+
+    from runner.spec import resolve_spec
+
+    sweeper = config.hydra.sweeper
+    if "optuna" not in str(sweeper.get("_target_", "")):
+        return None
+    task = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    try:
+        spec = resolve_spec(OmegaConf.to_container(task, resolve=True))  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001  (a job reports its own problems, SpecError and others)
+        return None
+    return sweeper_problem(sweeper, spec)

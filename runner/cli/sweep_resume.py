@@ -14,8 +14,11 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from runner.cli.sweep import overrides_of
+import yaml
+
+from runner.cli.sweep import job_dirs, overrides_of
 from runner.cli.sweep_progress import job_result
 from runner.rundir.files import read_json
 from runner.rundir.summary import Status
@@ -83,3 +86,53 @@ def not_a_sweep_problem(sweep_dir: Path) -> str | None:
             "pick another hydra.sweep.dir"
         )
     return None
+
+
+# Launchers and sweepers that decide themselves what a sweep directory's earlier jobs become
+# (hydra/launcher=runner and =tune, hydra/sweeper=runner's study).
+_RESUMING_PLUGINS = ("RunnerLauncher", "TuneLauncher", "RunnerSweeper")
+
+
+def sweep_dir_problem(config: Any) -> str | None:
+    """A sweep started in a directory it must not write into, under any other launcher (the
+    default one, joblib, submitit), found before Hydra writes anything there: a run's
+    directory, or another sweep's (other overrides, or a sweeper whose jobs are drawn
+    afresh). The same command again is resumed, each job by its own start (runner.cli.main)."""
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    targets = [
+        str(config.hydra.launcher.get("_target_", "")),
+        str(config.hydra.sweeper.get("_target_", "")),
+    ]
+    if any(t.endswith(_RESUMING_PLUGINS) for t in targets):
+        return None
+    if not sweep_dir.is_dir():
+        return None
+    problem = not_a_sweep_problem(sweep_dir)
+    if problem or not job_dirs(sweep_dir):
+        return problem
+    if not targets[1].endswith("BasicSweeper"):
+        return (
+            f"hydra.sweep.dir={sweep_dir} holds a sweep's jobs, and this sweeper draws its "
+            "jobs afresh; pick another hydra.sweep.dir (hydra/sweeper=runner resumes a study "
+            "in its directory)"
+        )
+    earlier = _earlier_overrides(sweep_dir / "multirun.yaml")
+    here = [str(o) for o in config.hydra.overrides.task]
+    if earlier is None or earlier == here:
+        return None  # the same sweep: its jobs go on (each job checks its own directory)
+    only_there = [o for o in earlier if o not in here]
+    only_here = [o for o in here if o not in earlier]
+    return (
+        f"hydra.sweep.dir={sweep_dir} holds another sweep (there only: "
+        f"{' '.join(only_there) or '-'}; here only: {' '.join(only_here) or '-'}); resume a "
+        "sweep with its own command, or pick another hydra.sweep.dir"
+    )
+
+
+def _earlier_overrides(multirun: Path) -> list[str] | None:
+    """The sweep's overrides as its multirun.yaml records them, or None where it cannot."""
+    try:
+        record = yaml.safe_load(multirun.read_text())
+        return [str(o) for o in record["hydra"]["overrides"]["task"]]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None

@@ -34,6 +34,7 @@ from runner.processes import (
     add_code_dirs,
     can_fork_ranks,
     die_with_parent,
+    exit_code_for_signal,
 )
 from runner.rundir.checkpoints import CheckpointStore
 from runner.rundir.files import RunDir
@@ -323,12 +324,37 @@ def _fork_server_wanted(spec: RunSpec | None) -> bool:
     return spec.start_method == "forkserver"
 
 
+class _Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP before the ranks started (torch elastic takes them over as it
+    starts them): this process ends without a traceback, with the signal's exit code."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, _frame: Any) -> None:
+    raise _Interrupted(signum)
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit(
             "usage: python -m runner.launch.agent NODE_DIR  (the run directory on node 0), or - to "
             "import torch first and then read 'NODE_DIR<TAB>START_TIME' from stdin"
         )
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupted)
+    try:
+        _main()
+    except _Interrupted as stop:  # the parent writes the summary and says where it stopped
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code_for_signal(stop.signum))
+
+
+def _main() -> None:
     catch_early()  # a graceful stop asked while torch imports (SLURM signals every process)
     parent = os.environ.get("RUNNER_PARENT_PID")
     die_with_parent(signal.SIGTERM, int(parent) if parent else None)

@@ -125,8 +125,10 @@ def signalled(
         link.linger()  # type: ignore[union-attr]
         return code
     name = signal.Signals(sigval).name
-    log.error("runner: received %s; all ranks stopped", name)
-    write_outcome(run_dir, Status.INTERRUPTED)
+    if link is None and _ended_by_rank0(run_dir):  # the run had ended: its result stands
+        log.info("runner: received %s as the run ended; it had ended already", name)
+        return 0
+    write_outcome(run_dir, Status.INTERRUPTED, None, signal=name)  # the parent says where
     if link is not None:
         link.publish(None, signal_name=name)
         link.linger()

@@ -100,6 +100,7 @@ class Trainer:
             (self.step, self.data.total_steps), terminal, self.written,
         )  # fmt: skip
         self.build_peak_rss = peak_rss_bytes()  # built, sharded, loaded: before any step
+        self.ended: dict[str, Any] | None = None  # the summary, once written
 
     def _build(self) -> float | None:
         """The data, the model under its engine, the loss, the metrics and the evaluator.
@@ -153,6 +154,8 @@ class Trainer:
         try:
             return self._fit(start_time)
         except BaseException as exc:
+            if self.ended is not None:  # a signal after the run ended: its summary stands
+                raise
             outcome = {
                 "status": str(Status.FAILED if isinstance(exc, Exception) else Status.INTERRUPTED),
                 "steps": self.log.records[-1]["step"] if self.log.records else self.step,
@@ -381,6 +384,7 @@ class Trainer:
             **self.steps.summary(),
             **facts,
         )
+        self.ended = summary  # written: whatever comes now, this is how the run ended
         self.log.close(summary)
         self.callbacks.call("on_fit_end", summary, step=self.step if not weights else None)
         return summary

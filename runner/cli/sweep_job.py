@@ -1,0 +1,55 @@
+"""A sweep's job as its run sees it, under any launcher: what its directory holds from an
+earlier start, and a signal that stops the sweep it belongs to."""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from runner.cli.hydra_files import earlier_job
+from runner.cli.sweep import SweepTable
+from runner.cli.sweep_resume import KEEP, RESUME
+from runner.processes import exit_code_for_signal
+
+log = logging.getLogger("runner")
+
+
+def earlier_start_of_job(cfg: DictConfig, job_dir: Path, hydra_cfg: Any) -> float | None:
+    """A sweep's job whose directory holds an earlier start, under any launcher: another
+    job's directory is left alone (NaN: not run); the same job is kept as it ended (its
+    result) or goes on from its checkpoint (resume=auto; None: run it)."""
+    overrides = list(hydra_cfg.overrides.task)
+    earlier = earlier_job(job_dir, overrides, cfg.get("resume"))
+    if earlier.problem is not None:
+        log.error("runner: job %s not run: %s", hydra_cfg.job.num, earlier.problem)
+        return math.nan
+    if earlier.start.action == KEEP:
+        log.info("runner: job %s kept as it ended (%s)", hydra_cfg.job.num, earlier.start.status)
+        return earlier.start.value
+    if earlier.start.action == RESUME:
+        with open_dict(cfg):
+            cfg.resume = "auto"
+    return None
+
+
+def one_job_at_a_time(hydra_cfg: Any) -> bool:
+    """Hydra's own launcher, which runs the jobs one after another in this process."""
+    return str(hydra_cfg.launcher.get("_target_", "")).endswith("BasicLauncher")
+
+
+def stop_sweep(hydra_cfg: Any, signum: int) -> None:
+    """A signal stopped this job of a sweep that runs its jobs one at a time here: the sweep
+    stops with it, as hydra/launcher=runner's does (the next job would otherwise start, and
+    each Ctrl-C stop just one job). Its table is written; the exit code is the signal's."""
+    sweep_dir = Path(hydra_cfg.sweep.dir)
+    name = signal.Signals(signum).name
+    log.error("runner: %s: the sweep stops; the same command again goes on from here", name)
+    SweepTable.stopped_by = signum
+    SweepTable().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}}))
+    sys.exit(exit_code_for_signal(signum))
