@@ -36,6 +36,7 @@ from suites_memory import (
 )
 from suites_speed import (
     CHECKPOINT_BLOCKED,
+    CHECKPOINT_WRITTEN,
     LAUNCHER_LOG,
     LAUNCHER_STEPS,
     MFU,
@@ -89,13 +90,15 @@ SUITES = {
         _overhead_how("mlp"),
     ),
     "checkpoint_async": (
-        "Training blocked per checkpoint, checkpoint.async against sync: a gpt of about 100 MB "
-        "of state (2 layers, 512 wide, 64-token blocks, AdamW fp32), nproc=2, global batch 8, "
-        "a checkpoint every 8 of 40 steps",
+        "Training blocked per checkpoint and time until it is sealed, checkpoint.async against "
+        "sync and checkpoint.digest against none: a gpt of about 100 MB of state (2 layers, 512 "
+        "wide, 64-token blocks, AdamW fp32), nproc=2, global batch 8, a checkpoint every 8 of "
+        "40 steps",
         checkpoint_async_suite,
-        "the median over a run's checkpoints of the seconds its training waited "
-        "(summary.json checkpoint_blocked_s)",
-        (CHECKPOINT_BLOCKED,),
+        "the medians over a run's checkpoints of the seconds its training waited "
+        "(summary.json checkpoint_blocked_s) and of the seconds from a checkpoint's start until "
+        "it was written and read back for its digests (checkpoint_written_s)",
+        (CHECKPOINT_BLOCKED, CHECKPOINT_WRITTEN),
     ),
     "sharded_step": (
         "Per-step time of the sharded engines: runner's fsdp, zero2 and zero3 against a plain "

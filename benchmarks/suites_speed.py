@@ -187,6 +187,7 @@ def grad_norm_suite(_steps: int) -> list[Config]:
 
 
 CHECKPOINT_BLOCKED = "s blocked per checkpoint"
+CHECKPOINT_WRITTEN = "s to sealed per checkpoint"  # written and read back for its digests
 # A gpt of about 100 MB of training state under ddp (6.4M parameters: fp32 weights, gradients
 # and AdamW's two moments), a checkpoint every 8 steps.
 GPT_100MB = (
@@ -204,7 +205,9 @@ GPT_100MB = (
 
 
 def checkpoint_async_suite(_steps: int) -> list[Config]:
-    """How long training waits per checkpoint, async against sync, for ddp and fsdp."""
+    """How long training waits per checkpoint, and how long each takes until it is sealed,
+    for ddp and fsdp: async against sync, and the content digest (checkpoint.digest, read
+    back as each write ends) against none."""
 
     def measure(*overrides: str) -> dict[str, float]:
         with tempfile.TemporaryDirectory() as tmp:
@@ -215,16 +218,25 @@ def checkpoint_async_suite(_steps: int) -> list[Config]:
             summary = json.loads((run_dir / "summary.json").read_text())
         return {
             CHECKPOINT_BLOCKED: statistics.median(summary["checkpoint_blocked_s"]),
+            CHECKPOINT_WRITTEN: statistics.median(summary["checkpoint_written_s"]),
             STATE: max(rank["total"] for rank in summary["state_bytes"]) / MB,
         }
 
     configs = []
     for parallelism in ("ddp", "fsdp"):
         sync = f"{parallelism}, checkpoint.async=false"
-        for mode in ("false", "true"):
-            name = f"{parallelism}, checkpoint.async={mode}"
-            overrides = (f"parallelism={parallelism}", f"checkpoint.async={mode}")
-            configs.append(Config(name, partial(measure, *overrides), sync))
+        bare = f"{parallelism}, checkpoint.async=true, checkpoint.digest=false"
+        for name, baseline, settings in (
+            (sync, sync, ("false", "true")),
+            (bare, sync, ("true", "false")),
+            (f"{parallelism}, checkpoint.async=true", bare, ("true", "true")),
+        ):
+            overrides = (
+                f"parallelism={parallelism}",
+                f"checkpoint.async={settings[0]}",
+                f"checkpoint.digest={settings[1]}",
+            )
+            configs.append(Config(name, partial(measure, *overrides), baseline))
     return configs
 
 

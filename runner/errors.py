@@ -5,6 +5,11 @@ a sweep's table carry the first line."""
 from __future__ import annotations
 
 
+class Explained(Exception):  # noqa: N818  (an error whose message is the whole story)
+    """An error whose message tells the user all they need (a damaged checkpoint, named with
+    its file and what is wrong): reported without a traceback."""
+
+
 def first_line(error: BaseException | str) -> str:
     """The first line of an error's message, blank lines around it dropped ('' for none)."""
     text = str(error).strip()

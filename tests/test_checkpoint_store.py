@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from runner.rundir.checkpoints import CheckpointStore, is_valid, step_of
+from runner.rundir.checkpoints import (
+    MANIFEST,
+    CheckpointStore,
+    damage,
+    digests_of,
+    file_digest,
+    is_valid,
+    newest_intact,
+    pick_from,
+    step_of,
+)
 
 
 def save(store: CheckpointStore, step: int, payload: bytes = b"x" * 100) -> Path:
@@ -14,7 +25,7 @@ def save(store: CheckpointStore, step: int, payload: bytes = b"x" * 100) -> Path
     (partial / "state.pt").write_bytes(payload)
     (partial / "rank1").mkdir()
     (partial / "rank1" / "optim.pt").write_bytes(payload[:10])
-    return store.commit(step)
+    return store.commit(step, digests={"state.pt": file_digest(partial / "state.pt")})
 
 
 def test_commit_moves_latest_and_keeps_the_newest(tmp_path: Path) -> None:
@@ -90,3 +101,75 @@ def test_failed_atomic_write_keeps_the_old_file_and_no_temporary(tmp_path, monke
         write_atomic(target, '{"status": "failed", "half": "')
     assert target.read_text() == '{"status": "completed"}'
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def _flip(path: Path, at: int = 3) -> None:
+    """Bytes changed in place: the same size (a bad disk, a stray write)."""
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_every_file_is_sealed_with_its_digest(tmp_path: Path) -> None:
+    """The digest taken as the write ended is kept; a file it lacks (written since) is
+    digested at the seal; both verify."""
+    store = CheckpointStore(tmp_path, keep=2)
+    checkpoint = save(store, 2)
+    manifest = json.loads((checkpoint / MANIFEST).read_text())
+    assert sorted(manifest["digests"]) == ["rank1/optim.pt", "state.pt"]
+    assert manifest["digests"]["state.pt"].startswith("xxh3_128:")
+    read_back = digests_of(checkpoint)
+    assert manifest["digests"] == {k: v for k, v in read_back.items() if k != MANIFEST}
+    assert damage(checkpoint) is None
+
+
+@pytest.mark.parametrize(
+    ("harm", "expected"),
+    [
+        (lambda c: _flip(c / "state.pt"), "state.pt does not hold the bytes written"),
+        (lambda c: _flip(c / "rank1" / "optim.pt"), "rank1/optim.pt does not hold the bytes"),
+        (lambda c: (c / "state.pt").write_bytes(b"x" * 7), "state.pt has 7 bytes where 100"),
+        (lambda c: (c / "state.pt").unlink(), "state.pt is missing"),
+        (lambda c: (c / MANIFEST).unlink(), "MANIFEST.json is missing"),
+        (lambda c: (c / MANIFEST).write_text("{not json"), "MANIFEST.json is unreadable"),
+        (lambda c: _flip(c / MANIFEST, 1), "MANIFEST.json is unreadable"),
+    ],
+)
+def test_a_damaged_checkpoint_is_named_and_the_one_before_used(tmp_path, harm, expected) -> None:
+    store = CheckpointStore(tmp_path, keep=3)
+    save(store, 2)
+    newest = save(store, 4)
+    harm(newest)
+    assert damage(newest).startswith(expected), damage(newest)
+    pick = newest_intact(tmp_path)
+    assert pick.path == tmp_path / "step_00000002"
+    assert pick.skipped_lines() == [
+        f"checkpoint {newest} is damaged, skipped: {damage(newest)}; resuming from step_00000002"
+    ]
+    harm(pick.path)
+    none = newest_intact(tmp_path)
+    assert none.path is None and [p.name for p, _ in none.skipped] == [
+        "step_00000004",
+        "step_00000002",
+    ]
+
+
+def test_resume_path_is_a_checkpoint_or_a_runs_newest_intact(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "run" / "checkpoints", keep=3)
+    older, newest = save(store, 2), save(store, 4)
+    assert pick_from(tmp_path / "run").path == newest
+    _flip(newest / "state.pt")
+    assert pick_from(tmp_path / "run").path == older
+    named = pick_from(newest)  # a checkpoint named itself is used only if intact
+    assert named.path is None and named.skipped[0][0] == newest
+    assert pick_from(tmp_path / "nothing").path is None
+
+
+def test_a_checkpoint_sealed_by_size_alone_still_counts(tmp_path: Path) -> None:
+    """An older runner's manifest (sizes only), or checkpoint.digest=false."""
+    store = CheckpointStore(tmp_path, keep=2)
+    partial = store.begin(2)
+    (partial / "state.pt").write_bytes(b"y" * 50)
+    checkpoint = store.commit(2)
+    assert "digests" not in json.loads((checkpoint / MANIFEST).read_text())
+    assert damage(checkpoint) is None and newest_intact(tmp_path).path == checkpoint

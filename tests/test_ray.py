@@ -58,6 +58,8 @@ def test_sigusr1_stops_a_run_on_a_local_cluster_with_a_checkpoint(tmp_path: Path
     cluster: the workers share the agent's heartbeat file), and the cluster is gone."""
     import signal
 
+    import psutil
+
     from tests.helpers.cli import start_runner, wait_until
 
     run_dir = tmp_path / "stopped"
@@ -65,9 +67,10 @@ def test_sigusr1_stops_a_run_on_a_local_cluster_with_a_checkpoint(tmp_path: Path
     proc = start_runner(tmp_path, run_dir, *LONGER, "launcher=ray")
     wait_until(proc, (run_dir / "metrics.jsonl").exists, timeout=HANG)
     niceness = worker_niceness()
+    runners = psutil.Process(proc.pid).nice()  # `make test` under nice: ranks inherit it
     proc.send_signal(signal.SIGUSR1)
     _, err = proc.communicate(timeout=HANG)
-    assert niceness == [0, 0], "the ranks run at the priority elastic ranks have"
+    assert niceness == [runners] * 2, "the ranks run at the priority elastic ranks have"
     assert proc.returncode == 128 + signal.SIGUSR1, err
     assert "2 Ray worker(s) on a local Ray cluster" in err
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -16,6 +16,7 @@ from runner.cli.job_slots import (
     GPU,
     DevicePool,
     Slots,
+    cores_for,
     declared_devices,
     device_pool,
     device_problems,
@@ -57,6 +58,16 @@ def test_bad_slots_are_named() -> None:
     assert short.endswith("use nproc<=2")
     (cores,) = pool_problems(DevicePool(CPU, ("0", "1"), False), [3])
     assert "a core per rank" in cores and "hydra.launcher.devices=[...]" in cores
+
+
+def test_declared_gpus_on_a_host_without_them_share_its_cores() -> None:
+    """Jobs side by side on declared GPUs of a CPU-only host train on its cores: each slot
+    gets its part of them (58fe533: two jobs ran 2 threads each on 2 cores)."""
+    pool = DevicePool(GPU, ("0", "1"), True)
+    assert cores_for(pool, ("0",), [0, 1]) == {0} and cores_for(pool, ("1",), [0, 1]) == {1}
+    four = DevicePool(GPU, ("0", "1", "2", "3"), True)
+    assert cores_for(four, ("2", "3"), list(range(8))) == {4, 5, 6, 7}
+    assert cores_for(four, ("3",), [0, 1]) == {1}  # more devices than cores: they share
 
 
 def test_devices_are_gpu_indices_or_uuids() -> None:
@@ -240,9 +251,13 @@ def test_a_killed_sweep_run_again_keeps_what_completed_and_resumes_the_rest(
     assert (root / "0" / "summary.json").read_bytes() == kept
     resumed = json.loads((root / "1" / "summary.json").read_text())
     assert resumed["status"] == "completed" and resumed["resumed_from"] > 0, resumed
-    reference = cli(*common, "max_steps=600", name="uninterrupted")
-    assert reference.returncode == 0, reference.output
-    expected = torch.load(reference.run_dir / "model.pt", weights_only=True)
+    # the same slot, so the same threads (declared GPUs on this CPU host: a core a job)
+    reference, done = run_sweep(
+        tmp_path, LAUNCHER, *common, "hydra.launcher.devices=[0,1]", "max_steps=600",
+        root=tmp_path / "uninterrupted",
+    )  # fmt: skip
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    expected = torch.load(done / "0" / "model.pt", weights_only=True)
     got = torch.load(root / "1" / "model.pt", weights_only=True)
     assert all(torch.equal(expected[k], got[k]) for k in expected)
 

@@ -280,6 +280,16 @@ def test_a_damaged_cache_is_rebuilt_or_named(tmp_path: Path) -> None:
     with open(rebuilt.tokens_file, "r+b") as f:  # same size, another byte: the checksum sees it
         f.seek(5)
         f.write(b"\xff")
+    again = open_bytes(tmp_path / "c", tmp_path / "cache")  # written into: read back, rebuilt
+    assert again.meta["built"]["at"] > rebuilt.meta["built"]["at"]
+    assert stream(again).astype(np.uint8).tobytes() == "\n\n".join(texts).encode()
+
+    before = again.tokens_file.stat()  # bit rot: another byte, the file's time kept
+    with open(again.tokens_file, "r+b") as f:
+        f.seek(5)
+        f.write(b"\xff")
+    os.utime(again.tokens_file, ns=(before.st_atime_ns, before.st_mtime_ns))
+    rebuilt = again
     args = [f"data.root={tmp_path / 'c'}", f"data.cache_dir={tmp_path / 'cache'}"]
     run = subprocess.run(
         [*runner_command("prepare", "data=text", *args), "--verify"],

@@ -120,6 +120,10 @@ class RunnerLauncher(Launcher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         returns = _resume(jobs, self.rerun_failed, sweep_dir)
         to_run = [job for job in jobs if job.idx not in returns]
+        if len(to_run) > 1 and 2 * min(job.size for job in to_run) <= len(pool.devices):
+            for job in to_run:  # side by side, their bars would share one terminal line
+                with open_dict(job.config):
+                    job.config.progress_bar = False
         _say(f"{len(to_run)} job(s) on {pool.describe()}, side by side")
         returns.update(_Sweep(self, pool).run(to_run))
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -198,8 +202,10 @@ class _Sweep:
         process.start()
         send.close()
         self.progress.started()
-        shown = " ".join(filter_overrides(job.overrides))
-        _say(f"job {job.idx} started on {_kind(self.pool)} {','.join(devices)}: {shown}")
+        from runner.cli.sweep_jobs import shown
+
+        overrides = shown(list(filter_overrides(job.overrides)))
+        _say(f"job {job.idx} started on {_kind(self.pool)} {','.join(devices)}: {overrides}")
         self.running[receive] = (job, devices, process)
 
     def _collect(self, conn: Any) -> None:

@@ -112,6 +112,9 @@ def _suggestion(key: str) -> str:
     if key in RENAMED:
         return RENAMED[key]
     parent, _, leaf = key.rpartition(".")
+    if key.startswith("hydra."):  # not the job's config: --cfg hydra shows Hydra's own
+        group = f"hydra/{parent.split('.')[1]}=NAME " if parent.count(".") == 1 else ""
+        return f"`runner {group}--cfg hydra --package {parent}` shows its keys"
     prefix = f"{parent}." if parent else ""
     siblings = [k[len(prefix) :] for k in schema_keys(RunSpec) if k.startswith(prefix)]
     siblings = [k for k in siblings if "." not in k]

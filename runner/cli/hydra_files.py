@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.cli.sweep import overrides_of
+from runner.cli.sweep_jobs import overrides_of
 from runner.cli.sweep_resume import NEW, EarlierStart, earlier_start
 from runner.rundir.files import write_atomic
 

@@ -180,6 +180,23 @@ def job_environment(pool: DevicePool, devices: Sequence[str]) -> dict[str, str]:
 
 
 def pin_to_cores(pool: DevicePool, devices: Sequence[str]) -> None:
-    """Run this process (a job) and what it starts on its slot's cores only."""
-    if pool.kind == CPU and hasattr(os, "sched_setaffinity"):
+    """Run this process (a job) and what it starts on its slot's cores only. Declared GPUs on
+    a host without one (the jobs train on the CPU) get the cores in proportion to their
+    share of the pool: side by side, two jobs of one rank each on 2 cores ran 2 threads each."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    if pool.kind == CPU:
         os.sched_setaffinity(0, {int(d) for d in devices})
+    elif not visible_gpus(dict(os.environ)):
+        os.sched_setaffinity(0, cores_for(pool, devices, sorted(_affinity())))
+
+
+def cores_for(pool: DevicePool, devices: Sequence[str], cores: Sequence[int]) -> set[int]:
+    """The cores a slot of declared GPUs gets on a host without them: each device of the pool
+    an equal run of the cores (at least one)."""
+    share = max(1, len(cores) // len(pool.devices))
+    taken: set[int] = set()
+    for device in devices:
+        i = pool.devices.index(device) * share % len(cores)
+        taken.update(cores[i : i + share])
+    return taken

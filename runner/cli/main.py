@@ -38,6 +38,7 @@ from runner.cli.prepare import prepare_argv, prepare_task
 from runner.cli.requeue import continue_after_stop, first_run_dir
 from runner.cli.rerun import rerun_argv
 from runner.cli.resolving import problems_text, resolve_cfg
+from runner.cli.resume_point import resume_problems
 from runner.cli.supervise import run_agent
 from runner.cli.sweep import SweepTable, sweeper_problem, write_sweep_table
 from runner.cli.sweep_job import earlier_start_of_job, one_job_at_a_time, stop_sweep
@@ -132,6 +133,9 @@ def _run(cfg: DictConfig) -> float | None:
         spec, secrets = resolve_cfg(cfg, run_dir.root, requeued)
     except SpecError as err:
         return _never_started(err.problems, cfg, run_dir, hydra_cfg, start_time)
+    damaged = resume_problems(spec, run_dir.root)  # reads the checkpoint it resumes from
+    if damaged:
+        return _never_started(damaged, cfg, run_dir, hydra_cfg, start_time)
 
     if in_sweep:
         spec = _with_trial(spec, hydra_cfg)
@@ -358,6 +362,7 @@ def main() -> None:
     sys.argv = [sys.argv[0], *hide_literal_secrets(sys.argv[1:], os.environ)]
     os.environ[COMMAND_LINE_ENV] = json.dumps(sys.argv)  # for jobs that submitit starts
     app = hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(task)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # Optuna's storage: 7 lines at INFO
     user_wants_hydra_errors = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Hydra prints composition errors itself and exits 1, unless HYDRA_FULL_ERROR asks it to
     # raise them; then they are ours to report like any other bad value.

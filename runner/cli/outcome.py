@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ log = logging.getLogger("runner")
 
 def report_outcome(summary: dict[str, Any], run_dir: RunDir) -> None:
     """One line for a completed run; the root cause for a failed one; where its files are."""
+    if sys.stderr.isatty():  # a rank stopped mid-bar leaves the cursor on its line: clear it
+        sys.stderr.write("\r\x1b[K")
     status = summary.get("status")
     final = summary.get("final", {})
     if status == Status.COMPLETED:
@@ -60,7 +63,7 @@ def interrupted_line(summary: dict[str, Any], run_dir: RunDir) -> str:
     by = summary.get("signal") or "a signal"
     steps = summary.get("steps") or 0
     latest = CheckpointStore(run_dir.checkpoints, keep=1).latest()
-    if not steps and latest is None:
+    if not steps and latest is None and not summary.get("attempts"):  # no rank got to train
         return f"interrupted by {by} before the first step"
     where = f"after step {steps} (the last logged)" if steps else "before its first logged step"
     if latest is None:

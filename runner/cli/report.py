@@ -14,8 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from runner.rundir.files import read_json, read_jsonl
 from runner.spec.convert import flatten
 
@@ -57,9 +55,15 @@ def _is_run(path: Path) -> bool:
 def run_config(run: Path) -> dict[str, Any]:
     """The run's resolved config, flattened to dotted keys (a rejected sweep job has only
     Hydra's composed config)."""
+    from runner.spec.config_file import ConfigDamaged, read_config
+
     for candidate in (run / "config.yaml", run / ".hydra" / "config.yaml"):
         if candidate.is_file():
-            return flatten(yaml.safe_load(candidate.read_text()) or {})
+            try:
+                return flatten(read_config(candidate))
+            except (ConfigDamaged, OSError) as exc:
+                print(f"runner-report: {exc}; its settings are left out", file=sys.stderr)
+                return {}
     return {}
 
 

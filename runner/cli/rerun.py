@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from runner.components import TARGET
+from runner.spec.config_file import ConfigDamaged, read_config
 
 GROUPS = (
     "model",
@@ -58,7 +59,7 @@ def rerun_config(run_dir: Path, conf_dir: Path, switched: dict[str, str] | None 
     command line (`parallelism=fsdp`) gets that option's values, not the run's.
     """
     switched = switched or {}
-    spec = yaml.safe_load((run_dir / "config.yaml").read_text())
+    spec = read_config(run_dir / "config.yaml")
     spec["resume"] = None
     for group, option in switched.items():
         if group in spec and option != _option(conf_dir, group, spec[group]):
@@ -100,5 +101,10 @@ def rerun_argv(argv: list[str], conf_dir: Path) -> list[str]:
         for group, equals, option in (arg.partition("=") for arg in argv[1:])
         if equals and group in GROUPS
     }
-    (config_dir / "rerun.yaml").write_text(rerun_config(run_dir, conf_dir, switched))
+    try:
+        primary = rerun_config(run_dir, conf_dir, switched)
+    except ConfigDamaged as exc:
+        print(f"runner rerun: {exc}; nothing to run again from", file=sys.stderr)
+        sys.exit(2)
+    (config_dir / "rerun.yaml").write_text(primary)
     return [f"--config-dir={config_dir}", "--config-name=rerun", *argv[1:]]

@@ -27,6 +27,7 @@ from runner.spec.schema import TrialSpec
 from runner.sweeps.study import (
     PRUNERS,
     STUDY_FILE,
+    StudyFileDamaged,
     make_pruner,
     read_study_file,
     rebuild_study,
@@ -133,6 +134,24 @@ def job_ended(job_dir: Path | None, returned: Any) -> Ended:
     return Ended("fail")
 
 
+def kept_study(sweep_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """The study an earlier start kept in `sweep_dir`, and why it cannot go on: its file
+    damaged, or gone while the sweep's jobs are there (trials would be drawn anew over them)."""
+    from runner.cli.sweep_jobs import job_dirs
+
+    try:
+        kept = read_study_file(sweep_dir)
+    except StudyFileDamaged as exc:
+        return None, [f"hydra.sweep.dir={sweep_dir}: {exc}; restore it, or pick another "
+                      "hydra.sweep.dir"]  # fmt: skip
+    if kept is None and sweep_dir.is_dir() and job_dirs(sweep_dir):
+        return None, [
+            f"hydra.sweep.dir={sweep_dir} holds a study's jobs but no {STUDY_FILE}: its "
+            "trials cannot go on; restore it, or pick another hydra.sweep.dir"
+        ]
+    return kept, []
+
+
 class StudySweep:
     def __init__(self, sweeper: Any, sweep_dir: Path):
         self.sweeper = sweeper
@@ -155,7 +174,8 @@ class StudySweep:
             distributions.pop(name, None)
         fixed_overrides = _fixed_overrides(arguments)
         spec, problems = self._first_spec(fixed_overrides)
-        kept = read_study_file(self.sweep_dir)
+        kept, damaged = kept_study(self.sweep_dir)
+        problems += damaged
         if spec is not None:
             problems += sweep_problems(
                 spec, self.sweeper.direction, self.sweeper.pruner, kept and kept["direction"]
@@ -248,7 +268,7 @@ class StudySweep:
     def _overrides_of(self, trial: Any, fixed_overrides: list[str]) -> list[str]:
         """A trial's overrides as its job first ran them (its .hydra/overrides.yaml), else its
         sampled values, then the fixed ones."""
-        from runner.cli.sweep import overrides_of
+        from runner.cli.sweep_jobs import overrides_of
 
         job_dir = self.sweep_dir / str(trial.number)
         if (job_dir / ".hydra" / "overrides.yaml").is_file():

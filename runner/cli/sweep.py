@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from runner.cli.report import job_order, metric_columns, run_config
+from runner.cli.report import metric_columns, run_config
+from runner.cli.sweep_jobs import job_dirs, overrides_of, shown
 from runner.errors import first_line
 from runner.rundir.files import file_lock, read_json, write_atomic
 from runner.rundir.summary import Status
@@ -30,19 +30,6 @@ if TYPE_CHECKING:
     from runner.spec import RunSpec
 
 SWEEP_CSV, SWEEP_MD = "sweep.csv", "sweep.md"
-
-
-def job_dirs(sweep_dir: Path) -> list[Path]:
-    """The sweep's job directories, in job order."""
-    jobs = [p for p in sweep_dir.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()]
-    return sorted(jobs, key=job_order)
-
-
-def overrides_of(job_dir: Path) -> list[str]:
-    try:
-        return list(yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text()) or [])
-    except (OSError, yaml.YAMLError):
-        return []
 
 
 def sweep_rows(sweep_dir: Path) -> tuple[list[str], list[str], list[dict[str, Any]]]:
@@ -58,7 +45,7 @@ def sweep_rows(sweep_dir: Path) -> tuple[list[str], list[str], list[dict[str, An
         rows.append(
             {
                 "job": job.name,
-                "overrides": " ".join(o for o in overrides if o not in shared),
+                "overrides": shown([o for o in overrides if o not in shared]),
                 "status": summary.get("status", "running"),
                 "steps": summary.get("steps", ""),
                 "wall_time_s": summary.get("wall_time_s", ""),
@@ -92,7 +79,7 @@ def _markdown(shared: list[str], rows: list[dict[str, Any]], columns: list[str])
             text = str(value)
         return text.replace("|", "\\|")
 
-    common = " ".join(shared) or "(none)"
+    common = shown(shared) or "(none)"
     lines = [f"Sweep of {len(rows)} job(s); overrides of every job: {common}", ""]
     lines.append("| " + " | ".join(columns) + " |")
     lines.append("|" + "---|" * len(columns))

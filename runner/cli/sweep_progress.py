@@ -10,17 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from runner.rundir.files import read_json
 
 
 def job_result(job_dir: Path, summary: dict[str, Any]) -> tuple[str | None, str | None, float]:
     """(sweep.metric, sweep.direction, the job's final value of it: what it returned to the
     sweeper), from the job's config.yaml and summary."""
+    from runner.spec.config_file import ConfigDamaged, read_config
+
     try:
-        config = yaml.safe_load((job_dir / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        config = read_config(job_dir / "config.yaml")
+    except (OSError, ConfigDamaged):
         return None, None, math.nan
     sweep = config.get("sweep") or {}
     value = (summary.get("final") or {}).get(sweep.get("metric"), math.nan)

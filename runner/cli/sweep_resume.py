@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from runner.cli.sweep import job_dirs, overrides_of
+from runner.cli.sweep_jobs import job_dirs, overrides_of
 from runner.cli.sweep_progress import job_result
 from runner.rundir.files import read_json
 from runner.rundir.summary import Status

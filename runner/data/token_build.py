@@ -55,6 +55,7 @@ def build_cache(
             "tokens": writer.count,
             "documents": writer.documents,
             "checksum": writer.checksum.hexdigest(),
+            "documents_checksum": file_checksum(work / "documents.bin"),  # small: 8 B a document
             "built": {"at": time.time(), "seconds": round(progress.elapsed, 3)},
         }
         write_atomic(work / "meta.json", json.dumps(meta, indent=1) + "\n")

@@ -6,7 +6,10 @@ else ~/.cache/runner), named after the corpus folder and a content key:
     tokens.bin      every document's tokens, uint16 (uint32 past 65,536 ids), with the
                     tokenizer's separator (runner.data.tokenizing) between documents
     documents.bin   uint64: where each document starts in tokens.bin
-    meta.json       format, key, dtype, counts, the files, the tokenizer, a checksum
+    meta.json       format, key, dtype, counts, the files, the tokenizer, checksums
+    verified.json   the data files' sizes and modification times when last verified whole:
+                    a file written into since (truncated, or bytes changed in place) is read
+                    back against its checksum before it is served, and rebuilt if it differs
     pieces-B.bin    (made when first asked) documents cut into blocks of B tokens
 
 The key hashes each file's path under the root, size and modification time, the
@@ -37,9 +40,10 @@ import numpy as np
 from runner.data.corpus import find_files, fingerprint
 from runner.data.token_build import build_cache, file_checksum
 from runner.data.tokenizing import Tokenizer
-from runner.rundir.files import file_lock, write_atomic
+from runner.rundir.files import file_lock, read_json, write_atomic
 
 FORMAT = 1
+VERIFIED = "verified.json"  # the data files' sizes and times when last verified whole
 CACHE_ENV = "RUNNER_CACHE_DIR"
 log = logging.getLogger("runner")
 
@@ -123,10 +127,29 @@ class TokenCache:
                 raise CacheDamaged(f"{path} {found}; its meta.json says {size:,}")
 
     def verify(self) -> None:
-        """Every token against the checksum taken when it was written (reads them all)."""
+        """Every token against the checksum taken when it was written (reads them all), and
+        the document starts against theirs (caches built since it was kept)."""
         self.check()
         if file_checksum(self.tokens_file) != self.meta["checksum"]:
             raise CacheDamaged(f"{self.tokens_file}: its checksum differs from meta.json's")
+        documents = self.path / "documents.bin"
+        expected = self.meta.get("documents_checksum")
+        if expected is not None and file_checksum(documents) != expected:
+            raise CacheDamaged(f"{documents}: its checksum differs from meta.json's")
+
+    def signature(self) -> dict[str, list[int]]:
+        """Each data file's size and modification time: what a write into it changes."""
+        stats = {name: (self.path / name).stat() for name in ("tokens.bin", "documents.bin")}
+        return {name: [st.st_size, st.st_mtime_ns] for name, st in stats.items()}
+
+    def unchanged(self) -> bool:
+        """Whether the files are as they were when last verified whole (cheap: two stats).
+        A file written into since (even at the same size) is read back in full first."""
+        return read_json(self.path / VERIFIED) == self.signature()
+
+    def stamp(self) -> None:
+        """Note that the files, as they are now, were verified whole."""
+        write_atomic(self.path / VERIFIED, json.dumps(self.signature()) + "\n")
 
 
 def _cut_documents(cache: TokenCache, block_size: int) -> np.ndarray:
@@ -201,7 +224,9 @@ def open_cache(
         meta = {"format": FORMAT, "key": key, "root": str(root), "files": listing}
         meta |= {"text_field": text_field, "tokenizer": tokenizer.description}
         build_cache(final, files, tokenizer, text_field, chosen, meta)
-    return TokenCache(final, json.loads((final / "meta.json").read_text()))
+        built = TokenCache(final, json.loads((final / "meta.json").read_text()))
+        built.stamp()  # checksummed as it was written
+    return built
 
 
 def _open_finished(final: Path, repair: bool) -> TokenCache | None:
@@ -210,6 +235,11 @@ def _open_finished(final: Path, repair: bool) -> TokenCache | None:
     try:
         cache = TokenCache(final, json.loads((final / "meta.json").read_text()))
         cache.check()
+        if not cache.unchanged():  # written into since it was verified: read it all, once
+            if not repair:
+                return None  # verified under the lock
+            cache.verify()
+            cache.stamp()
     except FileNotFoundError:
         return None
     except (CacheDamaged, ValueError, KeyError) as exc:

@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (a signal while this module imports ends it quietly: set first)
 """Stage 4: the launcher process. Runs torch's elastic agent, which fans out the ranks.
 
 `python -m runner.launch.agent NODE_DIR` is started by the `runner` parent (which never
@@ -10,12 +11,25 @@ stops them all and writes summary.json with the root cause.
 
 from __future__ import annotations
 
+import os
+import signal
+
+
+def _exit_quietly(signum: int, _frame: object) -> None:
+    """SIGINT, SIGTERM or SIGHUP (relayed by the parent) while this process still imports:
+    nothing has started, so it ends at once, with the signal's exit code, and without the
+    traceback of whatever import it was in."""
+    os._exit(128 + signum)
+
+
+if __name__ == "__main__":
+    for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(_sig, _exit_quietly)
+
 import contextlib
 import dataclasses
 import gc
 import logging
-import os
-import signal
 import sys
 import time
 from pathlib import Path

@@ -42,6 +42,7 @@ class RankFailure:
     log: Path | None = None
     log_tail: str = field(default="", compare=False)
     beats: int | None = None  # a hang: the heartbeats of the rank that stopped first
+    explained: bool = False  # its message says it all (runner.errors.Explained): no traceback
 
     @property
     def signal_name(self) -> str | None:
@@ -90,7 +91,7 @@ class RankFailure:
             "signal": self.signal_name,
             "host": self.host,
             "traceback": self.traceback or None,
-            "log_tail": None if self.traceback else self.log_tail,
+            "log_tail": None if self.traceback or self.explained else self.log_tail,
             "log": str(self.log) if self.log else None,
             "other_failed_ranks": others,
         }

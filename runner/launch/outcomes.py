@@ -77,6 +77,7 @@ def rank_failure(
         traceback=ours.get("traceback", ""),
         log=run_dir.rank_log(rank),
         log_tail=tail(run_dir.rank_log(rank), 15),
+        explained=bool(ours.get("explained")),
     )
 
 

@@ -94,6 +94,8 @@ def weights_file(path: Path) -> contextlib.AbstractContextManager[TensorFile]:
 
 def find_weights(path: Path) -> RunWeights:
     path = path.expanduser().resolve()
+    if not path.exists():
+        raise NoWeights(f"{path}: no such file or directory")
     if path.is_file() and path.suffix in (".pt", ".pth", ".bin"):
         return _torch_file(path, path.parent, key=None)
     if (path / "model.pt").is_file():

@@ -147,18 +147,25 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """All complete records of a JSON-lines file (a torn last line is skipped)."""
+def read_jsonl(path: Path, damaged: list[int] | None = None) -> list[dict[str, Any]]:
+    """All complete records of a JSON-lines file (a torn last line is skipped). `damaged`
+    collects the numbers of the other lines that could not be read (bytes changed in it)."""
     records = []
     try:
-        lines = path.read_text().splitlines()
+        text = path.read_bytes().decode(errors="replace")
     except OSError:
         return []
-    for line in lines:
+    lines = text.splitlines()
+    torn = not text.endswith("\n")  # a write cut short: its last line has no end
+    for number, line in enumerate(lines, 1):
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError(line)
+            records.append(record)
         except ValueError:
-            continue
+            if damaged is not None and (number < len(lines) or not torn):
+                damaged.append(number)
     return records
 
 

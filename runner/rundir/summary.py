@@ -8,6 +8,8 @@ run left behind: the last metrics line and the root cause of the failure.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from enum import Enum
 from typing import Any
@@ -28,6 +30,7 @@ class Status(str, Enum):
         return self.value
 
 
+log = logging.getLogger("runner")
 HISTORY_KEYS = ("status", "steps", "wall_time_s", "restarts", "resumed_from")
 ATTEMPTS = "attempts.jsonl"
 
@@ -38,6 +41,16 @@ def archive_previous(run_dir: RunDir) -> None:
     if previous is not None:
         write_json(run_dir.logs / "previous_summary.json", previous)
         run_dir.summary.unlink()
+    elif run_dir.summary.exists():  # unreadable: kept aside as it is, named
+        damaged = run_dir.logs / "previous_summary.damaged"
+        run_dir.logs.mkdir(parents=True, exist_ok=True)
+        os.replace(run_dir.summary, damaged)
+        log.warning(
+            "runner: %s cannot be read (the earlier launch's story is lost from history); "
+            "kept as %s, and this launch writes a new one",
+            run_dir.summary,
+            damaged,
+        )
     (run_dir.logs / ATTEMPTS).unlink(missing_ok=True)
 
 

@@ -5,6 +5,7 @@ run in parallel."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,11 +14,26 @@ from runner.rundir.files import TRACKER_RUNS, file_lock, read_json, write_json
 
 FAILED = "failed"  # tracker -> why rank 0 dropped it
 SWEEP_DIR_ENV = "RUNNER_SWEEP_DIR"  # set by the parent for a sweep's job: the sweep's root
+log = logging.getLogger("runner")
 
 
 def read_tracker_run(directory: Path, tracker: str) -> dict[str, Any] | None:
     """What `tracker` noted in `directory` (None if nothing)."""
-    return (read_json(directory / TRACKER_RUNS) or {}).get(tracker)
+    return _read(directory).get(tracker)
+
+
+def _read(directory: Path) -> dict[str, Any]:
+    """tracker_runs.json's content; {} when there is none, or (said, with the file named)
+    when it cannot be read: the trackers then start runs of their own."""
+    path = directory / TRACKER_RUNS
+    runs = read_json(path)
+    if runs is None and path.exists():
+        log.warning(
+            "runner: %s cannot be read; the trackers log to new runs (the earlier ones stay "
+            "where they are, unlinked)",
+            path,
+        )
+    return runs if isinstance(runs, dict) else {}
 
 
 def note_tracker_run(directory: Path, tracker: str, value: dict[str, Any]) -> None:
@@ -30,7 +46,7 @@ def note_tracker_failure(directory: Path, tracker: str, message: str) -> None:
 
 
 def tracker_failures(directory: Path) -> dict[str, str]:
-    return (read_json(directory / TRACKER_RUNS) or {}).get(FAILED, {})
+    return _read(directory).get(FAILED, {})
 
 
 def tracker_run_once(
@@ -48,7 +64,7 @@ def tracker_run_once(
 def _update(directory: Path, change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
     """Apply `change` to tracker_runs.json in `directory`, under its lock; the new content."""
     with file_lock(directory / f".{TRACKER_RUNS}.lock"):
-        runs = read_json(directory / TRACKER_RUNS) or {}
+        runs = _read(directory)
         change(runs)
         write_json(directory / TRACKER_RUNS, runs)
         return runs

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from runner.spec.slurm import SlurmPlacement
 
 DEFAULT_PORT = 29500  # torchrun's, which the operators use too
+TORCHRUN_CHOICES = ("auto", "gpu", "cpu", "xpu")  # torchrun's words for "runner chooses"
 
 
 def placement(environ: Mapping[str, str], master_port: int | None) -> SlurmPlacement | None:
@@ -37,6 +38,11 @@ def placement(environ: Mapping[str, str], master_port: int | None) -> SlurmPlace
     if master_port is None:
         master_port = _number(environ, port, environ.get(port, str(DEFAULT_PORT)))
     per_node = environ.get("PET_NPROC_PER_NODE", "").strip()
+    if per_node and not per_node.isdigit() and per_node not in TORCHRUN_CHOICES:
+        raise ValueError(
+            f"PET_NPROC_PER_NODE={per_node!r} is neither a whole number nor one of "
+            f"{', '.join(TORCHRUN_CHOICES)}"
+        )
     nproc = _number(environ, "PET_NPROC_PER_NODE", per_node) if per_node.isdigit() else None
     if nproc == 0:
         raise ValueError("PET_NPROC_PER_NODE=0: a node runs at least one process")

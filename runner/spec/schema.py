@@ -207,6 +207,8 @@ class CheckpointSpec:
     keep: int = _bound(2, min=1)
     # written in the background while training goes on (ddp, fsdp); `async` in the YAML
     async_: bool = False
+    # each file's content digest in the manifest, checked before a resume
+    digest: bool = True
 
 
 @dataclass(frozen=True)

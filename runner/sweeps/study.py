@@ -40,12 +40,23 @@ def make_pruner(settings: Mapping[str, Any] | None) -> Any:
     return getattr(optuna.pruners, PRUNERS[settings["name"]])(**arguments)
 
 
+class StudyFileDamaged(ValueError):
+    """study.json is there but cannot be read as a study."""
+
+
 def read_study_file(sweep_dir: Path) -> dict[str, Any] | None:
-    """What an earlier start of the sweep kept of its study, if anything."""
+    """What an earlier start of the sweep kept of its study, if anything. Raises
+    StudyFileDamaged, naming the file, where it is unreadable."""
     path = Path(sweep_dir) / STUDY_FILE
     if not path.is_file():
         return None
-    return json.loads(path.read_text())
+    try:
+        kept = json.loads(path.read_text())
+        if not isinstance(kept.get("trials"), list) or "direction" not in kept:
+            raise TypeError("no trials or direction")
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise StudyFileDamaged(f"{path} cannot be read as a study ({exc})") from None
+    return kept
 
 
 def write_study_file(sweep_dir: Path, study: Any, name: str) -> None:

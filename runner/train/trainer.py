@@ -39,6 +39,7 @@ from runner.train.guards import chaos
 from runner.train.guards.loss_spikes import LossSpikeError, LossSpikes, Spike
 from runner.train.guards.nonfinite import NonFiniteGuard
 from runner.train.pruning import Pruning
+from runner.train.records.notices import notices
 from runner.train.records.step_figures import StepFigures, flops_per_token
 from runner.train.records.step_log import Step, StepLog
 from runner.train.step.loss_items import ItemCheck, global_items
@@ -61,7 +62,7 @@ class Trainer:
     ):
         """`written`: the config as config.yaml writes it, what may be logged (no secret's
         value); by default read from the run directory."""
-        self.spec, self.run_dir, self.device = spec, run_dir, device
+        self.spec, self.run_dir, self.device, self.terminal = spec, run_dir, device, terminal
         self.heart = heart or Heartbeat(None, 0, 0, 0)  # beats for the agent's hang watchdog
         self.rank, self.world = rdist.get_global_rank(), rdist.get_world_size()
         self.is_main = self.rank == 0
@@ -138,7 +139,7 @@ class Trainer:
         stream = self.data.train_loader if self.data.streaming else None
         self.checkpoints = Checkpointer(  # when and how checkpoints are written, resumed
             spec, self.run_dir, self.engine, self.heart, self.guard, stream, self.written,
-            saved=self.callbacks.checkpoint_saved,
+            saved=self.callbacks.checkpoint_saved, say=notices(self.terminal),
         )  # fmt: skip
         client = self.checkpoints.resume()
         self.step, self.samples = client.get("step", 0), client.get("samples", 0)
@@ -380,6 +381,7 @@ class Trainer:
             first_step_at=self.first_step_at,
             compile_s=round(self.compile_clock.seconds, 3) if self.compile_clock else None,
             checkpoint_blocked_s=[round(s, 4) for s in self.checkpoints.blocked_s],
+            checkpoint_written_s=[round(s, 4) for s in self.checkpoints.written_s] or None,
             loss_spike_rollbacks=self.spikes.rollbacks,
             **self.steps.summary(),
             **facts,

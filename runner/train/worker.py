@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TextIO
 
 from runner.dist import get_attempt
-from runner.errors import describe, first_line
+from runner.errors import Explained, describe, first_line
 from runner.processes import FORKED_ENV, RANK_PARENT_ENV, die_with_parent
 from runner.rundir.files import RunDir, write_atomic
 
@@ -83,7 +83,8 @@ def _record_failure(exc: BaseException, rank: int) -> None:
     if not path:
         return
     now = time.time()
-    tb = traceback.format_exc()
+    explained = isinstance(exc, Explained)  # its message is the whole story: no traceback
+    tb = "" if explained else traceback.format_exc()
     message = first_line(exc)
     data = {
         "message": {
@@ -97,6 +98,7 @@ def _record_failure(exc: BaseException, rank: int) -> None:
             "type": type(exc).__name__,
             "message": message,
             "traceback": tb,
+            "explained": explained,
         },
     }
     write_atomic(Path(path), json.dumps(data))

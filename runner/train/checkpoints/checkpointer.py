@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,13 @@ from runner import dist as rdist
 from runner.engines.base import Engine
 from runner.errors import describe
 from runner.heartbeat import Heartbeat, Phase
-from runner.rundir.checkpoints import CheckpointStore, checkpoint_name
+from runner.rundir.checkpoints import CheckpointStore, checkpoint_name, digests_of
 from runner.rundir.files import RunDir
 from runner.spec import RunSpec
 from runner.train.checkpoints import checkpointing
 from runner.train.guards import chaos
 from runner.train.guards.nonfinite import NonFiniteGuard
+from runner.train.records.notices import Say
 
 log = logging.getLogger(__name__)
 
@@ -49,24 +50,34 @@ class Checkpointer:
         stream: Any,
         config: dict[str, Any] | None = None,
         saved: Callable[[Path, int], None] | None = None,
+        say: Say | None = None,
     ):
         """`stream`: the training loader of an iterable dataset (its position is kept), else
         None; `config`: the run's config as config.yaml holds it, kept in each checkpoint;
         `saved(path, step)`: called once a checkpoint is complete on this rank (rank 0:
-        sealed)."""
+        sealed); `say`: lines for the user (a damaged checkpoint skipped)."""
         self.spec, self.engine, self.heart, self.guard = spec, engine, heart, guard
         self.stream, self.config = stream, config
         self.saved = saved or (lambda path, step: None)
+        self.say = say or log.warning
         self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
         self.background = spec.checkpoint.async_
         self.rank = rdist.get_global_rank()
+        # rank 0 reads each checkpoint back for its manifest's digests as its write ends
+        self.digests = spec.checkpoint.digest and self.rank == 0
         self.blocked_s: list[float] = []  # how long training waited, per checkpoint
+        self.written_s: list[float] = []  # rank 0: start to written and digested, per checkpoint
         self._client: dict[str, Any] | None = None  # the checkpoint in flight, if any
         self._future: Future | None = None
+        self._started = 0.0  # when the checkpoint in flight began (perf_counter) ...
+        self._done_at: float | None = None  # ... and when its background write (and read) ended
+        self._reader: ThreadPoolExecutor | None = None  # reads async checkpoints back
 
     def resume(self) -> dict[str, Any]:
         """Every rank: this attempt's start (checkpointing.resume); {} for a fresh one."""
-        return checkpointing.resume(self.store, self.spec.resume, self.engine, self.stream)
+        return checkpointing.resume(
+            self.store, self.spec.resume, self.engine, self.stream, self.say
+        )
 
     def due(self, step: int, last: bool) -> bool:
         interval = self.spec.checkpoint.interval
@@ -82,6 +93,7 @@ class Checkpointer:
                 extra = {**extra, "data": rdist.all_gather_object(self.stream.state_dict())}
             if self._future is not None:  # the one before, first
                 self._complete(together=False)
+            self._started = time.perf_counter()
             client = checkpointing.start(self.store, step, samples, extra, self.config)
             partial = self.store.partial_dir(step)
             with checkpointing.failing_write(self.store, step):
@@ -120,13 +132,31 @@ class Checkpointer:
 
     def _write(self, partial: Path, client: dict[str, Any]) -> Future:
         """The engine's state into `partial`: in the background, or at once (a future that
-        is already done)."""
+        is already done). Its result: rank 0's digests of the files, read back once the write
+        ended (in the background too), or None."""
         if self.background:
-            return self.engine.save_checkpoint_async(partial, client)
+            writing = self.engine.save_checkpoint_async(partial, client)
+            writing.add_done_callback(self._written)
+            if not self.digests:
+                return writing
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-digests")
+            return self._reader.submit(self._read_back, writing, partial)
         self.engine.save_checkpoint(partial, client)
         written: Future = Future()
         written.set_result(None)
         return written
+
+    def _read_back(self, writing: Future, partial: Path) -> dict[str, str]:
+        """Rank 0, off the training thread: the digests of every file once the write is done
+        (for DCP that is every rank's: the coordinator writes its metadata last)."""
+        writing.result()
+        digests = digests_of(partial)
+        self._written()
+        return digests
+
+    def _written(self, _future: Future | None = None) -> None:
+        self._done_at = time.perf_counter()
 
     def _complete(self, together: bool) -> None:
         """The write's outcome, then rank 0's seal. `together`: every rank is here (a
@@ -135,7 +165,7 @@ class Checkpointer:
         step = self._client["step"]
         with checkpointing.failing_write(self.store, step):
             try:
-                self._future.result()  # the write's error, if it failed
+                digests = self._future.result()  # the write's error, if it failed
             except Exception:
                 raise
             except BaseException as exc:  # DCP's CheckpointException is a BaseException
@@ -145,7 +175,14 @@ class Checkpointer:
         if together:
             rdist.barrier()
         if self.rank == 0:
-            checkpointing.seal(self.store, self.engine, self.spec, self._client)
+            if self.digests and not isinstance(digests, dict):  # written at once: read now
+                with checkpointing.failing_write(self.store, step):
+                    digests = digests_of(self.store.partial_dir(step))
+            done = self._done_at if self.background and self._done_at else time.perf_counter()
+            self.written_s.append(done - self._started)
+            self._done_at = None
+            sealed = digests if self.digests else None
+            checkpointing.seal(self.store, self.engine, self.spec, self._client, sealed)
             if not together:
                 log.info("checkpoint of step %d written in the background", step)
         if together:

@@ -23,12 +23,13 @@ import torch
 
 from runner import dist as rdist
 from runner.engines.base import Engine
-from runner.errors import describe
+from runner.errors import Explained, describe
 from runner.models.shapes import state_shapes
-from runner.rundir.checkpoints import CheckpointStore, resolve_checkpoint_path, step_of
+from runner.rundir.checkpoints import CheckpointStore, Pick, newest_intact, pick_from, step_of
 from runner.rundir.files import write_atomic
 from runner.spec import RunSpec, slurm
 from runner.spec.resume_check import META_FILE, checkpoint_meta, read_meta
+from runner.train.records.notices import Say
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +80,16 @@ def start(
     }
 
 
-def seal(store: CheckpointStore, engine: Engine, spec: RunSpec, client: dict[str, Any]) -> None:
-    """Rank 0, once every rank's files are written: the checkpoint's meta.json, then the
-    rename that makes it a finished checkpoint and the latest one."""
+def seal(
+    store: CheckpointStore,
+    engine: Engine,
+    spec: RunSpec,
+    client: dict[str, Any],
+    digests: dict[str, str] | None,
+) -> None:
+    """Rank 0, once every rank's files are written (and, with `digests`, read back): the
+    checkpoint's meta.json, then the manifest and the rename that make it a finished
+    checkpoint and the latest one."""
     step = client["step"]
     shapes = state_shapes(engine.module)
     meta = checkpoint_meta(
@@ -89,7 +97,16 @@ def seal(store: CheckpointStore, engine: Engine, spec: RunSpec, client: dict[str
     )
     with failing_write(store, step):
         write_atomic(store.partial_dir(step) / META_FILE, json.dumps(meta, indent=1))
-        store.commit(step)
+        store.commit(step, digests)
+
+
+class CheckpointDamaged(Explained):
+    """No checkpoint to resume from holds the bytes it was sealed with."""
+
+
+class CheckpointReadError(Explained):
+    """A checkpoint could not be read back into the engine (one sealed without digests, or
+    one damaged after it was verified)."""
 
 
 @contextlib.contextmanager
@@ -113,23 +130,31 @@ def failing_write(store: CheckpointStore, step: int) -> Iterator[None]:
         ) from exc
 
 
-def find_resume_point(store: CheckpointStore, resume: str | None) -> Path | None:
+def find_resume_point(store: CheckpointStore, resume: str | None, say: Say) -> Path | None:
     """The checkpoint this attempt starts from, or None for a fresh start.
 
     A restarted attempt (the elastic agent's restart after a failure, a SLURM job started
-    again) continues from the run's latest checkpoint; otherwise, and before the run
-    has one, `resume` decides: auto = this run directory's latest, PATH = a checkpoint or
-    a run directory. Rank 0 decides and tells the others (no rank writes yet, so it also
-    sweeps away what an earlier attempt left half written).
+    again) continues from the run's newest intact checkpoint; otherwise, and before the run
+    has one, `resume` decides: auto = this run directory's, PATH = a checkpoint or a run
+    directory. Rank 0 reads the checkpoint back against its digests, skips a damaged one
+    for the one before (`say` names it: on the terminal where the parent did not already),
+    and tells the others; it also sweeps away what an earlier attempt left half written.
     """
     choice = None
     if rdist.get_global_rank() == 0:
         store.discard_unfinished()  # what an earlier attempt left half written
         restarted = rdist.get_attempt() > 0
+        pick = Pick(None)
         if restarted or resume == "auto" or slurm.requeued(os.environ):
-            choice = store.latest()
-        if choice is None and resume not in (None, "auto"):
-            choice = resolve_checkpoint_path(Path(resume))
+            pick = newest_intact(store.root)
+        if pick.path is None and not pick.skipped and resume not in (None, "auto"):
+            pick = pick_from(Path(resume))
+        for line in pick.skipped_lines():  # the parent said so before this launch's first start
+            (say if restarted else log.warning)(line)
+        if pick.path is None and pick.skipped:
+            damaged = "; ".join(f"{p} ({why})" for p, why in pick.skipped)
+            raise CheckpointDamaged(f"no intact checkpoint to resume from: {damaged}")
+        choice = pick.path
     choice = rdist.broadcast_object(str(choice) if choice else None)
     return Path(choice) if choice else None
 
@@ -153,6 +178,8 @@ def load(path: Path, engine: Engine, store: CheckpointStore) -> dict[str, Any]:
         rdist.barrier()
     try:
         client = engine.load_checkpoint(path, reshard)
+    except Exception as exc:  # an unpickling error names no file: this says which checkpoint
+        raise CheckpointReadError(f"checkpoint {path} could not be read: {describe(exc)}") from exc
     finally:
         if reshard is not None:
             rdist.barrier()
@@ -163,11 +190,13 @@ def load(path: Path, engine: Engine, store: CheckpointStore) -> dict[str, Any]:
     return client
 
 
-def resume(store: CheckpointStore, resume: str | None, engine: Engine, stream: Any) -> dict:
+def resume(
+    store: CheckpointStore, resume: str | None, engine: Engine, stream: Any, say: Say
+) -> dict:
     """Start this attempt where it should (find_resume_point): the engine, the RNG streams
     and, for an iterable training set (`stream`, else None), this rank's position in its
     part. The checkpoint's client state ({} for a fresh start)."""
-    start = find_resume_point(store, resume)
+    start = find_resume_point(store, resume, say)
     if start is None:
         return {}
     client = restore(start, engine, store, stream)

@@ -4,11 +4,14 @@ the same records handed to the selected trackers (runner.trackers)."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from runner.rundir.files import RunDir, read_jsonl, write_atomic
 from runner.spec.tracker_specs import LoggerSpec
 from runner.trackers import Trackers, build_trackers
+
+log = logging.getLogger("runner")
 
 
 class MetricsLog:
@@ -31,7 +34,17 @@ class MetricsLog:
         self._path = run_dir.metrics
         self.trackers = Trackers([])
         if enabled:
-            kept = [r for r in read_jsonl(self._path) if r.get("step", 0) <= keep_until]
+            damaged: list[int] = []
+            kept = [r for r in read_jsonl(self._path, damaged) if r.get("step", 0) <= keep_until]
+            if damaged:  # the records kept go on; those lines are gone
+                shown = ", ".join(map(str, damaged[:5])) + (", ..." if len(damaged) > 5 else "")
+                log.warning(
+                    "runner: %s: %d unreadable line(s) dropped (line %s); the records around "
+                    "them are kept",
+                    self._path,
+                    len(damaged),
+                    shown,
+                )
             self._keep(kept)
             if loggers is not None:
                 self.trackers = build_trackers(

@@ -31,11 +31,19 @@ def _fmt(record: dict[str, Any]) -> str:
 
 
 class Progress:
-    def __init__(self, total_steps: int, stream: TextIO | None, enabled: bool, initial: int = 0):
+    def __init__(
+        self,
+        total_steps: int,
+        stream: TextIO | None,
+        enabled: bool,
+        initial: int = 0,
+        bar: bool = True,
+    ):
+        """`bar`: a bar of steps on a terminal (else plain lines there too)."""
         self.total = total_steps
         self.stream = stream if enabled else None
         self.bar = None
-        if self.stream is not None and self.stream.isatty():
+        if bar and self.stream is not None and self.stream.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(

@@ -87,7 +87,8 @@ class StepLog:
             config=written if self.is_main else None,
         )
         show = self.is_main and spec.progress_bar
-        self.progress = Progress(last, terminal, enabled=show, initial=first)
+        # `runner eval` takes no step: its evaluation is a line, never a bar of steps
+        self.progress = Progress(last, terminal, show, initial=first, bar=not spec.eval_only)
 
     @property
     def records(self) -> list[dict[str, Any]]:

@@ -1,0 +1,188 @@
+"""Every command once in a pseudo-terminal, typed as the docs give it, with the progress bar
+on (the other tests turn it off): from an activated venv and as `.venv/bin/runner`, and
+Ctrl-C typed at the terminal while a run starts, while it trains and while a sweep's job
+starts. (On 58fe533: a ZeRO run rebuilt DeepSpeed's op at each switch between the two,
+for minutes, behind a bar stuck at 0; `runner eval` drew a `train 0/276` bar; two jobs side
+by side drew their bars on one line; an early Ctrl-C printed a KeyboardInterrupt traceback.)"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.terminal import CTRL_C, command, type_in
+
+pytestmark = pytest.mark.slow
+TINY = ["model=mlp", "data=digits", "max_epochs=null", "eval_interval=1000"]
+# about 100 MB of training state: a checkpoint (every 8 steps) takes a while to write
+GPT_100MB = ["+recipe=gpt_text", "model.n_layer=2", "model.n_embd=512", "model.n_head=8"]
+GPT_100MB += ["data.block_size=64", "global_batch_size=8", "eval_interval=null", "logger=[]"]
+GPT_100MB += ["checkpoint.interval=8"]
+BAR = re.compile(r"train:? +\d+%\|")  # tqdm's bar: `train:  40%|████      | 4/10`
+
+
+def _clean(typed) -> None:
+    assert "Traceback" not in typed.output and "KeyboardInterrupt" not in typed.output, typed.output
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A ZeRO-2 run typed from an activated venv, bar on: what the other commands read."""
+    tmp = tmp_path_factory.mktemp("typed")
+    run = tmp / "run"
+    argv = [command("runner", activated=True), *TINY, "parallelism=zero2", "precision=bf16"]
+    typed = type_in([*argv, "max_steps=10", f"hydra.run.dir={run}"], tmp, activated=True)
+    assert typed.returncode == 0, typed.output
+    _clean(typed)
+    assert BAR.search(typed.output), typed.output  # the bar drew
+    assert "building DeepSpeed" not in typed.output  # built once, at install
+    assert "runner: completed 10 steps on 2 rank(s)" in typed.output
+    return run
+
+
+@pytest.mark.parametrize("activated", [False, True], ids=["venv-bin", "activated"])
+def test_a_zero2_run_as_typed_trains_without_building_anything(
+    tmp_path: Path, finished_run: Path, activated: bool
+) -> None:
+    """Switching between the activated venv (the module's run) and .venv/bin/runner."""
+    argv = [command("runner", activated), *TINY, "parallelism=zero2", "precision=bf16"]
+    typed = type_in([*argv, "max_steps=4", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path, activated)
+    assert typed.returncode == 0, typed.output
+    _clean(typed)
+    assert "building DeepSpeed" not in typed.output and BAR.search(typed.output)
+
+
+def test_eval_export_report_and_rerun_as_typed(tmp_path: Path, finished_run: Path) -> None:
+    evaluated = type_in(
+        [command("runner", False), "eval", str(finished_run), f"hydra.run.dir={tmp_path / 'e'}"],
+        tmp_path,
+        activated=False,
+    )
+    assert evaluated.returncode == 0, evaluated.output
+    _clean(evaluated)
+    assert "evaluated (eval.json)" in evaluated.output
+    assert not BAR.search(evaluated.output) and "train 0/" not in evaluated.output  # no steps
+
+    exported = type_in(
+        [command("runner", True), "export", str(finished_run), "--to", str(tmp_path / "hf")],
+        tmp_path,
+        activated=True,
+    )
+    assert exported.returncode == 0, exported.output
+    _clean(exported)
+    report = type_in([command("runner-report", True), str(finished_run)], tmp_path, True)
+    assert report.returncode == 0 and "val/accuracy" in report.output, report.output
+    _clean(report)
+    again = type_in(
+        [command("runner", False), "rerun", str(finished_run), "max_steps=2",
+         f"hydra.run.dir={tmp_path / 'again'}"],
+        tmp_path,
+        activated=False,
+    )  # fmt: skip
+    assert again.returncode == 0, again.output
+    _clean(again)
+    assert "runner: completed 2 steps" in again.output
+
+
+def test_two_jobs_side_by_side_share_no_line(tmp_path: Path) -> None:
+    argv = [command("runner", True), "-m", "hydra/launcher=runner", *TINY, "nproc=1"]
+    argv += ["max_steps=30", "log_interval=5", "seed=1,2", f"hydra.sweep.dir={tmp_path / 's'}"]
+    typed = type_in(argv, tmp_path, activated=True)
+    assert typed.returncode == 0, typed.output
+    _clean(typed)
+    assert not BAR.search(typed.output)  # the sweep's own lines say where each job is
+    for line in typed.lines:
+        assert line.count("runner:") <= 1 and line.count("step") <= 1, typed.lines
+    assert "runner: sweep: 2 done, 0 running, 0 queued, 0 failed" in typed.output
+
+
+@pytest.mark.parametrize(
+    "when",
+    ["composing", "starting", "training"],
+)
+def test_ctrl_c_typed_at_any_moment_ends_in_one_line(tmp_path: Path, when: str) -> None:
+    """Ctrl-C while Hydra composes (the parent), while the launcher imports torch and before
+    the first step, and in a step: exit 130, one line saying where the run stands."""
+    started = time.monotonic()
+    triggers = {
+        "composing": lambda out: time.monotonic() - started > 0.5,  # Python is up: importing
+        "starting": lambda out: "rank(s) on this node" in out,
+        "training": lambda out: bool(re.search(r"\| *[1-9]\d*/400", out)),
+    }
+    run = tmp_path / "r"
+    argv = [command("runner", False), *TINY, "max_steps=400", f"hydra.run.dir={run}"]
+    typed = type_in(argv, tmp_path, activated=False, keys=(triggers[when], CTRL_C))
+    assert typed.returncode == 130, typed.output
+    _clean(typed)
+    said = [line for line in typed.lines if "interrupted by SIGINT" in line]
+    assert len(said) == 1, typed.output
+    if when == "training":
+        assert "first logged step" in said[0] or "after step" in said[0], said
+    if (run / "summary.json").exists():
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["signal"] == "SIGINT"
+
+
+def test_ctrl_c_while_a_sweeps_job_starts_stops_the_sweep(tmp_path: Path) -> None:
+    """Hydra's default launcher, Ctrl-C as job 0's launcher starts: the job ends interrupted,
+    job 1 never starts, exit 130, no traceback (58fe533: the agent's traceback)."""
+    root = tmp_path / "s"
+    argv = [command("runner", True), "-m", *TINY, "nproc=1", "max_steps=400", "seed=1,2"]
+    seen: list[float] = []
+
+    def job_starting(out: str) -> bool:  # a second after Hydra launched job 0: its agent
+        if "#0 :" in out and not seen:
+            seen.append(time.monotonic())
+        return bool(seen) and time.monotonic() - seen[0] > 1.0
+
+    typed = type_in(
+        [*argv, f"hydra.sweep.dir={root}"], tmp_path, activated=True, keys=(job_starting, CTRL_C)
+    )
+    assert typed.returncode == 130, typed.output
+    _clean(typed)
+    assert "SIGINT: the sweep stops" in typed.output or "interrupted by SIGINT" in typed.output
+    assert not (root / "1").exists()
+    if (root / "0" / "summary.json").exists():
+        assert json.loads((root / "0" / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_sigterm_in_a_checkpoint_write_keeps_the_one_before(tmp_path: Path) -> None:
+    """SIGTERM (`kill`, a scheduler) while a checkpoint is being written: exit 143, one line,
+    the half-written one gone, and resume=auto goes on from the one before."""
+    from runner.rundir.checkpoints import CheckpointStore
+
+    run = tmp_path / "r"
+    argv = [command("runner", False), *GPT_100MB, "max_steps=4000", "checkpoint.keep=5"]
+    argv += [f"hydra.run.dir={run}"]
+
+    def writing(_out: str) -> bool:  # a later checkpoint's partial directory is there
+        return (run / "checkpoints" / "step_00000008").is_dir() and any(
+            (run / "checkpoints").glob(".partial-*")
+        )
+
+    typed = type_in(argv, tmp_path, activated=False, keys=(writing, signal.SIGTERM))
+    assert typed.returncode == 143, typed.output
+    _clean(typed)
+    (said,) = [line for line in typed.lines if "interrupted by SIGTERM" in line]
+    assert "resume=auto goes on from its checkpoint of step" in said
+    assert not list((run / "checkpoints").glob(".partial-*"))
+    assert CheckpointStore(run / "checkpoints", keep=1).latest() is not None
+
+
+def test_sigterm_after_the_run_ended_leaves_it_completed(tmp_path: Path) -> None:
+    """58fe533: `received SIGTERM; all ranks stopped`, then `completed`, exit 143."""
+    run = tmp_path / "r"
+    argv = [command("runner", True), *TINY, "max_steps=4", f"hydra.run.dir={run}"]
+    argv += ["callbacks=[{_target_:tests.helpers.slow_end.SlowEnd}]"]
+    typed = type_in(
+        argv, tmp_path, activated=True, keys=(lambda _: (run / "ended").exists(), signal.SIGTERM)
+    )
+    assert typed.returncode == 0, typed.output
+    _clean(typed)
+    assert "all ranks stopped" not in typed.output
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
