@@ -487,6 +487,11 @@ def test_composition_errors_name_the_override_and_what_is_valid(
             ["hydra/sweeper=runner", "hydra.sweeper.n_trials=many"],
             "hydra.sweeper.n_trials=many: not a valid integer; valid: a whole number",
         ),
+        (  # 58fe533 pointed at `runner --cfg job`, which does not show Hydra's own keys
+            ["hydra/launcher=runner", "hydra.launcher.devicez=[0]"],
+            "hydra.launcher.devicez=[0]: unknown key; `runner hydra/launcher=NAME --cfg hydra "
+            "--package hydra.launcher` shows its keys",
+        ),
     ],
 )
 def test_a_typed_hydra_key_given_the_wrong_type_names_what_is_valid(

@@ -73,6 +73,8 @@ def test_sizes_and_what_has_no_weights(tmp_path: Path) -> None:
         shard_bytes("lots")
     with pytest.raises(NoWeights, match="no model.pt and no complete checkpoint"):
         find_weights(tmp_path)
+    with pytest.raises(NoWeights, match="nope: no such file or directory"):  # not "no model.pt"
+        find_weights(tmp_path / "nope")
 
 
 def _export(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

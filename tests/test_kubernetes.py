@@ -78,6 +78,10 @@ def test_nodes_auto_in_a_pod_and_unreadable_variables() -> None:
     for bad, message in (
         ({**TRAINJOB, "PET_NODE_RANK": "x"}, "PET_NODE_RANK='x' is not a whole number"),
         ({**TRAINJOB, "PET_NPROC_PER_NODE": "0"}, "PET_NPROC_PER_NODE=0: a node runs"),
+        (  # 58fe533 started runner's own choice of ranks
+            {**TRAINJOB, "PET_NPROC_PER_NODE": "two"},
+            "PET_NPROC_PER_NODE='two' is neither a whole number nor one of auto, gpu, cpu",
+        ),
         ({**TRAINJOB, "PET_NODE_RANK": "3"}, "PET_NODE_RANK=3 is not below PET_NNODES=3"),
         ({**TRAINJOB, "PET_MASTER_ADDR": ""}, "PET_MASTER_ADDR is not set"),
     ):

@@ -131,6 +131,7 @@ def test_an_optuna_sweep_the_wrong_way_round_stops_before_any_job(tmp_path: Path
         "(sweep.metric), which is to maximize (sweep.direction)" in proc.stderr
     )
     assert "Traceback" not in proc.stderr
+    assert "Launching" not in proc.stdout + proc.stderr  # refused before Hydra lists a job
     assert not any(root.glob("*/model.pt")) and not any(root.glob("*/logs"))
 
 

@@ -70,6 +70,15 @@ def test_declared_gpus_on_a_host_without_them_share_its_cores() -> None:
     assert cores_for(four, ("3",), [0, 1]) == {1}  # more devices than cores: they share
 
 
+def test_overrides_are_shown_as_typed() -> None:
+    """Hydra's sweepers write parsed values back in Python's words (58fe533 echoed
+    `progress_bar=False` in its lines and tables)."""
+    from runner.cli.sweep_jobs import shown
+
+    typed = ["progress_bar=False", "compile=True", "resume=None", "name=False_start", "x=1"]
+    assert shown(typed) == "progress_bar=false compile=true resume=null name=False_start x=1"
+
+
 def test_devices_are_gpu_indices_or_uuids() -> None:
     """`abc` reached CUDA_VISIBLE_DEVICES as `a,b,c` (58fe533): CUDA saw no GPU and the jobs
     silently trained on the CPU."""

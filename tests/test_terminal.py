@@ -89,6 +89,28 @@ def test_eval_export_report_and_rerun_as_typed(tmp_path: Path, finished_run: Pat
     assert "runner: completed 2 steps" in again.output
 
 
+def test_prepare_manifest_and_config_as_typed(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the quick brown fox " * 500)
+    prepared = type_in(
+        [command("runner", True), "prepare", "data=text", f"data.root={corpus}",
+         f"data.cache_dir={tmp_path / 'cache'}"],
+        tmp_path,
+        activated=True,
+    )  # fmt: skip
+    assert prepared.returncode == 0 and "token cache" in prepared.output, prepared.output
+    _clean(prepared)
+    manifest = type_in(
+        [command("runner", False), "k8s-manifest", "--image", "img:1", "device=cuda"],
+        tmp_path,
+        activated=False,
+    )
+    assert manifest.returncode == 0 and "kind: TrainJob" in manifest.output, manifest.output
+    config = type_in([command("runner", True), "--cfg", "job"], tmp_path, activated=True)
+    assert config.returncode == 0 and "global_batch_size: 64" in config.output, config.output
+
+
 def test_two_jobs_side_by_side_share_no_line(tmp_path: Path) -> None:
     argv = [command("runner", True), "-m", "hydra/launcher=runner", *TINY, "nproc=1"]
     argv += ["max_steps=30", "log_interval=5", "seed=1,2", f"hydra.sweep.dir={tmp_path / 's'}"]

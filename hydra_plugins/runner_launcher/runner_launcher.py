@@ -225,7 +225,7 @@ class _Sweep:
             if self.launcher.fail_fast and not self.stopping:
                 self._fail_fast()
         elif stopped is not None:
-            _say(f"job {job.idx} stopped: {stopped}")
+            _say(stopped)
         if self.stopping:  # no queued job starts any more
             self.progress.queued = 0
         self.progress.ended(job.idx, job.dir)
@@ -349,15 +349,10 @@ def _failure(job: _Job, result: JobReturn) -> str | None:
 
 def _stopped(job: _Job) -> str | None:
     """Where a job stopped before its end (a signal, fail_fast), or None when it did not."""
+    from runner.cli.sweep_progress import stopped_line
     from runner.rundir.files import read_json
 
-    summary = read_json(job.dir / "summary.json") or {}
-    if summary.get("status") != "interrupted":
-        return None
-    checkpoint = (summary.get("stopped") or {}).get("checkpoint")
-    where = f"after step {summary.get('steps')}"
-    where += f", checkpoint {checkpoint}" if checkpoint else ""
-    return f"interrupted {where} ({job.dir}); the same command again goes on from there"
+    return stopped_line(job.idx, job.dir, read_json(job.dir / "summary.json") or {})
 
 
 def _stopped_by(signum: int) -> None:

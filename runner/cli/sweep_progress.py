@@ -69,3 +69,16 @@ class SweepProgress:
             return f"sweep: {counts}"
         value, job, metric = self.best
         return f"sweep: {counts}; best {metric} {value:.4g} (job {job})"
+
+
+def stopped_line(job: int, job_dir: Path, summary: dict[str, Any]) -> str | None:
+    """What a sweep says of a job stopped before its end (a signal, fail_fast): where it
+    stands, and that it goes on; None for a job that was not stopped."""
+    if summary.get("status") != "interrupted":
+        return None
+    checkpoint = (summary.get("stopped") or {}).get("checkpoint")
+    where = f"after step {summary.get('steps')}" + (
+        f", checkpoint {checkpoint}" if checkpoint else ""
+    )
+    again = "the same command again goes on from there"
+    return f"job {job} stopped: interrupted {where} ({job_dir}); {again}"

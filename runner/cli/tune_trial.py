@@ -37,6 +37,7 @@ from ray.tune import Callback
 from ray.tune.result import DONE
 from ray.tune.schedulers import ASHAScheduler
 
+from runner.cli.sweep_progress import stopped_line
 from runner.rundir.files import read_json, read_jsonl
 
 ANSWER_TIMEOUT_S = 50.0  # under the job's own wait for an answer (study_server)
@@ -250,6 +251,8 @@ class SweepLines(Callback):
         elif status == "pruned":
             after = (summary.get("pruned") or {}).get("after_step")
             say(f"job {idx} pruned by ASHA after step {after}")
+        elif status == "interrupted":
+            say(stopped_line(idx, job_dir, summary) or "")
         if self.stop.stopped:
             self.progress.queued = 0
         say(self.progress.line())
