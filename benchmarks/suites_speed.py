@@ -224,12 +224,13 @@ def checkpoint_async_suite(_steps: int) -> list[Config]:
 
     configs = []
     for parallelism in ("ddp", "fsdp"):
-        sync = f"{parallelism}, checkpoint.async=false"
-        bare = f"{parallelism}, checkpoint.async=true, checkpoint.digest=false"
+        bare_sync = f"{parallelism}, checkpoint.async=false, checkpoint.digest=false"
+        bare_async = f"{parallelism}, checkpoint.async=true, checkpoint.digest=false"
         for name, baseline, settings in (
-            (sync, sync, ("false", "true")),
-            (bare, sync, ("true", "false")),
-            (f"{parallelism}, checkpoint.async=true", bare, ("true", "true")),
+            (bare_sync, bare_sync, ("false", "false")),
+            (f"{parallelism}, checkpoint.async=false", bare_sync, ("false", "true")),
+            (bare_async, bare_sync, ("true", "false")),
+            (f"{parallelism}, checkpoint.async=true", bare_async, ("true", "true")),
         ):
             overrides = (
                 f"parallelism={parallelism}",

@@ -173,3 +173,31 @@ def test_a_checkpoint_sealed_by_size_alone_still_counts(tmp_path: Path) -> None:
     checkpoint = store.commit(2)
     assert "digests" not in json.loads((checkpoint / MANIFEST).read_text())
     assert damage(checkpoint) is None and newest_intact(tmp_path).path == checkpoint
+
+
+def test_a_file_is_digested_as_it_is_written(tmp_path: Path) -> None:
+    """torch.save through the writer: the noted digest is the file's, no second read; the
+    notes go into the manifest and are gone from the sealed checkpoint."""
+    import torch
+
+    from runner.rundir.checkpoints import DigestingWriter, note_digest, take_noted_digests
+
+    store = CheckpointStore(tmp_path, keep=2)
+    partial = store.begin(2)
+    (partial / "dcp").mkdir()
+    for path in (partial / "state.pt", partial / "dcp" / "__0_0.distcp"):
+        with open(path, "wb") as f:
+            written = DigestingWriter(f)
+            torch.save({"w": torch.arange(1000.0)}, written)
+        note_digest(path, written.digest())
+        assert written.digest() == file_digest(path)
+    checkpoint = store.commit(2, digests={})
+    assert not list(checkpoint.rglob(".digests")) and take_noted_digests(checkpoint) == {}
+    manifest = json.loads((checkpoint / MANIFEST).read_text())
+    assert manifest["digests"] == {k: v for k, v in digests_of(checkpoint).items() if k != MANIFEST}
+    with open(tmp_path / "moved.bin", "wb") as f:  # written out of order: no digest kept
+        written = DigestingWriter(f)
+        written.write(b"abcd")
+        written.seek(0)
+        written.write(b"x")
+    assert written.digest() is None

@@ -160,6 +160,7 @@ def test_a_pruned_sweep_killed_and_run_again_keeps_its_study(tmp_path: Path) -> 
 
     again, _ = run_sweep(tmp_path, *overrides, root=root)
     assert again.returncode == 0, again.stdout + again.stderr
+    assert "setup plugin alembic" not in again.stdout + again.stderr  # Optuna's storage, quiet
     assert f"going on with the study in {root}: 2 trial(s) ended, 2 to go on" in again.stderr
     assert "1 job(s) kept as they ended, 1 going on from their last checkpoint" in again.stderr
     study = json.loads((root / "study.json").read_text())

@@ -106,6 +106,7 @@ def test_optuna_maximises_the_returned_validation_accuracy(tmp_path: Path) -> No
         "optimizer.lr=interval(0.0001,0.01)",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "setup plugin alembic" not in proc.stdout + proc.stderr  # Optuna's storage, quiet
     rows = table(root)
     assert [(r["job"], r["status"]) for r in rows] == [("0", "completed"), ("1", "completed")]
     assert all((root / r["job"] / "model.pt").is_file() for r in rows)

@@ -18,6 +18,7 @@ from torch import nn
 from runner import dist as rdist
 from runner.engines.optim import build_optimizer, optimizer_state_bytes
 from runner.engines.schedules import build_scheduler
+from runner.rundir.checkpoints import DigestingWriter, note_digest
 from runner.spec import RunSpec
 
 Fill = Callable[[nn.Module], None]
@@ -304,10 +305,14 @@ class Snapshot:
         return copy.deepcopy(state)
 
 
-def save_durably(obj: Any, path: Path) -> None:
+def save_durably(obj: Any, path: Path, digest: bool = True) -> None:
     """torch.save, then fsync: a checkpoint is sealed only once its bytes are on disk (DCP
-    syncs its files too), so a crash of the machine cannot leave a sealed checkpoint empty."""
+    syncs its files too), so a crash of the machine cannot leave a sealed checkpoint empty.
+    `digest`: the bytes are digested as they are written, for the checkpoint's manifest."""
     with open(path, "wb") as f:
-        torch.save(obj, f)
+        written = DigestingWriter(f) if digest else None
+        torch.save(obj, written or f)
         f.flush()
         os.fsync(f.fileno())
+    if written is not None:
+        note_digest(path, written.digest())

@@ -49,6 +49,7 @@ class DDPEngine(Engine):
         options = spec.parallelism
         self.module = module
         self.strategy = spec.sync_strategy.name
+        self.digest = spec.checkpoint.digest  # checkpoint files digested as they are written
         self.model = DistributedDataParallel(
             module,
             device_ids=[torch.device(device).index] if device.startswith("cuda") else None,
@@ -125,7 +126,7 @@ class DDPEngine(Engine):
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         if rdist.get_global_rank() != 0:
             return  # every rank holds the same state: one copy, independent of world size
-        save_durably(self._state(client_state), directory / STATE_FILE)
+        save_durably(self._state(client_state), directory / STATE_FILE, self.digest)
 
     can_save_async = True
     _snapshot: Snapshot | None = None
@@ -140,7 +141,8 @@ class DDPEngine(Engine):
         if self._snapshot is None:
             self._snapshot = Snapshot()
         snapshot = self._snapshot.take(self._state(client_state))
-        return background_writer().submit(save_durably, snapshot, directory / STATE_FILE)
+        path = directory / STATE_FILE
+        return background_writer().submit(save_durably, snapshot, path, self.digest)
 
     def _state(self, client_state: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -87,6 +87,7 @@ class FSDPEngine(Engine):
                 sharded.set_force_sum_reduction_for_comms(True)
         self.module = self.model = module
         self.device_type = torch.device(device).type
+        self.digest = spec.checkpoint.digest  # checkpoint files digested as they are written
         self.replicas = options.replicas
         self.tensor = grid.tensor
         if grid.replicate > 1:
@@ -158,7 +159,7 @@ class FSDPEngine(Engine):
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(self._sharded_state(), checkpoint_id=str(directory / DCP_DIR))
+        dcp.save(self._sharded_state(), storage_writer=self._writer(directory / DCP_DIR))
         self._save_extra(directory, client_state)
 
     can_save_async = True
@@ -181,13 +182,22 @@ class FSDPEngine(Engine):
             self._stager = _shared_memory_stager(self.device_type)
         future = dcp.async_save(
             self._sharded_state(),
-            checkpoint_id=str(directory / DCP_DIR),
+            storage_writer=self._writer(directory / DCP_DIR),
             process_group=self._checkpoint_group,
             async_checkpointer_type=AsyncCheckpointerType.PROCESS,
             async_stager=self._stager,
         )
         self._save_extra(directory, client_state)
         return future
+
+    def _writer(self, path: Path) -> Any:
+        """DCP's file-system writer; with checkpoint.digest, one that digests each file as it
+        is written (runner.engines.dcp_writer)."""
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        from runner.engines.dcp_writer import DigestingFileSystemWriter
+
+        return (DigestingFileSystemWriter if self.digest else FileSystemWriter)(str(path))
 
     def _sharded_state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict

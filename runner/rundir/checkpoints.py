@@ -25,6 +25,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from runner.rundir.files import write_atomic
 
@@ -65,12 +66,14 @@ class CheckpointStore:
         small one written since, is digested here); None: a checkpoint sealed by size only
         (checkpoint.digest=false)."""
         partial = self.partial_dir(step)
+        noted = take_noted_digests(partial)  # taken while the files were written
         names = [str(p.relative_to(partial)) for p in sorted(partial.rglob("*")) if p.is_file()]
         files = {name: (partial / name).stat().st_size for name in names}
         manifest: dict = {"step": step, "files": files}
         if digests is not None:
+            known = {**noted, **digests}
             manifest["digests"] = {
-                name: digests.get(name) or file_digest(partial / name) for name in names
+                name: known.get(name) or file_digest(partial / name) for name in names
             }
         write_atomic(partial / MANIFEST, json.dumps(manifest, indent=1))
         final = self.root / checkpoint_name(step)
@@ -225,6 +228,57 @@ def file_digest(path: Path, algorithm: str | None = None) -> str:
                 break
             hasher.update(view[:read])
     return f"{algorithm}:{hasher.hexdigest()}"
+
+
+class DigestingWriter:
+    """A binary file that digests what is written through it, as it is written: a large
+    checkpoint file costs no second read. Writes must come in order (torch.save and DCP's
+    writers do); a seek elsewhere drops the digest, and the file is read back instead."""
+
+    def __init__(self, file: BinaryIO, algorithm: str | None = None):
+        self.file = file
+        self.algorithm = algorithm or _default_algorithm()
+        self.hasher = _hasher(self.algorithm)
+        self.in_order = True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.hasher.update(view)
+        return self.file.write(view)
+
+    def digest(self) -> str | None:
+        return f"{self.algorithm}:{self.hasher.hexdigest()}" if self.in_order else None
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        here = self.file.tell()
+        moved = self.file.seek(offset, whence)
+        self.in_order &= moved == here
+        return moved
+
+    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno, close, closed, ...
+        return getattr(self.file, name)
+
+
+NOTES = ".digests"  # beside files a rank wrote: their digests, taken into the manifest
+
+
+def note_digest(path: Path, digest: str | None) -> None:
+    """Keep the digest of `path`, taken while it was written (any process, any rank), for
+    the manifest; the checkpoint is sealed without the note."""
+    if digest is not None:
+        write_atomic(path.parent / NOTES / path.name, digest)
+
+
+def take_noted_digests(directory: Path) -> dict[str, str]:
+    """The digests noted below `directory`, by their files' paths there; the notes go."""
+    noted = {}
+    for notes in sorted(directory.rglob(NOTES)):
+        for note in notes.iterdir():
+            target = notes.parent / note.name
+            if target.is_file() and not note.name.startswith("."):
+                noted[str(target.relative_to(directory))] = note.read_text().strip()
+        shutil.rmtree(notes, ignore_errors=True)
+    return noted
 
 
 def digests_of(directory: Path) -> dict[str, str]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from runner import dist as rdist
 from runner.engines.base import Engine
 from runner.errors import describe
 from runner.heartbeat import Heartbeat, Phase
-from runner.rundir.checkpoints import CheckpointStore, checkpoint_name, digests_of
+from runner.rundir.checkpoints import CheckpointStore, checkpoint_name
 from runner.rundir.files import RunDir
 from runner.spec import RunSpec
 from runner.train.checkpoints import checkpointing
@@ -63,15 +63,13 @@ class Checkpointer:
         self.store = CheckpointStore(run_dir.checkpoints, spec.checkpoint.keep)
         self.background = spec.checkpoint.async_
         self.rank = rdist.get_global_rank()
-        # rank 0 reads each checkpoint back for its manifest's digests as its write ends
-        self.digests = spec.checkpoint.digest and self.rank == 0
+        self.digests = spec.checkpoint.digest  # each file's, in the manifest rank 0 writes
         self.blocked_s: list[float] = []  # how long training waited, per checkpoint
-        self.written_s: list[float] = []  # rank 0: start to written and digested, per checkpoint
+        self.written_s: list[float] = []  # rank 0: from its start until sealed, per checkpoint
         self._client: dict[str, Any] | None = None  # the checkpoint in flight, if any
         self._future: Future | None = None
         self._started = 0.0  # when the checkpoint in flight began (perf_counter) ...
-        self._done_at: float | None = None  # ... and when its background write (and read) ended
-        self._reader: ThreadPoolExecutor | None = None  # reads async checkpoints back
+        self._done_at: float | None = None  # ... and when its background write ended
 
     def resume(self) -> dict[str, Any]:
         """Every rank: this attempt's start (checkpointing.resume); {} for a fresh one."""
@@ -131,29 +129,17 @@ class Checkpointer:
             return target, checkpointing.restore(target, self.engine, self.store, self.stream)
 
     def _write(self, partial: Path, client: dict[str, Any]) -> Future:
-        """The engine's state into `partial`: in the background, or at once (a future that
-        is already done). Its result: rank 0's digests of the files, read back once the write
-        ended (in the background too), or None."""
+        """The engine's state into `partial` (its large files digested as they are written:
+        runner.rundir.checkpoints.DigestingWriter): in the background, or at once (a future
+        that is already done)."""
         if self.background:
             writing = self.engine.save_checkpoint_async(partial, client)
             writing.add_done_callback(self._written)
-            if not self.digests:
-                return writing
-            if self._reader is None:
-                self._reader = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-digests")
-            return self._reader.submit(self._read_back, writing, partial)
+            return writing
         self.engine.save_checkpoint(partial, client)
         written: Future = Future()
         written.set_result(None)
         return written
-
-    def _read_back(self, writing: Future, partial: Path) -> dict[str, str]:
-        """Rank 0, off the training thread: the digests of every file once the write is done
-        (for DCP that is every rank's: the coordinator writes its metadata last)."""
-        writing.result()
-        digests = digests_of(partial)
-        self._written()
-        return digests
 
     def _written(self, _future: Future | None = None) -> None:
         self._done_at = time.perf_counter()
@@ -165,7 +151,7 @@ class Checkpointer:
         step = self._client["step"]
         with checkpointing.failing_write(self.store, step):
             try:
-                digests = self._future.result()  # the write's error, if it failed
+                self._future.result()  # the write's error, if it failed
             except Exception:
                 raise
             except BaseException as exc:  # DCP's CheckpointException is a BaseException
@@ -175,14 +161,13 @@ class Checkpointer:
         if together:
             rdist.barrier()
         if self.rank == 0:
-            if self.digests and not isinstance(digests, dict):  # written at once: read now
-                with checkpointing.failing_write(self.store, step):
-                    digests = digests_of(self.store.partial_dir(step))
+            # the digests noted as the files were written, the rest (small ones, DeepSpeed's
+            # files) read back as the manifest is written
+            digests: dict[str, str] | None = {} if self.digests else None
+            checkpointing.seal(self.store, self.engine, self.spec, self._client, digests)
             done = self._done_at if self.background and self._done_at else time.perf_counter()
             self.written_s.append(done - self._started)
             self._done_at = None
-            sealed = digests if self.digests else None
-            checkpointing.seal(self.store, self.engine, self.spec, self._client, sealed)
             if not together:
                 log.info("checkpoint of step %d written in the background", step)
         if together:
