@@ -79,6 +79,20 @@ def test_overrides_are_shown_as_typed() -> None:
     assert shown(typed) == "progress_bar=false compile=true resume=null name=False_start x=1"
 
 
+def test_jobs_joblib_runs_side_by_side_draw_no_bar() -> None:
+    from omegaconf import OmegaConf
+
+    from runner.cli.sweep_job import quiet_beside_others
+
+    joblib = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
+    basic = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+    for target, n_jobs, bar in ((joblib, 2, False), (joblib, 1, True), (basic, None, True)):
+        cfg = OmegaConf.create({"progress_bar": True})
+        hydra_cfg = OmegaConf.create({"launcher": {"_target_": target, "n_jobs": n_jobs}})
+        quiet_beside_others(cfg, hydra_cfg)
+        assert cfg.progress_bar is bar, target
+
+
 def test_devices_are_gpu_indices_or_uuids() -> None:
     """`abc` reached CUDA_VISIBLE_DEVICES as `a,b,c` (58fe533): CUDA saw no GPU and the jobs
     silently trained on the CPU."""

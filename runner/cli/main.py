@@ -41,7 +41,12 @@ from runner.cli.resolving import problems_text, resolve_cfg
 from runner.cli.resume_point import resume_problems
 from runner.cli.supervise import run_agent
 from runner.cli.sweep import SweepTable, sweeper_problem, write_sweep_table
-from runner.cli.sweep_job import earlier_start_of_job, one_job_at_a_time, stop_sweep
+from runner.cli.sweep_job import (
+    earlier_start_of_job,
+    one_job_at_a_time,
+    quiet_beside_others,
+    stop_sweep,
+)
 from runner.processes import add_code_dirs, exit_code_for_signal, keep_extensions_in_environment
 from runner.rundir.files import RunDir, environment_info, read_json, write_json
 from runner.rundir.summary import (
@@ -129,6 +134,7 @@ def _run(cfg: DictConfig) -> float | None:
         kept = earlier_start_of_job(cfg, run_dir.root, hydra_cfg)
         if kept is not None:
             return kept
+        quiet_beside_others(cfg, hydra_cfg)
     try:
         spec, secrets = resolve_cfg(cfg, run_dir.root, requeued)
     except SpecError as err:

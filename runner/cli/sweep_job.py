@@ -38,6 +38,15 @@ def earlier_start_of_job(cfg: DictConfig, job_dir: Path, hydra_cfg: Any) -> floa
     return None
 
 
+def quiet_beside_others(cfg: DictConfig, hydra_cfg: Any) -> None:
+    """Jobs that joblib runs side by side share this terminal: their bars would share its
+    line, so they draw none (hydra/launcher=runner decides for its own jobs)."""
+    launcher = hydra_cfg.launcher
+    if "joblib" in str(launcher.get("_target_", "")) and launcher.get("n_jobs", 1) != 1:
+        with open_dict(cfg):
+            cfg.progress_bar = False
+
+
 def one_job_at_a_time(hydra_cfg: Any) -> bool:
     """Hydra's own launcher, which runs the jobs one after another in this process."""
     return str(hydra_cfg.launcher.get("_target_", "")).endswith("BasicLauncher")

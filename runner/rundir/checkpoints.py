@@ -264,9 +264,15 @@ NOTES = ".digests"  # beside files a rank wrote: their digests, taken into the m
 
 def note_digest(path: Path, digest: str | None) -> None:
     """Keep the digest of `path`, taken while it was written (any process, any rank), for
-    the manifest; the checkpoint is sealed without the note."""
-    if digest is not None:
-        write_atomic(path.parent / NOTES / path.name, digest)
+    the manifest; the checkpoint is sealed without the note. Renamed into place but not
+    synced: a crash before the seal discards the whole partial checkpoint anyway."""
+    if digest is None:
+        return
+    note = path.parent / NOTES / path.name
+    note.parent.mkdir(exist_ok=True)
+    tmp = note.with_name(f".{note.name}.tmp{os.getpid()}")
+    tmp.write_text(digest)
+    os.replace(tmp, note)
 
 
 def take_noted_digests(directory: Path) -> dict[str, str]:
