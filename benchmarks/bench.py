@@ -97,7 +97,7 @@ SUITES = {
         checkpoint_async_suite,
         "the medians over a run's checkpoints of the seconds its training waited "
         "(summary.json checkpoint_blocked_s) and of the seconds from a checkpoint's start until "
-        "it was written and read back for its digests (checkpoint_written_s)",
+        "it was written, digested and sealed (checkpoint_written_s)",
         (CHECKPOINT_BLOCKED, CHECKPOINT_WRITTEN),
     ),
     "sharded_step": (

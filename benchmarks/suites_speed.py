@@ -187,7 +187,7 @@ def grad_norm_suite(_steps: int) -> list[Config]:
 
 
 CHECKPOINT_BLOCKED = "s blocked per checkpoint"
-CHECKPOINT_WRITTEN = "s to sealed per checkpoint"  # written and read back for its digests
+CHECKPOINT_WRITTEN = "s to sealed per checkpoint"  # written, digested and sealed
 # A gpt of about 100 MB of training state under ddp (6.4M parameters: fp32 weights, gradients
 # and AdamW's two moments), a checkpoint every 8 steps.
 GPT_100MB = (
@@ -206,8 +206,8 @@ GPT_100MB = (
 
 def checkpoint_async_suite(_steps: int) -> list[Config]:
     """How long training waits per checkpoint, and how long each takes until it is sealed,
-    for ddp and fsdp: async against sync, and the content digest (checkpoint.digest, read
-    back as each write ends) against none."""
+    for ddp and fsdp: async against sync, and the content digest (checkpoint.digest, taken
+    as each file is written) against none."""
 
     def measure(*overrides: str) -> dict[str, float]:
         with tempfile.TemporaryDirectory() as tmp:

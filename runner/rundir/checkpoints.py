@@ -7,7 +7,7 @@
       latest                   the name of the newest finished checkpoint
 
 A checkpoint is written into `.partial-step_N/`, then MANIFEST.json records the size and a
-content digest (xxh3-128, read back as the write ends: runner.train.checkpoints) of every
+content digest (xxh3-128, taken as each large file is written: `DigestingWriter`) of every
 file, the directory is renamed to `step_N/`, and only then does `latest` move (write a
 temporary file, rename it over the old one). Reading trusts nothing: a checkpoint counts
 only if its manifest is there and every file has the recorded size (`is_valid`, cheap), and
@@ -216,12 +216,13 @@ CHUNK = 8 * 2**20
 
 
 def file_digest(path: Path, algorithm: str | None = None) -> str:
-    """`algorithm:hexdigest` of a file's bytes, read in 8 MB chunks."""
+    """`algorithm:hexdigest` of a file's bytes, read in chunks of up to 8 MB (a small file's
+    buffer is its size: zeroing 8 MB costs more than reading a manifest's small files)."""
     algorithm = algorithm or _default_algorithm()
     hasher = _hasher(algorithm)
-    buffer = bytearray(CHUNK)
-    view = memoryview(buffer)
     with open(path, "rb", buffering=0) as f:
+        buffer = bytearray(max(1, min(CHUNK, os.fstat(f.fileno()).st_size)))
+        view = memoryview(buffer)
         while True:
             read = f.readinto(buffer)
             if not read:

@@ -87,7 +87,7 @@ def seal(
     client: dict[str, Any],
     digests: dict[str, str] | None,
 ) -> None:
-    """Rank 0, once every rank's files are written (and, with `digests`, read back): the
+    """Rank 0, once every rank's files are written (their digests noted as they were): the
     checkpoint's meta.json, then the manifest and the rename that make it a finished
     checkpoint and the latest one."""
     step = client["step"]
