@@ -9,6 +9,13 @@ import shutil
 import subprocess
 
 
+def peak_rss_bytes() -> int:
+    """The most resident memory this process has held (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def cpu_cores() -> int:
     """Cores this process may run on (respects taskset/cgroup affinity)."""
     try:

@@ -20,16 +20,20 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import tomllib
 
 from tests.helpers.cli import REPO, child_env
-
-PACKAGE = REPO / "runner"
-SHARED = "shared"  # runner/*.py and runner/rundir/: what every process shares
-SHARED_PACKAGES = {"rundir"}  # the run directory's files, read and written by every process
+from tests.helpers.source_imports import (
+    MODULES,
+    SHARED,
+    defined_names,
+    find_cycle,
+    folder_of,
+    is_module,
+    runner_imports,
+)
 
 # What each folder may import (besides itself), top of the run's flow first. spec/ is read by
 # every process, so it sits low; the parent (cli/) never imports the training side (train/,
@@ -67,93 +71,11 @@ LAZY_EXCEPTIONS: dict[str, set[str]] = {
 HEAVY = ("torch", "torchvision", "deepspeed", "sklearn")
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def folder_of(module: str) -> str:
-    parts = module.split(".")
-    is_package = (PACKAGE.joinpath(*parts[1:]) / "__init__.py").is_file()
-    if len(parts) == 1 or (len(parts) == 2 and not is_package) or parts[1] in SHARED_PACKAGES:
-        return SHARED
-    return parts[1]
-
-
-def _is_module(name: str) -> bool:
-    parts = name.split(".")[1:]
-    target = PACKAGE.joinpath(*parts)
-    return target.with_suffix(".py").is_file() or (target / "__init__.py").is_file()
-
-
-def _type_checking_only(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def defined_names(module: str) -> set[str]:
-    """The names a runner module defines or imports at its top level."""
-    parts = module.split(".")[1:]
-    target = PACKAGE.joinpath(*parts)
-    path = target / "__init__.py" if target.is_dir() else target.with_suffix(".py")
-    names: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-    return names
-
-
-def runner_imports(path: Path) -> list[tuple[str, bool, int]]:
-    """(imported runner module, lazy?, line) for every import of runner code that runs."""
-    found: list[tuple[str, bool, int]] = []
-
-    def visit(node: ast.AST, lazy: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _type_checking_only(child):
-                continue  # annotations only; never executed
-            if isinstance(child, ast.Import):
-                for alias in child.names:
-                    if alias.name.split(".")[0] == "runner":
-                        found.append((alias.name, lazy, child.lineno))
-            elif isinstance(child, ast.ImportFrom):
-                assert child.level == 0, f"{path}:{child.lineno}: use absolute imports"
-                base = child.module or ""
-                if base.split(".")[0] != "runner":
-                    continue
-                for alias in child.names:  # `from runner.x import y`: y may be a module
-                    sub = f"{base}.{alias.name}"
-                    if _is_module(sub):
-                        found.append((sub, lazy, child.lineno))
-                    else:
-                        assert alias.name in defined_names(base), (
-                            f"{path}:{child.lineno}: {base} has no {alias.name}"
-                        )
-                        found.append((base, lazy, child.lineno))
-            inner = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-            visit(child, lazy or inner)
-
-    visit(ast.parse(path.read_text(), str(path)), False)
-    return found
-
-
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-
-
 def test_every_import_of_runner_code_resolves() -> None:
     """`make test` imports neither the benchmarks nor every lazy path: read them instead."""
     for path in [*MODULES.values(), *sorted((REPO / "benchmarks").glob("*.py"))]:
         for target, _, line in runner_imports(path):
-            assert _is_module(target), f"{path}:{line}: {target} is not a runner module"
+            assert is_module(target), f"{path}:{line}: {target} is not a runner module"
 
 
 def test_entry_points_name_real_modules() -> None:
@@ -175,7 +97,7 @@ def test_entry_points_name_real_modules() -> None:
     }
     assert len(commands) >= 6, commands
     for where, name in sorted(commands):
-        assert _is_module(name), f"{where}: python -m {name}: no such module"
+        assert is_module(name), f"{where}: python -m {name}: no such module"
 
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     targets = [target.split(":") for target in scripts.values()]
@@ -184,7 +106,7 @@ def test_entry_points_name_real_modules() -> None:
         targets += [name.rsplit(".", 1) for name in found]
     assert len(targets) >= 3, targets
     for module, attr in targets:
-        assert _is_module(module) and attr in defined_names(module), f"no {module}.{attr}"
+        assert is_module(module) and attr in defined_names(module), f"no {module}.{attr}"
 
 
 def test_every_folder_has_a_place_in_the_layers() -> None:
@@ -207,32 +129,9 @@ def test_imports_only_go_down_the_layers() -> None:
     assert not problems, "imports going up the layers:\n" + "\n".join(problems)
 
 
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One cycle of `graph` (a list of nodes, first == last), or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def walk(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return [*path[path.index(nxt) :], nxt]
-            if nxt not in state and (found := walk(nxt)):
-                return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (found := walk(node)):
-            return found
-    return None
-
-
-def test_cycle_finder_finds_a_cycle() -> None:
-    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+def test_cycle_finder_finds_afind_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
 @pytest.mark.parametrize("folder", sorted(MAY_IMPORT))
@@ -242,7 +141,7 @@ def test_no_import_cycle_inside_a_folder(folder: str) -> None:
         for name, path in MODULES.items()
         if folder_of(name) == folder
     }
-    cycle = _cycle(graph)
+    cycle = find_cycle(graph)
     assert cycle is None, f"import cycle in {folder}/: {' -> '.join(cycle or [])}"
 
 

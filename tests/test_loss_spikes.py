@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.spec.schema import LossSpikeSpec
+from runner.spec.guard_specs import LossSpikeSpec
 from runner.train.guards.loss_spikes import SpikeWatch
 from tests.helpers.cli import FAST
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from runner.mesh import Layout
 from runner.spec import RunSpec, resolve_spec
+from runner.spec.mesh import Layout
 from tests.helpers.cli import run_cli
 from tests.helpers.config import compose_config
 from tests.helpers.equivalence import ARGS, relative_error

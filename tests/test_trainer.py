@@ -106,12 +106,12 @@ def test_stop_catches_a_gradient_that_overflowed_by_the_loss_of_the_next_step(
     batch = [next(iter(trainer.data.train_loader))]
     first = next(trainer.engine.module.parameters())
     hook = first.register_hook(lambda grad: grad * float("inf"))  # overflows in backward only
-    loss_sum, *_ = trainer.train_step(batch, len(batch[0][0]), step=1)
+    loss_sum = trainer.train_step(batch, len(batch[0][0]), step=1).loss_sum
     assert torch.isfinite(loss_sum)
     _, error = trainer.guard.reduce_with(loss_sum.double())
     assert error is None  # nothing noted yet: the loss was finite
     hook.remove()
-    loss_sum, *_ = trainer.train_step(batch, len(batch[0][0]), step=2)
+    loss_sum = trainer.train_step(batch, len(batch[0][0]), step=2).loss_sum
     sums, error = trainer.guard.reduce_with(loss_sum.double())
     assert isinstance(error, NonFiniteError) and error.step == 2
     assert re.search(r"non-finite loss .* at step 2 on rank\(s\) 0", str(error))

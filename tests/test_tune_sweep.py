@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from runner.cli.tune_sweep import resource_problems
+from runner.sweeps.ray_cluster import resource_problems
 from tests.helpers.cli import FAST, HANG, run_sweep, start_runner, wait_until
 
 TUNE = "hydra/launcher=tune"

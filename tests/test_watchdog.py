@@ -10,7 +10,7 @@ import pytest
 from runner.heartbeat import Heartbeat, Phase
 from runner.launch.watchdog import Watchdog
 from runner.rundir.files import RunDir
-from runner.spec.schema import WatchdogSpec
+from runner.spec.guard_specs import WatchdogSpec
 
 SPEC = WatchdogSpec(timeout=10, first_step_timeout=100, eval_timeout=50, checkpoint_timeout=None)
 

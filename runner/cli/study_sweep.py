@@ -175,30 +175,10 @@ class StudySweep:
         fixed_overrides = _fixed_overrides(arguments)
         spec, problems = self._first_spec(fixed_overrides)
         kept, damaged = kept_study(self.sweep_dir)
-        problems += damaged
+        problems += damaged + self._launcher_problems(kept)
         if spec is not None:
             problems += sweep_problems(
                 spec, self.sweeper.direction, self.sweeper.pruner, kept and kept["direction"]
-            )
-        unfinished = [
-            t for t in (kept or {}).get("trials", []) if t["state"] in ("RUNNING", "WAITING")
-        ]
-        if unfinished and type(self.launcher).__name__ != "RunnerLauncher":
-            problems.append(
-                f"hydra.sweep.dir={self.sweep_dir}: {len(unfinished)} trial(s) of its study were "
-                "interrupted; going on with them takes hydra/launcher=runner"
-            )
-        if self.sweeper.pruner and "Slurm" in type(self.launcher).__name__:
-            problems.append(
-                f"hydra/sweeper/pruner={self.sweeper.pruner['name']}: the jobs of "
-                "hydra/launcher=submitit_slurm run on other hosts, where the study cannot hear "
-                "their reports; prune on one node (hydra/launcher=runner), or drop the pruner"
-            )
-        if self.sweeper.pruner and type(self.launcher).__name__ == "TuneLauncher":
-            problems.append(
-                f"hydra/sweeper/pruner={self.sweeper.pruner['name']}: the jobs of "
-                "hydra/launcher=tune report to their Tune trial; prune with "
-                "hydra.launcher.scheduler=asha, or drop the pruner"
             )
         if problems:
             refuse_sweep(problems, self.sweep_dir)
@@ -226,6 +206,31 @@ class StudySweep:
             if server is not None:
                 server.close()
         self._write_results()
+
+    def _launcher_problems(self, kept: dict[str, Any] | None) -> list[str]:
+        """What the sweep's launcher cannot do that this sweep asks of it."""
+        problems = []
+        unfinished = [
+            t for t in (kept or {}).get("trials", []) if t["state"] in ("RUNNING", "WAITING")
+        ]
+        if unfinished and type(self.launcher).__name__ != "RunnerLauncher":
+            problems.append(
+                f"hydra.sweep.dir={self.sweep_dir}: {len(unfinished)} trial(s) of its study were "
+                "interrupted; going on with them takes hydra/launcher=runner"
+            )
+        if self.sweeper.pruner and "Slurm" in type(self.launcher).__name__:
+            problems.append(
+                f"hydra/sweeper/pruner={self.sweeper.pruner['name']}: the jobs of "
+                "hydra/launcher=submitit_slurm run on other hosts, where the study cannot hear "
+                "their reports; prune on one node (hydra/launcher=runner), or drop the pruner"
+            )
+        if self.sweeper.pruner and type(self.launcher).__name__ == "TuneLauncher":
+            problems.append(
+                f"hydra/sweeper/pruner={self.sweeper.pruner['name']}: the jobs of "
+                "hydra/launcher=tune report to their Tune trial; prune with "
+                "hydra.launcher.scheduler=asha, or drop the pruner"
+            )
+        return problems
 
     def _first_spec(self, overrides: list[str]) -> tuple[RunSpec | None, list[str]]:
         """The run the sweep's fixed overrides make (no searched value): what the checks

@@ -18,7 +18,6 @@ running trial with a checkpoint; fail_fast stops the sweep at the first failed j
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import pickle
 import signal
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.cli.sweep import refuse_sweep, say
+from runner.sweeps import ray_cluster
 
 EXPERIMENT_DIR = "tune"  # in the sweep directory: Tune's own files, a folder per launch
 STOP_FILE = "STOP"  # in the launch's folder: the whole sweep stops (trials read it)
@@ -72,16 +72,18 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         refuse_sweep(problems, sweep_dir)
     import ray
 
-    started = _connect(ray, launcher)
+    started = ray_cluster.connect(ray, launcher, say)
     try:
-        problems = resource_problems(_largest_node(ray), launcher, [job.nproc for job in jobs])
+        problems = ray_cluster.resource_problems(
+            ray_cluster.largest_node(ray), launcher, [job.nproc for job in jobs]
+        )
         if problems:
             refuse_sweep(problems, sweep_dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         experiment = sweep_dir / EXPERIMENT_DIR / f"launch-{initial_job_idx}"
         return _Tune(launcher, spec, jobs, experiment).fit()
     finally:
-        _disconnect(ray, started)
+        ray_cluster.disconnect(ray, started)
 
 
 def _job(launcher: Any, idx: int, overrides: Sequence[str]) -> TuneJob:
@@ -131,83 +133,6 @@ def config_problems(launcher: Any, spec: Any, jobs: list[TuneJob], sweep_dir: Pa
     return problems
 
 
-def resource_problems(largest: dict[str, float], launcher: Any, nprocs: list[int]) -> list[str]:
-    """Jobs whose trial no node of the cluster can hold."""
-    most = max(nprocs, default=1)
-    gpus = int(largest.get("GPU", 0))
-    problems = []
-    wanted_gpus = trial_gpus(launcher, most, gpus > 0)
-    if wanted_gpus > gpus:
-        problems.append(
-            f"nproc={most}: a trial asks for {wanted_gpus:g} GPU(s) and no node of the Ray "
-            f"cluster has more than {gpus}; lower nproc (or hydra.launcher.gpus_per_trial)"
-        )
-    wanted_cpus = trial_cpus(launcher, most, gpus > 0)
-    cpus = int(largest.get("CPU", 0))
-    if wanted_cpus > cpus:
-        problems.append(
-            f"nproc={most}: a trial asks for {wanted_cpus:g} CPU(s) and no node of the Ray "
-            f"cluster has more than {cpus}; lower nproc (or hydra.launcher.cpus_per_trial)"
-        )
-    return problems
-
-
-def trial_gpus(launcher: Any, nproc: int, cluster_has_gpus: bool) -> float:
-    """A trial's GPUs: hydra.launcher.gpus_per_trial, else one per rank on a GPU cluster."""
-    if launcher.gpus_per_trial is not None:
-        return float(launcher.gpus_per_trial)
-    return float(nproc) if cluster_has_gpus else 0.0
-
-
-def trial_cpus(launcher: Any, nproc: int, cluster_has_gpus: bool) -> float:
-    """A trial's CPUs: hydra.launcher.cpus_per_trial, else one per rank."""
-    if launcher.cpus_per_trial is not None:
-        return float(launcher.cpus_per_trial)
-    return float(nproc)
-
-
-def _connect(ray: Any, launcher: Any) -> bool:
-    """Join the cluster, or start a local one; whether this process started it."""
-    from runner.processes import LOCAL_RAY_CLUSTER
-
-    address = launcher.address or os.environ.get("RAY_ADDRESS") or None
-    for name in ("ray", "ray.tune", "ray.train"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    try:
-        if address is None:
-            ray.init(num_gpus=launcher.gpus, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.WARNING, _system_config=LOCAL_RAY_CLUSTER)  # fmt: skip
-        else:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    except Exception as exc:
-        where = (
-            "cannot start a local Ray cluster"
-            if address is None
-            else (f"hydra.launcher.address={address}: cannot join a Ray cluster there")
-        )
-        say(f"{where} ({exc})".strip())
-        raise SystemExit(2) from None
-    return address is None
-
-
-def _disconnect(ray: Any, started: bool) -> None:
-    from runner.processes import descendants, reap
-
-    ours = descendants(os.getpid()) if started else set()
-    ray.shutdown()  # a cluster this process started goes with it
-    reap(ours)
-
-
-def _largest_node(ray: Any) -> dict[str, float]:
-    """The most CPUs and GPUs one alive node of the cluster has."""
-    largest: dict[str, float] = {}
-    for node in ray.nodes():
-        if node.get("Alive"):
-            for kind in ("CPU", "GPU"):
-                largest[kind] = max(largest.get(kind, 0.0), node["Resources"].get(kind, 0.0))
-    return largest
-
-
 class SweepStop:
     """The whole sweep stops (a signal, fail_fast): a file its trials read, and a flag."""
 
@@ -241,25 +166,11 @@ class _Tune:
     def fit(self) -> list:
         import shutil
 
-        import ray
-        from ray import tune
-
-        from runner.cli.tune_trial import JobTrial, SweepLines
+        from runner.cli.tune_trial import SweepLines
 
         shutil.rmtree(self.experiment, ignore_errors=True)  # an earlier start's: rebuilt
         self.experiment.mkdir(parents=True)
         trial_jobs = self._trial_jobs()
-        has_gpus = ray.cluster_resources().get("GPU", 0) > 0
-        asks = {
-            job.idx: {
-                "cpu": trial_cpus(self.launcher, job.nproc, has_gpus),
-                "gpu": trial_gpus(self.launcher, job.nproc, has_gpus),
-            }
-            for job in self.jobs
-        }
-        trainable = tune.with_resources(
-            tune.with_parameters(JobTrial, jobs=trial_jobs), lambda config: asks[config["job"]]
-        )
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # the sweep's own, below
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # a failed job has no value
         os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
@@ -270,7 +181,41 @@ class _Tune:
             for idx, job in trial_jobs.items()
         }
         lines = SweepLines(shown, self.launcher.fail_fast, stop)
-        tuner = tune.Tuner(
+        tuner = self._tuner(trial_jobs, lines)
+        kept = sum(job.kept for job in trial_jobs.values())
+        replayed = f"; {kept} kept as they ended, replayed to the scheduler" if kept else ""
+        say(f"{len(trial_jobs) - kept} job(s) as Ray Tune trials ({self._describe()}){replayed}")
+        handlers = {sig: signal.signal(sig, stop.on_signal) for sig in STOP_SIGNALS}
+        try:
+            tuner.fit()
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        self.launcher.stopped = stop.stopped
+        never = sorted(lines.never_started - {i for i, j in trial_jobs.items() if j.kept})
+        if never:
+            say(f"{len(never)} queued job(s) never started: {', '.join(map(str, never))}")
+        return [self._returned(job) for job in self.jobs if _ran(job.dir)]
+
+    def _tuner(self, trial_jobs: dict[int, Any], lines: Any) -> Any:
+        """A Tuner with a trial per job, each asking for its job's resources."""
+        import ray
+        from ray import tune
+
+        from runner.cli.tune_trial import JobTrial
+
+        has_gpus = ray.cluster_resources().get("GPU", 0) > 0
+        asks = {
+            job.idx: {
+                "cpu": ray_cluster.trial_cpus(self.launcher, job.nproc, has_gpus),
+                "gpu": ray_cluster.trial_gpus(self.launcher, job.nproc, has_gpus),
+            }
+            for job in self.jobs
+        }
+        trainable = tune.with_resources(
+            tune.with_parameters(JobTrial, jobs=trial_jobs), lambda config: asks[config["job"]]
+        )
+        return tune.Tuner(
             trainable,
             param_space={"job": tune.grid_search(sorted(trial_jobs))},
             tune_config=tune.TuneConfig(
@@ -288,20 +233,6 @@ class _Tune:
                 verbose=0,
             ),
         )
-        kept = sum(job.kept for job in trial_jobs.values())
-        replayed = f"; {kept} kept as they ended, replayed to the scheduler" if kept else ""
-        say(f"{len(trial_jobs) - kept} job(s) as Ray Tune trials ({self._describe()}){replayed}")
-        handlers = {sig: signal.signal(sig, stop.on_signal) for sig in STOP_SIGNALS}
-        try:
-            tuner.fit()
-        finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-        self.launcher.stopped = stop.stopped
-        never = sorted(lines.never_started - {i for i, j in trial_jobs.items() if j.kept})
-        if never:
-            say(f"{len(never)} queued job(s) never started: {', '.join(map(str, never))}")
-        return [self._returned(job) for job in self.jobs if _ran(job.dir)]
 
     def _trial_jobs(self) -> dict[int, Any]:
         """Each job's part for its trial; an earlier start's jobs kept or going on."""
@@ -326,7 +257,7 @@ class _Tune:
             if action != KEEP:
                 context = (self.launcher.hydra_context, self.launcher.task_function, job.config)
                 pickled = pickle.dumps(context)
-            cpus = trial_cpus(self.launcher, job.nproc, False)
+            cpus = ray_cluster.trial_cpus(self.launcher, job.nproc, False)
             trial_jobs[job.idx] = TrialJob(
                 idx=job.idx,
                 dir=str(job.dir.resolve()),

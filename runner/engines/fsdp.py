@@ -41,9 +41,9 @@ from runner.engines.dcp_state import (
 )
 from runner.engines.loss_parallel import split_loss
 from runner.engines.precision import DTYPES, grad_scaler
-from runner.mesh import data_mesh, device_mesh, layout
 from runner.models.blocks import find_blocks
 from runner.spec import RunSpec
+from runner.spec.mesh import data_mesh, device_mesh, layout
 
 log = logging.getLogger(__name__)
 

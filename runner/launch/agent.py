@@ -26,9 +26,7 @@ if __name__ == "__main__":
     for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(_sig, _exit_quietly)
 
-import contextlib
 import dataclasses
-import gc
 import logging
 import sys
 import time
@@ -37,7 +35,7 @@ from typing import Any
 
 from runner import hardware, heartbeat
 from runner.errors import describe
-from runner.launch import nodes, outcomes, rendezvous
+from runner.launch import nodes, outcomes, rendezvous, torch_setup
 from runner.launch.forked_ranks import ForkServer, forked_ranks, modules_for
 from runner.launch.join import join_nodes
 from runner.launch.stopping import GracefulStop, catch_early
@@ -52,52 +50,12 @@ from runner.processes import (
 )
 from runner.rundir.checkpoints import CheckpointStore
 from runner.rundir.files import RunDir
-from runner.rundir.summary import (
-    Status,
-)
+from runner.rundir.summary import Status
 from runner.secrets import SECRETS_ENV
 from runner.spec import RunSpec, load_spec, slurm
 
 SHUTDOWN_TIMEOUT_S = 10
 log = logging.getLogger("runner")
-
-
-def _logs_specs(run_dir: RunDir):
-    """Ranks write their own logs/rank{R}.log; the agent only assigns error files."""
-    from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
-
-    class RunLogsSpecs(LogsSpecs):
-        def __init__(self) -> None:
-            super().__init__(log_dir=str(run_dir.logs))
-
-        @property
-        def root_log_dir(self) -> str:
-            return str(run_dir.logs)
-
-        def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
-            attempt = int(next(iter(envs.values()))["TORCHELASTIC_RESTART_COUNT"]) if envs else 0
-            error_files = {}
-            for local_rank, env in envs.items():
-                path = run_dir.error_file(int(env["RANK"]), attempt)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.unlink(missing_ok=True)
-                error_files[local_rank] = str(path)
-                env["TORCHELASTIC_ERROR_FILE"] = str(path)  # where the rank records its exception
-            consoles = dict.fromkeys(envs, "")  # "" = inherit the agent's stdout/stderr
-            return LogsDest(stdouts=consoles, stderrs=dict(consoles), error_files=error_files)
-
-    return RunLogsSpecs()
-
-
-def _quiet_torch_elastic() -> None:
-    """runner reports failures and signals itself; torch elastic's loggers set their own
-    levels (LOGLEVEL, default WARNING) as they are created, so silence each one."""
-    import torch.distributed.elastic.agent.server.api  # noqa: F401  (creates the loggers)
-    import torch.distributed.launcher.api  # noqa: F401
-
-    for name in list(logging.root.manager.loggerDict):
-        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _set_thread_env(spec: RunSpec) -> int:
@@ -263,7 +221,7 @@ def _launch_config(spec: RunSpec, run_dir: RunDir) -> Any:
         max_restarts=spec.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
-        logs_specs=_logs_specs(run_dir),
+        logs_specs=torch_setup.logs_specs(run_dir),
     )
 
 
@@ -285,47 +243,6 @@ def _settle(link: nodes.NodeLink | None, watchdog: Watchdog | None) -> None:
         link.stop_watching()
     if watchdog is not None:
         watchdog.stop()
-
-
-def _import_torch() -> None:
-    """Import torch, and what both this process and the fork server need of it, without
-    starting numpy's OpenBLAS thread pool (it sizes its pool when it loads, from the
-    environment): the fork server is forked from this process next. Without the cyclic
-    garbage collector while it imports.
-
-    torch._dynamo and Hydra's instantiate: the pre-launch check builds the optimizer on a
-    probe parameter, and a torch optimizer's constructor imports torch._dynamo (1.2-1.8 s
-    here). Imported once here, the fork server has them too; imported after the fork, both
-    processes paid for them at once, on 2 cores beside the parent's Hydra (+0.8 s to the
-    first step)."""
-    blas = os.environ.get("OPENBLAS_NUM_THREADS")
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    gc.disable()  # it would walk the growing heap over and over: a quarter of the import
-    try:
-        import hydra.utils  # noqa: F401
-        import torch
-        import torch._dynamo  # noqa: F401
-    finally:
-        gc.enable()
-        if blas is None:
-            del os.environ["OPENBLAS_NUM_THREADS"]
-        else:
-            os.environ["OPENBLAS_NUM_THREADS"] = blas
-
-
-def _quiet_cpp_warnings() -> None:
-    """torch's C++ warnings (a TCPStore peer going away at the end of a multi-node run) are
-    noise on the agent's console: unless TORCH_CPP_LOG_LEVEL says otherwise, show errors only
-    (the level torch read from that variable when it loaded; c10's flag, set in place)."""
-    if "TORCH_CPP_LOG_LEVEL" in os.environ:
-        return
-    import ctypes
-
-    import torch
-
-    library = Path(torch.__file__).parent / "lib" / "libc10.so"
-    with contextlib.suppress(OSError, ValueError):
-        ctypes.c_int.in_dll(ctypes.CDLL(str(library)), "FLAGS_caffe2_log_level").value = 2
 
 
 def _fork_server_wanted(spec: RunSpec | None) -> bool:
@@ -374,13 +291,13 @@ def _main() -> None:
     die_with_parent(signal.SIGTERM, int(parent) if parent else None)
     node_dir = Path(sys.argv[1])
     spec = None if sys.argv[1] == "-" else load_spec(node_dir)  # prestarted: not known yet
-    _import_torch()
+    torch_setup.import_torch()
     # Now, with torch imported once for both and before this process has any thread: the
     # fork server imports the ranks' other modules while we wait for the run and start it.
     server = ForkServer.start() if _fork_server_wanted(spec) else None
-    _quiet_cpp_warnings()  # after the fork: the ranks keep the user's setting
+    torch_setup.quiet_cpp_warnings()  # after the fork: the ranks keep the user's setting
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    _quiet_torch_elastic()
+    torch_setup.quiet_torch_elastic()
     if spec is None:  # prestarted by the parent: torch is imported, now the run
         line = sys.stdin.readline()
         if not line.strip():  # the parent needed no run after all

@@ -220,8 +220,8 @@ def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
             f"parallelism.wrap={wrap}: {type(model).__name__} has no module of that class; "
             f"it has {', '.join(classes)}"
         )
-    from runner.mesh import layout
     from runner.models.tensor_plans import plan_problems
+    from runner.spec.mesh import layout
 
     tensor = layout(spec).tensor
     if tensor > 1:

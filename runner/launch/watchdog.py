@@ -31,7 +31,7 @@ from runner import heartbeat
 from runner.heartbeat import Beat, Phase
 from runner.launch.failures import HANG, RankFailure
 from runner.rundir.files import RunDir
-from runner.spec.schema import WatchdogSpec
+from runner.spec.guard_specs import WatchdogSpec
 
 STACK_DUMP_WAIT_S = 0.5  # faulthandler writes in the signal handler: this is plenty
 

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from runner.components import TARGET
 from runner.spec.bounds import bound as _bound
+from runner.spec.guard_specs import ChaosSpec, LossSpikeSpec, WatchdogSpec
 from runner.spec.parallelism_specs import (  # noqa: F401  (the schema's names, re-exported)
     DEEPSPEED_SPECS,
     DDPSpec,
@@ -212,33 +213,6 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True)
-class WatchdogSpec:
-    """Seconds a rank may go without progress before the run counts as hung (null: no limit;
-    `timeout: null` turns the watchdog off). `timeout` holds between optimizer steps; the
-    others hold before the first step, while evaluating, and while writing a checkpoint or
-    the final model."""
-
-    timeout: float | None = _bound(600.0, gt=0.0)
-    first_step_timeout: float | None = _bound(1800.0, gt=0.0)
-    eval_timeout: float | None = _bound(1800.0, gt=0.0)
-    checkpoint_timeout: float | None = _bound(1800.0, gt=0.0)
-
-
-@dataclass(frozen=True)
-class ChaosSpec:
-    """Fault injection: `kill_rank` fails at step `at_step`, on the first attempt only
-    (disk_full: its checkpoint writes fail with ENOSPC from that step on; nan: its loss
-    becomes NaN at that step; hang: it stops there, forever)."""
-
-    kill_rank: int | None = _bound(None, min=0)
-    at_step: int | None = _bound(None, min=1)
-    action: Literal[
-        "sigkill", "raise", "hang", "disk_full", "nan", "oom", "sigkill_in_checkpoint", "spike"
-    ] = "sigkill"
-    oom_above: int = _bound(0, min=0)  # oom: raised from at_step on while microbatch > this
-
-
-@dataclass(frozen=True)
 class CompileSpec:
     """torch.compile. `per_block`: compile each block of the model's blocks list on its own
     (after activation checkpointing, before FSDP shards it); null = when the model has
@@ -250,18 +224,6 @@ class CompileSpec:
     backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
     per_block: bool | None = None
     fullgraph: bool = False
-
-
-@dataclass(frozen=True)
-class LossSpikeSpec:
-    """A step's loss over `factor` x the mean of the `window` steps before it is a spike;
-    `patience` spikes in a row set off `action`: log it, stop the run, or roll back to the
-    last checkpoint before them and skip their batches."""
-
-    window: int = _bound(100, min=2)
-    factor: float = _bound(2.0, gt=1.0)
-    patience: int = _bound(2, min=1)
-    action: Literal["none", "log", "stop", "rollback"] = "log"
 
 
 @dataclass(frozen=True)
@@ -391,9 +353,9 @@ class RunSpec:
 
     @property
     def data_world_size(self) -> int:
-        """Ranks that read their own part of each batch (runner.mesh): the world size, but
+        """Ranks that read their own part of each batch (runner.spec.mesh): the world size, but
         under tensor parallelism its groups, which each read one."""
-        from runner.mesh import layout
+        from runner.spec.mesh import layout
 
         return layout(self).data_world
 

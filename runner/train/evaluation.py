@@ -10,30 +10,40 @@ from typing import Any
 import torch
 
 from runner import dist as rdist
-from runner.engines.base import Engine
+from runner.components import instantiate
 from runner.engines.loss_parallel import gathered, loss_of
-from runner.engines.precision import autocast
 from runner.heartbeat import Heartbeat, Phase
+from runner.rundir.files import EVAL_FILE, RunDir, write_json
 from runner.spec import RunSpec
-from runner.train.step.batch_parts import logits_of, split, to_device
+from runner.train.step.loss_pass import LossPass
+
+
+def metrics_for(spec: RunSpec, info: dict[str, Any], device: str) -> dict[str, Any]:
+    """The configured metrics; torchmetrics' are modules and keep their state on the
+    model's device."""
+    metrics = {name: instantiate(m.node, info) for name, m in spec.metrics.items()}
+    return {
+        name: m.to(device) if isinstance(m, torch.nn.Module) else m for name, m in metrics.items()
+    }
+
+
+def write_evaluation(run_dir: RunDir, spec: RunSpec, metrics: dict[str, float], world: int) -> None:
+    """eval.json: what `runner eval` measured, of which weights, on how many ranks."""
+    evaluation = {
+        "weights": spec.init_from.path,
+        "metrics": metrics,
+        "world_size": world,
+        "eval_samples": spec.eval_samples,
+    }
+    write_json(run_dir.root / EVAL_FILE, evaluation)
 
 
 class Evaluator:
     def __init__(
-        self,
-        spec: RunSpec,
-        engine: Engine,
-        loss_fn: Any,
-        metrics: dict[str, Any],
-        val_loader: Any,
-        device: str,
-        channels_last: bool,
-        heart: Heartbeat,
+        self, passes: LossPass, metrics: dict[str, Any], val_loader: Any, heart: Heartbeat
     ):
-        self.spec, self.engine, self.loss_fn, self.metrics = spec, engine, loss_fn, metrics
-        self.val_loader, self.device, self.channels_last = val_loader, device, channels_last
-        self.heart = heart
-        self.device_type = torch.device(device).type
+        self.passes, self.metrics, self.val_loader, self.heart = passes, metrics, val_loader, heart
+        self.engine, self.device = passes.engine, passes.device
 
     @torch.no_grad()
     def evaluate(self, pieces: Callable[[Any, bool], Any], stand_in: Any) -> dict[str, float]:
@@ -50,12 +60,10 @@ class Evaluator:
         for whole, whole_real in self._pairs(stand_in):
             for batch, real in pieces(whole, whole_real):
                 self.heart.beat(Phase.EVAL)
-                args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
-                with autocast(self.spec.precision, self.device_type):
-                    logits = logits_of(module(*args, **kwargs))
+                logits, targets = self.passes.forward(batch, module)
                 if not real:  # a placeholder: the forward's collectives, nothing counted
                     continue
-                loss, count = loss_of(self.loss_fn, logits, targets)
+                loss, count = loss_of(self.passes.loss_fn, logits, targets)
                 totals[0] += loss.double()
                 totals[1] += count
                 if self.metrics:

@@ -1,6 +1,6 @@
 """One place turns a model into its distributed form, in torchtitan's order.
 
-1. tensor parallelism, by the model's plan, over the mesh's tensor dimension (runner.mesh);
+1. tensor parallelism, by the model's plan, over the mesh's tensor dimension (runner.spec.mesh);
 2. activation checkpointing, per block (before anything wraps a block);
 3. memory format (channels_last, on CUDA);
 4. torch.compile, per block or whole (after checkpointing has wrapped the blocks, before
@@ -23,10 +23,10 @@ from torch import nn
 from runner import dist as rdist
 from runner.engines import build_engine
 from runner.engines.base import Engine, Fill
-from runner.mesh import device_mesh, layout, tensor_mesh
 from runner.models.blocks import apply_activation_checkpointing
 from runner.models.tensor_plans import apply_plan
 from runner.spec import RunSpec
+from runner.spec.mesh import device_mesh, layout, tensor_mesh
 from runner.train.build.compiling import CompileClock, compile_model
 
 log = logging.getLogger(__name__)

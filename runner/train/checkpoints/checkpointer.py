@@ -21,8 +21,9 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from runner import dist as rdist
 from runner.engines.base import Engine
@@ -37,6 +38,21 @@ from runner.train.guards.nonfinite import NonFiniteGuard
 from runner.train.records.notices import Say
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where an attempt starts: after `step` and `samples`; `from_step`: the checkpoint's
+    step (None: a fresh start); `state`: its client state, read back by the kept parts."""
+
+    step: int
+    samples: int
+    from_step: int | None
+    state: dict[str, Any]
+
+
+class Kept(Protocol):
+    def checkpoint_state(self) -> dict[str, Any]: ...
 
 
 class Checkpointer:
@@ -70,23 +86,36 @@ class Checkpointer:
         self._future: Future | None = None
         self._started = 0.0  # when the checkpoint in flight began (perf_counter) ...
         self._done_at: float | None = None  # ... and when its background write ended
+        self.parts: tuple[Kept, ...] = ()
 
-    def resume(self) -> dict[str, Any]:
-        """Every rank: this attempt's start (checkpointing.resume); {} for a fresh one."""
-        return checkpointing.resume(
+    def resume(self) -> Resumed:
+        """Every rank: this attempt's start (checkpointing.resume); step 0 for a fresh one."""
+        client = checkpointing.resume(
             self.store, self.spec.resume, self.engine, self.stream, self.say
         )
+        return Resumed(client.get("step", 0), client.get("samples", 0), client.get("step"), client)
+
+    def keeps(self, *parts: Kept) -> None:
+        """Parts whose `checkpoint_state()` each checkpoint holds (the grad_accum that
+        auto settled on, the batches a rollback skips); each reads its own back from the
+        client state `resume` returns."""
+        self.parts = parts
+
+    def latest(self) -> Path | None:
+        return self.store.latest()
 
     def due(self, step: int, last: bool) -> bool:
         interval = self.spec.checkpoint.interval
         return last or bool(interval and step % interval == 0)
 
-    def save(self, step: int, samples: int, extra: dict[str, Any]) -> float:
-        """Every rank: a checkpoint of `step`, holding `extra` in its client state; written
-        now, or started in the background. Returns the seconds training waited."""
+    def save(self, step: int, samples: int) -> float:
+        """Every rank: a checkpoint of `step`, after `samples`, holding the kept parts'
+        state; written now, or started in the background. Returns the seconds training
+        waited."""
         started = time.perf_counter()
         with self.heart.during(Phase.SAVE):
             self.guard.check_before_saving(self.engine.module, step)
+            extra = {k: v for part in self.parts for k, v in part.checkpoint_state().items()}
             if self.stream is not None:  # every rank's position in its part of the stream
                 extra = {**extra, "data": rdist.all_gather_object(self.stream.state_dict())}
             if self._future is not None:  # the one before, first
@@ -118,15 +147,16 @@ class Checkpointer:
             with self.heart.during(Phase.SAVE):
                 self._complete(together=False)
 
-    def restore_before(self, step: int) -> tuple[Path, dict[str, Any]] | None:
+    def restore_before(self, step: int) -> tuple[Path, Resumed] | None:
         """Every rank: the state of the newest checkpoint written before `step` (a loss
-        spike's rollback): the checkpoint and its client state, or None without one."""
+        spike's rollback): the checkpoint and where training goes on, or None without one."""
         self.finish()  # an asynchronous checkpoint still being written counts
         target = checkpointing.newest_before(self.store, step)
         if target is None:
             return None
         with self.heart.during(Phase.SAVE):
-            return target, checkpointing.restore(target, self.engine, self.store, self.stream)
+            client = checkpointing.restore(target, self.engine, self.store, self.stream)
+        return target, Resumed(client["step"], client["samples"], client["step"], client)
 
     def _write(self, partial: Path, client: dict[str, Any]) -> Future:
         """The engine's state into `partial` (its large files digested as they are written:

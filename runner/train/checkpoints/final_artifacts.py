@@ -9,21 +9,16 @@ summary.json comes last: a run with a `completed` summary has all its artifacts.
 
 from __future__ import annotations
 
-import resource
 from typing import Any
 
 from runner import dist as rdist
 from runner.engines.base import Engine
+from runner.hardware import peak_rss_bytes
 from runner.models.safetensors_out import safetensors_beside
 from runner.rundir.files import RunDir
 from runner.rundir.summary import Status, attempts, build_summary, history, write_summary
 from runner.spec import RunSpec
 from runner.train.checkpoints.weights_file import write_weights
-
-
-def peak_rss_bytes() -> int:
-    """The most resident memory this process has held (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def write_final(

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.spec.schema import LossSpikeSpec
+from runner.spec.guard_specs import LossSpikeSpec
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +92,16 @@ class SpikeWatch:
 class LossSpikes:
     """The watch, its action, and what rollbacks leave behind: the batches to skip."""
 
-    def __init__(self, spec: LossSpikeSpec, skipped: Iterable[int] = ()):
+    def __init__(self, spec: LossSpikeSpec, resumed: Mapping[str, Any] | None = None):
+        """`resumed`: the client state of the checkpoint this attempt starts from."""
         self.spec = spec
         self.watch = SpikeWatch(spec)
-        self.skipped: set[int] = set(skipped)  # steps whose batches are not trained on
+        # steps whose batches are not trained on, kept in each checkpoint
+        self.skipped: set[int] = set((resumed or {}).get("skipped_batches", ()))
         self.rollbacks: list[dict[str, Any]] = []  # summary.json loss_spike_rollbacks
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"skipped_batches": sorted(self.skipped)}
 
     @property
     def on(self) -> bool:

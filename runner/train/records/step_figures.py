@@ -21,10 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner.hardware import peak_tflops
+from runner.hardware import peak_rss_bytes, peak_tflops
 from runner.models.shapes import multiplying_parameters
 from runner.spec import RunSpec
-from runner.train.checkpoints.final_artifacts import peak_rss_bytes
 
 log = logging.getLogger(__name__)
 

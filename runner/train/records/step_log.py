@@ -39,21 +39,32 @@ log = logging.getLogger("runner.train.trainer")
 
 
 @dataclass
+class Trained:
+    """What one optimizer step trained on this rank: its loss sum (None: a batch skipped
+    after a rollback), the items of the whole global batch it is divided by, on a logged
+    step this rank's share of the gradient norm's square (None: not measured), and this
+    rank's tokens."""
+
+    loss_sum: torch.Tensor | None = None
+    items: Any = 0
+    norm_share: torch.Tensor | float | None = None
+    tokens: int = 0
+
+
+@dataclass
 class Step:
-    """What one optimizer step gave: its loss sum on this rank (None: a batch skipped after
-    a rollback), the items of the whole global batch it is divided by, this rank's share of
-    the gradient norm's square (negative: not measured), this rank's tokens, and the
-    seconds the loop waited for its batch."""
+    """One optimizer step: after it `samples` in all, at learning rate `lr`, what it
+    `trained`, and the seconds the loop waited for its batch."""
 
     step: int
     samples: int
     lr: float
     epoch: float
-    loss_sum: torch.Tensor | None
-    items: Any
-    norm_share: torch.Tensor | float
-    tokens: int
+    trained: Trained
     waited: float
+
+
+NOT_MEASURED = -1.0  # a gradient-norm share no rank measured: the reduced sum stays negative
 
 
 class StepLog:
@@ -107,9 +118,10 @@ class StepLog:
         `evaluation` that ran at this step, whose seconds were paused already), and write
         what is ready. Returns a spike that asks for a rollback, else None."""
         self.figures.waited(done.waited)
-        self.figures.add_tokens(done.tokens)
+        trained = done.trained
+        self.figures.add_tokens(trained.tokens)
         self.progress.advance()
-        if done.loss_sum is None:  # a batch skipped after a rollback: no loss to record
+        if trained.loss_sum is None:  # a batch skipped after a rollback: no loss to record
             if evaluation is None:
                 return None
             spike = self.flush()
@@ -118,10 +130,11 @@ class StepLog:
             return spike
         if not logged:
             if self.spikes.on:  # the watch reads every step's loss
-                self.pending.add_loss(done.step, done.loss_sum, done.items)
+                self.pending.add_loss(done.step, trained.loss_sum, trained.items)
             return None
         record, elapsed, tokens = self._record(done)
-        self.pending.add(record, done.loss_sum, done.items, elapsed, (tokens, done.norm_share))
+        share = NOT_MEASURED if trained.norm_share is None else trained.norm_share
+        self.pending.add(record, trained.loss_sum, trained.items, elapsed, (tokens, share))
         if evaluation is not None:  # written now, with the evaluation's metrics
             self.evaluations[done.step] = evaluation
             return self.flush()

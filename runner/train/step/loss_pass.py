@@ -1,10 +1,10 @@
-"""One microbatch's forward pass and its loss, as the training step and DDP's warm-up pass
-run it: on the device (channels_last where asked), under the precision's autocast, with
-the fault-injection hooks of chaos.*."""
+"""One microbatch's forward pass and its loss, as the training step, DDP's warm-up pass and
+the evaluation run it: on the device (channels_last where asked), under the precision's
+autocast, with the fault-injection hooks of chaos.* (training only)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -12,8 +12,10 @@ from runner.engines.base import Engine
 from runner.engines.loss_parallel import loss_of
 from runner.engines.precision import autocast
 from runner.spec import RunSpec
-from runner.train.guards.chaos import Faults
 from runner.train.step.batch_parts import logits_of, split, to_device
+
+if TYPE_CHECKING:  # the chaos hooks are handed in: guards/ sits above step/
+    from runner.train.guards.chaos import Faults
 
 
 class LossPass:
@@ -32,25 +34,30 @@ class LossPass:
 
     def train(self, batch: Any, real: bool) -> tuple[torch.Tensor, Any, Any]:
         """A training microbatch: (loss, items, targets)."""
-        args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
         self.faults.forward(batch)
-        loss, count = self._loss(args, kwargs, targets, real)
+        logits, targets = self.forward(batch)
+        loss, count = self._loss(logits, targets, real)
         return self.faults.loss(loss), count, targets
 
     def loss(self, batch: Any, real: bool = True) -> tuple[torch.Tensor, Any]:
         """(summed loss, items) of one microbatch."""
+        return self._loss(*self.forward(batch), real)
+
+    def forward(self, batch: Any, model: Any = None) -> tuple[Any, Any]:
+        """(logits, targets) of one microbatch: through the engine's model, or `model` (an
+        evaluation's: the bare module)."""
         args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
-        return self._loss(args, kwargs, targets, real)
+        with autocast(self.spec.precision, self.device_type):
+            outputs = (self.engine.model if model is None else model)(*args, **kwargs)
+        return logits_of(outputs), targets
 
     def warm_up(self, microbatch: tuple[Any, bool]) -> None:
         """A forward and backward pass whose gradients are discarded (Engine.warm_up)."""
         loss, _ = self.loss(*microbatch[:2])
         (loss * 0.0).backward()
 
-    def _loss(self, args: Any, kwargs: Any, targets: Any, real: bool) -> tuple[torch.Tensor, Any]:
-        with autocast(self.spec.precision, self.device_type):
-            outputs = self.engine.model(*args, **kwargs)
-        loss, count = loss_of(self.loss_fn, logits_of(outputs), targets)
+    def _loss(self, logits: Any, targets: Any, real: bool) -> tuple[torch.Tensor, Any]:
+        loss, count = loss_of(self.loss_fn, logits, targets)
         if not real:  # a placeholder: runs for the collectives, counts nothing
             loss = loss * 0.0
         return loss, count

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from runner.engines.base import Engine
 from runner.errors import first_line
 from runner.spec import RunSpec
+from runner.train.step.loss_pass import LossPass
 
 log = logging.getLogger(__name__)
 
@@ -122,32 +123,35 @@ class Pass:
 
 def accumulate(
     strategy: FixedMicrobatches | AutoMicrobatching,
-    engine: Engine,
+    passes: LossPass,
     microbatches: list[Any],
     step: int,
-    forward: Callable[[Any, bool], tuple[torch.Tensor, Any, Any]],
-    backward: Backward,
-    warm_up: Callable[[Any], None],
+    weight: Any,
 ) -> list[Pass]:
-    """Every microbatch of this rank's share of `step`: its forward pass
-    (`forward(batch, real)`) and backward pass, under the engine's context for microbatch
-    i of n. Returns the passes that count.
+    """Every microbatch of this rank's share of `step`: its forward pass (`passes.train`)
+    and backward pass (of the loss times `weight`), under the engine's context for
+    microbatch i of n. Returns the passes that count.
 
     Under grad_accum=auto a pass that runs out of memory on any rank is dropped on every
     rank and the rest of the step is cut finer (the strategy's `recut`); an engine that
     cannot keep the gradients of the microbatches already done (not ZeRO's partitions)
     starts the step again from its first. Before this start's first step, the engine's
-    warm-up pass (`warm_up(first microbatch)`; DDP's) where it needs one."""
+    warm-up pass (`passes.warm_up(first microbatch)`; DDP's) where it needs one."""
+    engine = passes.engine
+
+    def backward(loss: torch.Tensor) -> None:
+        engine.backward(loss * weight)
+
     microbatches = strategy.start(microbatches)
     if engine.needs_warm_up and not strategy.cuts:
-        engine.warm_up(lambda: warm_up(microbatches[0]))
+        engine.warm_up(lambda: passes.warm_up(microbatches[0]))
     done: list[Pass] = []
     while len(done) < len(microbatches):
         i = len(done)
         batch, real = microbatches[i][:2]
         with engine.microbatch(i, len(microbatches)):
             result = strategy.run(
-                partial(forward, batch, real), backward, engine.backward_communicates
+                partial(passes.train, batch, real), backward, engine.backward_communicates
             )
         if result is None:  # out of memory on some rank: cut finer, and go on
             engine.drop_pass()
@@ -161,14 +165,15 @@ def accumulate(
 
 
 def microbatch_steps(
-    spec: RunSpec, device: str, engine: Engine, checkpointed: int
+    spec: RunSpec, device: str, engine: Engine, resumed: Mapping[str, Any] | None = None
 ) -> FixedMicrobatches | AutoMicrobatching:
-    """The step strategy of `spec.grad_accum`. Under auto: the count to start at (the
-    checkpoint's, a restart's), and a round of agreement before each collective of a forward
-    pass (FSDP's blocks)."""
+    """The step strategy of `spec.grad_accum`. Under auto: the count to start at (that of
+    the checkpoint this attempt resumes from, `resumed` its client state), and a round of
+    agreement before each collective of a forward pass (FSDP's blocks)."""
     if spec.grad_accum != "auto":
         return FixedMicrobatches(spec)
-    auto = AutoMicrobatching(spec.per_rank_batch_size, device, checkpointed)
+    start = (resumed or {}).get("grad_accum", 1)
+    auto = AutoMicrobatching(spec.per_rank_batch_size, device, start)
     for module in engine.communicating_modules():
         hook = torch.compiler.disable(auto.before_collective)
         module.register_forward_pre_hook(hook, prepend=True)

@@ -40,6 +40,17 @@ class Layout:
         """Where `rank` sits in its tensor-parallel group."""
         return rank % self.tensor
 
+    def gradient_weight(self, items: Any) -> Any:
+        """What a rank's loss sum is multiplied by before its backward pass: the engines
+        average the gradients over the data ranks, and this makes that a mean over the
+        `items` of the whole global batch."""
+        return self.data_world / items
+
+    def loss_share(self, loss_sum: Any) -> Any:
+        """This rank's part of a step's loss sum, the parts summed over every rank: the
+        ranks of a tensor group each hold their group's whole sum."""
+        return loss_sum / self.tensor if self.tensor > 1 else loss_sum
+
 
 def layout(spec: Any, world: int | None = None) -> Layout:
     """The run's grid: the world size (the spec's, or the running group's `world`) split by

@@ -1,0 +1,130 @@
+"""How a run ends before its last step, asked once after every step: should it end here,
+and why? Each reason is a rule with one method, `after_step(step, evaluation)`, that
+returns an `Ending` or None; the loop asks them in order and ends the run on the first
+answer (runner.train.trainer). Every rank must give the same answer at the same step:
+the graceful stop reads the step its agents agreed on, and the pruner's answer is
+broadcast from rank 0.
+
+- `GracefulStop`: SIGUSR1/SIGUSR2 to runner, SLURM's --signal (status `interrupted`; a
+  checkpoint so that resume=auto goes on; the agent writes summary.json).
+- `SweepPruning`: the sweep's pruner stopped this trial after an evaluation (status
+  `pruned`, a checkpoint, no model.pt).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from runner import dist as rdist
+from runner.heartbeat import Heartbeat
+from runner.rundir.summary import Status
+from runner.spec import RunSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How the run ends and what the summary says of it."""
+
+    status: Status
+    reason: str = ""  # the rank's log line
+    key: str | None = None  # the summary's key for `details` ("pruned", "stopped_early")
+    details: dict[str, Any] = field(default_factory=dict)
+    weights: bool = True  # model.pt: a finished run's weights
+    checkpoint: bool = False  # a checkpoint of the last step (its path lands in `details`)
+    by_agent: bool = False  # the agent writes summary.json: it knows why the run stopped
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the loop ended: why, after which step and samples, and whether a checkpoint of
+    that step is written already."""
+
+    ending: Ending
+    step: int
+    samples: int
+    saved: bool = False
+
+
+COMPLETED = Ending(Status.COMPLETED)
+EVALUATED = Ending(Status.COMPLETED, weights=False)  # eval_only: no step, no model.pt
+
+
+class EndingRule(Protocol):
+    def after_step(self, step: int, evaluation: dict[str, float] | None) -> Ending | None: ...
+
+
+@dataclass
+class Endings:
+    rules: list[EndingRule]
+
+    def after_step(self, step: int, evaluation: dict[str, float] | None) -> Ending | None:
+        """The first rule's answer, in order (a run the pruner ends stops no other way)."""
+        for rule in self.rules:
+            ending = rule.after_step(step, evaluation)
+            if ending is not None:
+                return ending
+        return None
+
+
+def endings_of(spec: RunSpec, heart: Heartbeat) -> Endings:
+    rules: list[EndingRule] = [SweepPruning(spec), GracefulStop(heart)]
+    return Endings(rules)
+
+
+class GracefulStop:
+    def __init__(self, heart: Heartbeat):
+        self.heart = heart
+
+    def after_step(self, step: int, evaluation: dict[str, float] | None) -> Ending | None:
+        if not self.heart.stop_after(step):  # every rank stops after the same step
+            return None
+        return Ending(
+            Status.INTERRUPTED,
+            f"stopped after step {step} as asked; checkpoint saved",
+            weights=False,
+            checkpoint=True,
+            by_agent=True,
+        )
+
+
+class SweepPruning:
+    """A sweep's pruner seen from the training loop (`hydra/sweeper=runner` with a pruner):
+    after each evaluation rank 0 reports `sweep.metric` to the sweep's study
+    (runner.sweeps), and every rank learns from it whether the trial stops here."""
+
+    def __init__(self, spec: RunSpec):
+        self.trial = spec.sweep.trial
+        self.metric = spec.sweep.metric
+        self.is_main = rdist.get_global_rank() == 0
+
+    def after_step(self, step: int, evaluation: dict[str, float] | None) -> Ending | None:
+        if evaluation is None or not self._prunes(step, evaluation):
+            return None
+        value = evaluation[self.metric]
+        return Ending(
+            Status.PRUNED,
+            f"pruned after step {step} by the sweep's pruner ({self.metric} {value:.4g})",
+            key="pruned",
+            details={"after_step": step, "metric": self.metric, "value": value},
+            weights=False,  # these are not a finished run's weights
+            checkpoint=True,  # the trial's weights stay at hand
+        )
+
+    def _prunes(self, step: int, evaluation: dict[str, float]) -> bool:
+        """Report this evaluation; whether the pruner stops the trial after `step` (the
+        same answer on every rank). A report that fails costs a warning, not the run."""
+        if self.trial is None or self.metric not in evaluation:
+            return False
+        stop = False
+        if self.is_main:
+            from runner.sweeps.study_server import report
+
+            try:
+                stop = report(self.trial.address, self.trial.number, step, evaluation[self.metric])
+            except Exception as exc:  # the sweep's process gone or busy: the run goes on
+                log.warning("the sweep's study took no report at step %d: %s", step, exc)
+        return bool(rdist.broadcast_object(stop))
