@@ -1,7 +1,7 @@
 """The config reference page, generated at build time from conf/ and the schema.
 
 conf/ holds the defaults and says what each key means (the YAML's comments); the schema
-(runner.spec.schema, runner.spec.parallelism_specs) says what is valid: the type, the
+(runner.spec.schema and the modules it re-exports) says what is valid: the type, the
 choices and the bounds. This hook
 puts the two side by side in docs/config.md, in place of the marker line
 `<!-- config-reference -->`, so the page cannot drift from either. A key that one has and
@@ -56,6 +56,7 @@ TOP_NESTED = {
     "chaos": schema.ChaosSpec,
     "mfu": schema.MfuSpec,
     "loss_spike": schema.LossSpikeSpec,
+    "early_stop": schema.EarlyStopSpec,
     "init_from": schema.InitFromSpec,
     "sweep": schema.SweepSpec,
 }

@@ -31,7 +31,7 @@ def report_outcome(summary: dict[str, Any], run_dir: RunDir) -> None:
         evaluated = (run_dir.root / EVAL_FILE).is_file()
         log.info(
             "runner: %s on %s rank(s) in %.1fs | %s",
-            f"evaluated ({EVAL_FILE})" if evaluated else f"completed {summary.get('steps')} steps",
+            f"evaluated ({EVAL_FILE})" if evaluated else completed_what(summary),
             summary.get("world_size"),
             summary.get("wall_time_s", 0),
             " | ".join(parts),
@@ -53,6 +53,18 @@ def report_outcome(summary: dict[str, Any], run_dir: RunDir) -> None:
     else:
         log.error("runner: run %s after %s steps", status, summary.get("steps"))
     log.info("run directory: %s", shown(run_dir.root))
+
+
+def completed_what(summary: dict[str, Any]) -> str:
+    """`completed N steps`, and why it ended early where early_stop ended it."""
+    what = f"completed {summary.get('steps')} steps"
+    early = summary.get("stopped_early")
+    if early:
+        what += (
+            f", stopped early ({early['metric']} best {early['best']:.4g} at step "
+            f"{early['best_step']}; no better in {early['patience']} evaluations)"
+        )
+    return what
 
 
 def interrupted_line(summary: dict[str, Any], run_dir: RunDir) -> str:

@@ -1,5 +1,5 @@
 """The run spec's guards: what watches a run while it trains, and what may end it early
-(the watchdog, loss spikes, fault injection); re-exported by
+(the watchdog, loss spikes, early stopping, fault injection); re-exported by
 runner.spec.schema."""
 
 from __future__ import annotations
@@ -47,3 +47,15 @@ class LossSpikeSpec:
     factor: float = _bound(2.0, gt=1.0)
     patience: int = _bound(2, min=1)
     action: Literal["none", "log", "stop", "rollback"] = "log"
+
+
+@dataclass(frozen=True)
+class EarlyStopSpec:
+    """The run ends once `metric` (an evaluation's val/NAME; auto: sweep.metric's) has not
+    improved by more than `min_delta` for `patience` evaluations in a row (null: never).
+    `mode`: min (lower is better), max, or auto (sweep.direction's way for that metric)."""
+
+    metric: str = "auto"
+    patience: int | None = _bound(None, min=1)
+    min_delta: float = _bound(0.0, min=0.0)
+    mode: Literal["auto", "min", "max"] = "auto"

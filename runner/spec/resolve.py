@@ -54,6 +54,7 @@ def resolve_spec(
     spec = _resolve_replicate(spec, problems)
     check_spec(spec, problems, Path(run_dir) if run_dir is not None else None)
     spec = _resolve_sweep(spec, problems)
+    spec = _resolve_early_stop(spec, problems)
     if problems:
         raise SpecError(problems)
     if spec.sync_strategy.name is SyncStrategy.AUTO and not spec.parallelism.syncs_gradients_itself:
@@ -216,6 +217,24 @@ def _resolve_sweep(spec: RunSpec, problems: list[str]) -> RunSpec:
         direction = "minimize" if smaller else "maximize"
     sweep = dataclasses.replace(spec.sweep, metric=metric, direction=direction)
     return dataclasses.replace(spec, sweep=sweep)
+
+
+def _resolve_early_stop(spec: RunSpec, problems: list[str]) -> RunSpec:
+    """early_stop.metric and .mode made concrete (after sweep.*): an evaluation's value."""
+    early = spec.early_stop
+    evaluated = ["val/loss", *(f"val/{name}" for name in spec.metrics)]
+    metric = spec.sweep.metric if early.metric == "auto" else early.metric
+    if early.patience is not None and metric not in evaluated:
+        given = f"early_stop.metric={early.metric!r}"
+        problems.append(
+            f"{given}: not a value this run evaluates; valid: auto, " + ", ".join(evaluated)
+        )
+    mode = early.mode
+    if mode == "auto":
+        mode = "min" if metric.rsplit("/", 1)[-1].endswith(MINIMIZED) else "max"
+    return dataclasses.replace(
+        spec, early_stop=dataclasses.replace(early, metric=metric, mode=mode)
+    )
 
 
 # logger option -> (module it imports, the extra that installs it)

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from runner.components import TARGET
 from runner.spec.bounds import bound as _bound
-from runner.spec.guard_specs import ChaosSpec, LossSpikeSpec, WatchdogSpec
+from runner.spec.guard_specs import ChaosSpec, EarlyStopSpec, LossSpikeSpec, WatchdogSpec
 from runner.spec.parallelism_specs import (  # noqa: F401  (the schema's names, re-exported)
     DEEPSPEED_SPECS,
     DDPSpec,
@@ -295,6 +295,7 @@ class RunSpec:
     compile: CompileSpec | None = None  # null: eager (the YAML's compile: false|true|{...})
     mfu: MfuSpec = field(default_factory=MfuSpec)
     loss_spike: LossSpikeSpec = field(default_factory=LossSpikeSpec)
+    early_stop: EarlyStopSpec = field(default_factory=EarlyStopSpec)
     init_from: InitFromSpec = field(default_factory=InitFromSpec)
     sweep: SweepSpec = field(default_factory=SweepSpec)
 

@@ -9,11 +9,14 @@ broadcast from rank 0.
   checkpoint so that resume=auto goes on; the agent writes summary.json).
 - `SweepPruning`: the sweep's pruner stopped this trial after an evaluation (status
   `pruned`, a checkpoint, no model.pt).
+- `EarlyStopping`: `early_stop.metric` stopped improving for `early_stop.patience`
+  evaluations (status `completed`, `stopped_early` in the summary, model.pt written).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -71,7 +74,7 @@ class Endings:
 
 
 def endings_of(spec: RunSpec, heart: Heartbeat) -> Endings:
-    rules: list[EndingRule] = [SweepPruning(spec), GracefulStop(heart)]
+    rules: list[EndingRule] = [SweepPruning(spec), EarlyStopping(spec), GracefulStop(heart)]
     return Endings(rules)
 
 
@@ -128,3 +131,50 @@ class SweepPruning:
             except Exception as exc:  # the sweep's process gone or busy: the run goes on
                 log.warning("the sweep's study took no report at step %d: %s", step, exc)
         return bool(rdist.broadcast_object(stop))
+
+
+class EarlyStopping:
+    """`early_stop`: the run ends once `metric` has not improved on its best by more than
+    `min_delta` for `patience` evaluations in a row (`mode`: min, lower is better; max).
+    A non-finite value never counts as an improvement. A resumed run starts counting
+    afresh."""
+
+    def __init__(self, spec: RunSpec):
+        self.options = spec.early_stop
+        self.best: float | None = None
+        self.best_step: int | None = None
+        self.stale = 0  # evaluations since the best
+
+    def after_step(self, step: int, evaluation: dict[str, float] | None) -> Ending | None:
+        options = self.options
+        if options.patience is None or evaluation is None or options.metric not in evaluation:
+            return None
+        value = evaluation[options.metric]
+        if self._improves(value):
+            self.best, self.best_step, self.stale = value, step, 0
+            return None
+        self.stale += 1
+        if self.stale < options.patience:
+            return None
+        return Ending(
+            Status.COMPLETED,
+            f"stopped early after step {step}: {options.metric} has not improved on "
+            f"{self.best} (step {self.best_step}) for {self.stale} evaluations",
+            key="stopped_early",
+            details={
+                "after_step": step,
+                "metric": options.metric,
+                "value": value,
+                "best": self.best,
+                "best_step": self.best_step,
+                "patience": options.patience,
+            },
+        )
+
+    def _improves(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.best is None:
+            return True
+        gain = self.best - value if self.options.mode == "min" else value - self.best
+        return gain > self.options.min_delta
