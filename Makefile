@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-fast test-floor test-gpu test-slurm lint bench profile clean-runs docs docs-serve
+.PHONY: install run test test-fast test-floor test-gpu test-ray test-slurm lint bench profile clean-runs docs docs-serve
 
 install: $(STAMP)
 
@@ -32,7 +32,14 @@ run: install
 # keep both cores busy (make test: 23 min one at a time; 4 workers: slower than 3).
 TEST_WORKERS ?= 3
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+		-m "not ray" $(PYTEST_ARGS)
+
+# The tests that start a local Ray cluster (launcher=ray, hydra/launcher=tune): a run on
+# Ray costs about 37 CPU-seconds, most of them in Ray's own processes. Side by side, two
+# modules at a time.
+test-ray: install
+	$(BIN)/python -m pytest -n 2 --dist loadscope -m ray $(PYTEST_ARGS)
 
 # The fast tier: every test that starts no process (a run, a rank, a worker), about half a
 # minute. tests/conftest.py fails a test outside `slow` that starts one.

@@ -27,7 +27,6 @@ atexit.register(shutil.rmtree, os.environ["RUNNER_CACHE_DIR"], True)
 # instead of one of them running a long module alone at the end. Measured: each takes 1.5 to
 # 7 minutes of a worker in `make test`.
 LONGEST_FIRST = (
-    "test_ray.py",
     "test_resume.py",
     "test_lm_equivalence.py",
     "test_equivalence.py",

@@ -17,7 +17,7 @@ import torch
 from runner.launch.ray_launch import LOCAL_CLUSTER
 from tests.helpers.cli import FAST, HANG
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]  # make test-ray
 pytest.importorskip("ray")
 
 ARGS = [*FAST, "max_steps=8", "log_interval=2", "checkpoint.interval=2"]

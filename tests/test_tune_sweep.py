@@ -62,6 +62,7 @@ def test_bad_settings_are_refused_before_ray_starts(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_asha_prunes_the_trial_that_falls_behind_and_a_rerun_keeps_every_job(
     tmp_path: Path,
 ) -> None:
@@ -98,6 +99,7 @@ def test_asha_prunes_the_trial_that_falls_behind_and_a_rerun_keeps_every_job(
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_each_trial_runs_on_its_own_gpus_and_a_stopped_sweep_resumes(tmp_path: Path) -> None:
     """A local cluster with two (declared) GPUs: two one-rank jobs run side by side, each
     seeing only its own GPU (CUDA_VISIBLE_DEVICES in env.json; training runs on the CPU).
