@@ -35,11 +35,11 @@ test: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 		-m "not ray" $(PYTEST_ARGS)
 
-# The tests that start a local Ray cluster (launcher=ray, hydra/launcher=tune): a run on
-# Ray costs about 37 CPU-seconds, most of them in Ray's own processes. Side by side, two
-# modules at a time.
+# The tests that start a local Ray cluster (launcher=ray, hydra/launcher=tune), one at a
+# time: a run on Ray costs about 37 CPU-seconds, most of them in Ray's own processes, and
+# each test checks that the host's Ray processes are gone after it.
 test-ray: install
-	$(BIN)/python -m pytest -n 2 --dist loadscope -m ray $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m ray $(PYTEST_ARGS)
 
 # The fast tier: every test that starts no process (a run, a rank, a worker), about half a
 # minute. tests/conftest.py fails a test outside `slow` that starts one.

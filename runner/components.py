@@ -23,6 +23,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from runner.errors import describe
+
 TARGET = "_target_"  # the key that names a component's class or function (Hydra's)
 _HYDRA_KEYS = {TARGET, "_partial_", "_args_", "_recursive_", "_convert_"}
 
@@ -125,7 +127,7 @@ def _target(key: str, node: Mapping[str, Any], found: list[str]) -> Callable[...
         found.append(f"{key}.{TARGET}={path}: {exc}")
         return None
     except Exception as exc:  # the user's module raised while importing
-        found.append(f"{key}.{TARGET}={path}: importing it raised {type(exc).__name__}: {exc}")
+        found.append(f"{key}.{TARGET}={path}: importing it raised {describe(exc)}")
         return None
     if not callable(target):
         found.append(

@@ -89,8 +89,8 @@ def _resume(root: Path, caplog) -> Read:
 
 def _summary(root: Path, caplog) -> Read:
     """A resumed launch sets the summary aside, and the sweep run again decides on the job."""
-    from runner.cli.sweep_resume import RESUME, earlier_start
     from runner.rundir.summary import archive_previous
+    from runner.sweeps.resume import RESUME, earlier_start
 
     job = root / JOB
     start = earlier_start(job, rerun_failed=False)
@@ -136,7 +136,7 @@ def _token_cache(root: Path, caplog) -> Read:
 
 
 def _study(root: Path, caplog) -> Read:
-    from runner.cli.study_sweep import kept_study
+    from runner.sweeps.study_sweep import kept_study
 
     _, problems = kept_study(root)
     return Read(REFUSED if problems else "kept", " ".join(problems))
@@ -144,7 +144,7 @@ def _study(root: Path, caplog) -> Read:
 
 def _tables(root: Path, caplog) -> Read:
     """Each job's end (and the sweep's) rewrites them from the jobs' directories."""
-    from runner.cli.sweep import write_sweep_table
+    from runner.sweeps.tables import write_sweep_table
 
     write_sweep_table(root)
     rows = list(csv.DictReader((root / "sweep.csv").read_text().splitlines()))

@@ -51,8 +51,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "data": {"spec", SHARED},
     # the trackers: rank 0 logs to them, the parent ends what rank 0 could not
     "trackers": {"spec", SHARED},
-    # a sweep's study: kept by the sweep's process (cli/), reported to by rank 0 (train/)
-    "sweeps": {SHARED},
+    # a sweep's core: its jobs, launchers' shared parts, tables, resume and study (run by the
+    # sweep's process through cli/ and hydra_plugins/; rank 0 reports to its study: train/)
+    "sweeps": {"trackers", "spec", SHARED},
     "spec": {SHARED},
     SHARED: set(),
 }

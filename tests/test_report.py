@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner.cli.report import differing_keys, run_config
+from runner.cli.report import differing_keys
+from runner.sweeps.job_dirs import run_config
 from tests.helpers.cli import HANG, child_env
 
 

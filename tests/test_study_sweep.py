@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli.study_sweep import _consecutive, sweep_problems
-from runner.cli.sweep_jobs import overrides_of
 from runner.spec import resolve_spec
+from runner.sweeps.job_dirs import overrides_of
 from runner.sweeps.study_server import KEY_ENV, StudyServer, report
+from runner.sweeps.study_sweep import _consecutive, sweep_problems
 from tests.helpers.cli import FAST, HANG, run_sweep
 from tests.helpers.config import compose_config
 

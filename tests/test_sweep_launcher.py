@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli.job_slots import (
+from runner.sweeps.progress import SweepProgress
+from runner.sweeps.resume import KEEP, NEW, RESUME, earlier_start
+from runner.sweeps.slots import (
     CPU,
     GPU,
     DevicePool,
@@ -23,8 +25,6 @@ from runner.cli.job_slots import (
     pool_problems,
     slot_size,
 )
-from runner.cli.sweep_progress import SweepProgress
-from runner.cli.sweep_resume import KEEP, NEW, RESUME, earlier_start
 from tests.helpers.cli import FAST, HANG, run_sweep
 
 LAUNCHER = "hydra/launcher=runner"
@@ -73,7 +73,7 @@ def test_declared_gpus_on_a_host_without_them_share_its_cores() -> None:
 def test_overrides_are_shown_as_typed() -> None:
     """Hydra's sweepers write parsed values back in Python's words (58fe533 echoed
     `progress_bar=False` in its lines and tables)."""
-    from runner.cli.sweep_jobs import shown
+    from runner.sweeps.job_dirs import shown
 
     typed = ["progress_bar=False", "compile=True", "resume=None", "name=False_start", "x=1"]
     assert shown(typed) == "progress_bar=false compile=true resume=null name=False_start x=1"
@@ -82,7 +82,7 @@ def test_overrides_are_shown_as_typed() -> None:
 def test_jobs_joblib_runs_side_by_side_draw_no_bar() -> None:
     from omegaconf import OmegaConf
 
-    from runner.cli.sweep_job import quiet_beside_others
+    from runner.sweeps.job import quiet_beside_others
 
     joblib = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
     basic = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"

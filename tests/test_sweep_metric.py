@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from runner.cli.report import metric_columns
-from runner.cli.sweep import sweeper_problem
 from runner.spec import resolve_spec
+from runner.sweeps.job_dirs import metric_columns
+from runner.sweeps.tables import sweeper_problem
 from tests.helpers.config import compose_config
 
 

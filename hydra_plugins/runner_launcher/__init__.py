@@ -1,2 +1,2 @@
 """hydra/launcher=runner: a sweep's jobs side by side on one node, each in its own slot of
-devices (runner.cli.job_slots)."""
+devices (runner.sweeps.slots)."""

@@ -1,5 +1,5 @@
 """hydra/launcher=runner: run a sweep's jobs side by side on this node, each on its own
-devices (a slot: runner.cli.job_slots) and in its own process tree.
+devices (a slot: runner.sweeps.slots) and in its own process tree.
 
 Each job is a fork of the sweep's process, taken before the job composes, resolves or
 starts anything (the sweep's process never imports torch, so no CUDA state or thread is
@@ -38,7 +38,15 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # SIGUSR1: runner's graceful stop
+from runner.errors import describe
+from runner.sweeps.launched import (
+    LauncherTraits,
+    SweepJob,
+    compose_job,
+    job_return,
+    never_started_line,
+    stopping_on_signals,
+)
 
 
 @dataclass
@@ -54,19 +62,11 @@ ConfigStore.instance().store(
 )
 
 
-@dataclass
-class _Job:
-    idx: int
-    overrides: Sequence[str]
-    config: DictConfig
-    size: int
-
-    @property
-    def dir(self) -> Path:
-        return Path(str(self.config.hydra.sweep.dir)) / str(self.config.hydra.sweep.subdir)
-
-
 class RunnerLauncher(Launcher):
+    # hydra/sweeper=runner: an interrupted trial goes on from its checkpoint; its jobs run
+    # on this host, where the study hears their reports
+    sweep_traits = LauncherTraits(goes_on_with_trials=True)
+
     def __init__(
         self, devices: Any = None, fail_fast: bool = False, rerun_failed: bool = False
     ) -> None:
@@ -90,7 +90,7 @@ class RunnerLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from runner.cli.job_slots import (
+        from runner.sweeps.slots import (
             declared_devices,
             device_pool,
             device_problems,
@@ -105,7 +105,7 @@ class RunnerLauncher(Launcher):
         declared = declared_devices(self.devices)
         problems = device_problems(declared)
         if problems:
-            from runner.cli.sweep import refuse_sweep
+            from runner.sweeps.tables import refuse_sweep
 
             refuse_sweep(problems, sweep_dir)
         pool = device_pool(declared)
@@ -114,7 +114,7 @@ class RunnerLauncher(Launcher):
         problems += multi_node_problems([job.config.get("nodes", 1) for job in jobs])
         problems += _resume_problems(sweep_dir, jobs)
         if problems:
-            from runner.cli.sweep import refuse_sweep
+            from runner.sweeps.tables import refuse_sweep
 
             refuse_sweep(problems, sweep_dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -129,38 +129,35 @@ class RunnerLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return [returns[idx] for idx in sorted(returns)]
 
-    def _job(self, idx: int, overrides: Sequence[str], pool: Any) -> _Job:
-        from runner.cli.job_slots import slot_size
+    def _job(self, idx: int, overrides: Sequence[str], pool: Any) -> SweepJob:
+        from runner.sweeps.slots import slot_size
 
         assert self.config is not None and self.hydra_context is not None
-        config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-        with open_dict(config):
-            config.hydra.job.id = idx
-            config.hydra.job.num = idx
-        return _Job(idx, overrides, config, slot_size(config.get("nproc", 1), pool))
+        job = compose_job(self, idx, overrides)
+        job.size = slot_size(job.config.get("nproc", 1), pool)
+        return job
 
 
 class _Sweep:
     """The jobs of one launch: started as slots free up, collected as they end."""
 
     def __init__(self, launcher: RunnerLauncher, pool: Any):
-        from runner.cli.job_slots import Slots
+        from runner.sweeps.slots import Slots
 
         self.launcher = launcher
         self.pool = pool
         self.slots = Slots(pool)
-        self.running: dict[Any, tuple[_Job, tuple[str, ...], Any]] = {}
+        self.running: dict[Any, tuple[SweepJob, tuple[str, ...], Any]] = {}
         self.returns: dict[int, JobReturn] = {}
         self.stopping = False
         # The signal handlers the sweep replaced with its own: its jobs get these back.
         self.handlers: dict[int, Any] = {}
 
-    def run(self, jobs: list[_Job]) -> dict[int, JobReturn]:
+    def run(self, jobs: list[SweepJob]) -> dict[int, JobReturn]:
         queue = deque(jobs)
         self.progress = self.launcher.progress  # the whole sweep's, over every launch
         self.progress.queued += len(jobs)
-        self.handlers = {sig: signal.signal(sig, self._stop) for sig in STOP_SIGNALS}
-        try:
+        with stopping_on_signals(self._stop) as self.handlers:
             while queue or self.running:
                 while queue and not self.stopping:
                     devices = self.slots.take(queue[0].size)
@@ -170,13 +167,9 @@ class _Sweep:
                 if self.running:
                     for conn in multiprocessing.connection.wait(list(self.running)):
                         self._collect(conn)
-                if self.stopping and queue:  # named: the sweep table only lists jobs that ran
-                    never = ", ".join(str(job.idx) for job in queue)
-                    _say(f"{len(queue)} queued job(s) never started: {never}")
+                if self.stopping and queue:
+                    _say(never_started_line(job.idx for job in queue) or "")
                     queue.clear()
-        finally:
-            for sig, handler in self.handlers.items():
-                signal.signal(sig, handler)
         return self.returns
 
     def _stop(self, signum: int, _frame: Any) -> None:
@@ -193,7 +186,7 @@ class _Sweep:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signum)
 
-    def _start(self, job: _Job, devices: tuple[str, ...]) -> None:
+    def _start(self, job: SweepJob, devices: tuple[str, ...]) -> None:
         receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
         process = multiprocessing.get_context("fork").Process(
             target=_job_process,
@@ -202,7 +195,7 @@ class _Sweep:
         process.start()
         send.close()
         self.progress.started()
-        from runner.cli.sweep_jobs import shown
+        from runner.sweeps.job_dirs import shown
 
         overrides = shown(list(filter_overrides(job.overrides)))
         _say(f"job {job.idx} started on {_kind(self.pool)} {','.join(devices)}: {overrides}")
@@ -217,7 +210,7 @@ class _Sweep:
         process.join()
         self.slots.give_back(devices)
         if result is None:
-            result = _returned(job, math.nan)  # its summary says how it ended
+            result = job_return(job, math.nan)  # its summary says how it ended
         self.returns[job.idx] = result
         problem, stopped = _failure(job, result), _stopped(job)
         if problem is not None:
@@ -244,7 +237,7 @@ class _Sweep:
 def _job_process(
     send: Any,
     launcher: RunnerLauncher,
-    job: _Job,
+    job: SweepJob,
     pool: Any,
     devices: Any,
     handlers: dict,
@@ -252,8 +245,8 @@ def _job_process(
 ) -> None:
     """The job's own process: its devices and the signal handlers a job of Hydra's own
     launcher would have, then the job as Hydra's launcher runs it."""
-    from runner.cli.job_slots import job_environment, pin_to_cores
     from runner.processes import die_with_parent
+    from runner.sweeps.slots import job_environment, pin_to_cores
 
     code = 0
     try:
@@ -276,7 +269,7 @@ def _job_process(
             error = result._return_value
             result.status, result._return_value = JobStatus.COMPLETED, math.nan
             result.cfg = job.config
-            print(f"runner: job {job.idx}: {type(error).__name__}: {error}", file=sys.stderr)
+            print(f"runner: job {job.idx}: {describe(error)}", file=sys.stderr)
         send.send(result)
     except BaseException as exc:  # SystemExit included: nothing returns into the sweep
         code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
@@ -287,24 +280,24 @@ def _job_process(
 
 
 def _progress() -> Any:
-    from runner.cli.sweep_progress import SweepProgress
+    from runner.sweeps.progress import SweepProgress
 
     return SweepProgress(queued=0)
 
 
-def _resume_problems(sweep_dir: Path, jobs: list[_Job]) -> list[str]:
-    from runner.cli.sweep_resume import not_a_sweep_problem, other_sweep_problem
+def _resume_problems(sweep_dir: Path, jobs: list[SweepJob]) -> list[str]:
+    from runner.sweeps.resume import not_a_sweep_problem, other_sweep_problem
 
     problems = [not_a_sweep_problem(sweep_dir)]
     problems += [other_sweep_problem(sweep_dir, j.dir, j.idx, list(j.overrides)) for j in jobs]
     return [p for p in problems if p]
 
 
-def _resume(jobs: list[_Job], rerun_failed: bool, sweep_dir: Path) -> dict[int, JobReturn]:
+def _resume(jobs: list[SweepJob], rerun_failed: bool, sweep_dir: Path) -> dict[int, JobReturn]:
     """Running the sweep's command again in its directory: the jobs kept as they are (their
     results for the sweeper); the interrupted ones (and failed, when asked) go on from their
     last checkpoint."""
-    from runner.cli.sweep_resume import KEEP, NEW, RESUME, earlier_start, resuming_line
+    from runner.sweeps.resume import KEEP, NEW, RESUME, earlier_start, resuming_line
 
     starts = {job.idx: earlier_start(job.dir, rerun_failed) for job in jobs}
     if all(start.action == NEW for start in starts.values()):
@@ -313,7 +306,7 @@ def _resume(jobs: list[_Job], rerun_failed: bool, sweep_dir: Path) -> dict[int, 
     for job in jobs:
         start = starts[job.idx]
         if start.action == KEEP:
-            kept[job.idx] = _returned(job, start.value)
+            kept[job.idx] = job_return(job, start.value)
         elif start.action == RESUME:
             with open_dict(job.config):
                 job.config.resume = "auto"
@@ -321,49 +314,37 @@ def _resume(jobs: list[_Job], rerun_failed: bool, sweep_dir: Path) -> dict[int, 
     return kept
 
 
-def _returned(job: _Job, value: float) -> JobReturn:
-    """A JobReturn for the sweeper: a kept job's result, or NaN for a job whose process ended
-    without a word."""
-    result = JobReturn(overrides=list(job.overrides), cfg=job.config, status=JobStatus.COMPLETED)
-    result._return_value = value
-    result.working_dir = str(job.dir)
-    return result
-
-
-def _failure(job: _Job, result: JobReturn) -> str | None:
+def _failure(job: SweepJob, result: JobReturn) -> str | None:
     """Why the job failed (its summary's error), or None when it did not: it completed, a
     pruner ended it, or it was stopped (interrupted: _stopped says so)."""
-    from runner.rundir.files import read_json
+    from runner.rundir.summary import how_it_ended
 
     value = result._return_value
     if not (isinstance(value, float) and math.isnan(value)):
         return None
     job_dir = job.dir
-    summary = read_json(job_dir / "summary.json") or {}
-    if summary.get("status") in ("completed", "pruned", "interrupted"):
+    ending = how_it_ended(job_dir)
+    if not ending.failed:
         return None  # ended without the sweep's metric, or stopped
-    error = summary.get("error") or {}
-    message = (error.get("message") or "ended without a summary").splitlines()[0]
-    return f"{message} ({job_dir})"
+    return f"{ending.error_line()} ({job_dir})"
 
 
-def _stopped(job: _Job) -> str | None:
+def _stopped(job: SweepJob) -> str | None:
     """Where a job stopped before its end (a signal, fail_fast), or None when it did not."""
-    from runner.cli.sweep_progress import stopped_line
-    from runner.rundir.files import read_json
+    from runner.sweeps.progress import stopped_line
 
-    return stopped_line(job.idx, job.dir, read_json(job.dir / "summary.json") or {})
+    return stopped_line(job.idx, job.dir)
 
 
 def _stopped_by(signum: int) -> None:
-    from runner.cli.sweep import SweepTable
+    from runner.sweeps.tables import SweepTable
 
     SweepTable.stopped_by = SweepTable.stopped_by or signum
 
 
 def _say(line: str) -> None:
     """The sweep's own lines, on stderr beside the jobs' `runner:` lines."""
-    from runner.cli.sweep import say
+    from runner.sweeps.tables import say
 
     say(line)
 

@@ -113,7 +113,7 @@ class RunnerSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> None:
-        from runner.cli.study_sweep import StudySweep
+        from runner.sweeps.study_sweep import StudySweep
 
         assert self.config is not None and self.hydra_context is not None
         params = [f"{k!s}={v}" for k, v in (self.params or {}).items()]

@@ -1,1 +1,1 @@
-"""hydra/launcher=tune: a sweep's jobs as Ray Tune trials (runner.cli.tune_sweep)."""
+"""hydra/launcher=tune: a sweep's jobs as Ray Tune trials (runner.sweeps.tune_sweep)."""

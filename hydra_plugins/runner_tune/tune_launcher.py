@@ -1,6 +1,6 @@
 """hydra/launcher=tune: a sweep's jobs as Ray Tune trials on a Ray cluster, each with the
 resources of its ranks, scheduled first in, first out or by ASHA on `sweep.metric`
-(runner.cli.tune_sweep holds the logic; runner.cli.tune_trial the trial)."""
+(runner.sweeps.tune_sweep holds the logic; runner.sweeps.tune_trial the trial)."""
 
 # No `from __future__ import annotations`: Hydra runs this module without a sys.modules
 # entry, where dataclasses cannot read annotations kept as strings.
@@ -13,6 +13,8 @@ from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
+
+from runner.sweeps.launched import LauncherTraits
 
 
 @dataclass
@@ -37,6 +39,12 @@ ConfigStore.instance().store(
 
 
 class TuneLauncher(Launcher):
+    # hydra/sweeper=runner: its jobs report to their Tune trial, not to the sweep's study
+    sweep_traits = LauncherTraits(
+        reports_elsewhere="the jobs of hydra/launcher=tune report to their Tune trial; prune "
+        "with hydra.launcher.scheduler=asha"
+    )
+
     def __init__(self, **settings: Any) -> None:
         super().__init__()
         for key, value in {**vars(TuneLauncherConf()), **settings}.items():
@@ -57,6 +65,6 @@ class TuneLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from runner.cli.tune_sweep import launch
+        from runner.sweeps.tune_sweep import launch
 
         return launch(self, job_overrides, initial_job_idx)

@@ -22,9 +22,9 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from runner.cli.resolving import problems_text
 from runner.secrets import Secrets
 from runner.spec import RunSpec, SpecError, resolve_spec
+from runner.spec.composed import problems_text
 
 log = logging.getLogger("runner")
 USAGE = "usage: runner k8s-manifest --image IMAGE [--name NAME] [--runtime NAME] [KEY=VALUE ...]"

@@ -31,24 +31,16 @@ from omegaconf import DictConfig
 from runner.cli.compose_errors import composition_problem
 from runner.cli.conf_files import conf_dir
 from runner.cli.evaluate import eval_argv
-from runner.cli.hydra_files import holds_a_run, hydra_subdir, write_hydra_files
+from runner.cli.hydra_files import hydra_subdir, write_hydra_files
 from runner.cli.k8s_manifest import manifest_argv, manifest_task
 from runner.cli.outcome import report_outcome, shown
 from runner.cli.prepare import prepare_argv, prepare_task
 from runner.cli.requeue import continue_after_stop, first_run_dir
 from runner.cli.rerun import rerun_argv
-from runner.cli.resolving import problems_text, resolve_cfg
 from runner.cli.resume_point import resume_problems
 from runner.cli.supervise import run_agent
-from runner.cli.sweep import SweepTable, sweeper_problem, write_sweep_table
-from runner.cli.sweep_job import (
-    earlier_start_of_job,
-    one_job_at_a_time,
-    quiet_beside_others,
-    stop_sweep,
-)
 from runner.processes import add_code_dirs, exit_code_for_signal, keep_extensions_in_environment
-from runner.rundir.files import RunDir, environment_info, read_json, write_json
+from runner.rundir.files import RunDir, environment_info, holds_a_run, read_json, write_json
 from runner.rundir.summary import (
     Status,
     archive_previous,
@@ -58,6 +50,14 @@ from runner.rundir.summary import (
 from runner.rundir.tracker_runs import SWEEP_DIR_ENV
 from runner.secrets import SECRETS_ENV, Secrets, hide_literal_secrets
 from runner.spec import RunSpec, SpecError, save_spec, slurm
+from runner.spec.composed import problems_text, resolve_cfg
+from runner.sweeps.job import (
+    earlier_start_of_job,
+    one_job_at_a_time,
+    quiet_beside_others,
+    stop_sweep,
+)
+from runner.sweeps.tables import SweepTable, sweeper_problem, write_sweep_table
 from runner.trackers.finish import finish_trackers
 
 log = logging.getLogger("runner")
@@ -188,7 +188,7 @@ def _run(cfg: DictConfig) -> float | None:
 def _with_trial(spec: RunSpec, hydra_cfg: Any) -> RunSpec:
     """A job of hydra/sweeper=runner is a trial of its study, a job of hydra/launcher=tune a
     Tune trial: rank 0 reports to it."""
-    from runner.cli.study_sweep import job_trial
+    from runner.sweeps.study_sweep import job_trial
 
     trial = job_trial(hydra_cfg.sweeper, hydra_cfg.launcher, hydra_cfg.job.num)
     if trial is None:
@@ -261,7 +261,7 @@ def _run_other_node(
     directory, left empty, goes away: one run, one directory."""
     node_dir = run_dir.root / f"node{spec.node_rank}"
     node_dir.mkdir(parents=True, exist_ok=True)
-    outcome = node_dir / "summary.json"
+    outcome = RunDir(node_dir).summary
     outcome.unlink(missing_ok=True)
     save_spec(spec, node_dir, secrets)
     write_json(node_dir / "env.json", _environment(spec, secrets))

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from runner.cli.resolving import problems_text, resolve_cfg
 from runner.secrets import SECRETS_ENV
 from runner.spec import SpecError, save_spec
+from runner.spec.composed import problems_text, resolve_cfg
 
 FLAGS = ("--rebuild", "--verify")
 log = logging.getLogger("runner")

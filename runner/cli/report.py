@@ -14,19 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from runner.rundir.files import read_json, read_jsonl
-from runner.spec.convert import flatten
-
-METRICS = ("val/accuracy", "val/loss", "train/loss")  # runs from before sweep.metric
-
-
-def metric_columns(configs: list[dict[str, Any]]) -> list[str]:
-    """The final values to show: each run's sweep.metric first (what the sweep compares),
-    then val/loss and train/loss."""
-    chosen = [c.get("sweep.metric") for c in configs]
-    headline = [str(m) for m in chosen if m and m != "auto"] or [METRICS[0]]  # auto: unresolved
-    return list(dict.fromkeys([*headline, "val/loss", "train/loss"]))
-
+from runner.rundir.files import RunDir, read_jsonl
+from runner.rundir.summary import how_it_ended
+from runner.sweeps.job_dirs import job_order, metric_columns, run_config
 
 REPORT_PNG = "report.png"
 
@@ -43,28 +33,8 @@ def find_runs(paths: list[Path]) -> list[Path]:
     return runs
 
 
-def job_order(path: Path) -> tuple[int, int, str]:
-    """Sweep jobs by number (0, 1, ..., 10), other names after them alphabetically."""
-    return (0, int(path.name), "") if path.name.isdigit() else (1, 0, path.name)
-
-
 def _is_run(path: Path) -> bool:
-    return (path / "summary.json").is_file() or (path / "config.yaml").is_file()
-
-
-def run_config(run: Path) -> dict[str, Any]:
-    """The run's resolved config, flattened to dotted keys (a rejected sweep job has only
-    Hydra's composed config)."""
-    from runner.spec.config_file import ConfigDamaged, read_config
-
-    for candidate in (run / "config.yaml", run / ".hydra" / "config.yaml"):
-        if candidate.is_file():
-            try:
-                return flatten(read_config(candidate))
-            except (ConfigDamaged, OSError) as exc:
-                print(f"runner-report: {exc}; its settings are left out", file=sys.stderr)
-                return {}
-    return {}
+    return RunDir(path).summary.is_file() or (path / "config.yaml").is_file()
 
 
 def differing_keys(runs: list[Path], configs: list[dict[str, Any]]) -> list[str]:
@@ -107,7 +77,7 @@ def rows(runs: list[Path], base: Path) -> tuple[list[str], list[dict[str, Any]]]
     metrics = metric_columns(configs)
     table = []
     for run, config in zip(runs, configs, strict=True):
-        summary = read_json(run / "summary.json") or _so_far(run)
+        summary = how_it_ended(run).summary or _so_far(run)
         final = summary.get("final") or {}
         row = {"run": label(run, base), **{k: config.get(k, "") for k in keys}}
         row.update(

@@ -8,6 +8,8 @@ import pickle
 import signal
 import sys
 
+from runner.errors import describe
+
 
 def main(path: str) -> int:
     from hydra.core.utils import JobStatus, run_job, setup_globals
@@ -31,7 +33,7 @@ def main(path: str) -> int:
     if result.status == JobStatus.FAILED:  # an exception: its summary says why, if it got one
         error = result._return_value
         job = config.hydra.job.num
-        print(f"runner: job {job}: {type(error).__name__}: {error}", file=sys.stderr)
+        print(f"runner: job {job}: {describe(error)}", file=sys.stderr)
         return 1
     return 0
 

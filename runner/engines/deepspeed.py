@@ -30,6 +30,7 @@ from runner import dist as rdist
 from runner.engines.base import Engine, Fill, FinalTensor
 from runner.engines.optim import build_optimizer
 from runner.engines.schedules import build_scheduler
+from runner.errors import describe
 from runner.processes import keep_extensions_in_environment
 from runner.spec import Precision, RunSpec
 from runner.spec.deepspeed_config import merge_user_config
@@ -175,7 +176,7 @@ class DeepSpeedEngine(Engine):
             )
         except Exception as exc:
             raise RuntimeError(
-                f"parallelism={name}: DeepSpeed failed to initialise: {type(exc).__name__}: {exc}"
+                f"parallelism={name}: DeepSpeed failed to initialise: {describe(exc)}"
             ) from exc
         self.module = self.model.module
         self.loss_scale: LossScale | None = None

@@ -40,7 +40,7 @@ def outcome_writer(spec: RunSpec, node_dir: Path, start_time: float) -> OutcomeW
         summary.update(
             node_rank=spec.node_rank, host=socket.gethostname(), run_dir=str(run_dir.root)
         )
-        write_json(node_dir / "summary.json", summary)
+        write_json(RunDir(node_dir).summary, summary)
 
     return write
 

@@ -95,8 +95,10 @@ def _connect(ray: Any, spec: RunSpec, address: str | None, env: dict[str, str]) 
     try:
         if address is None:
             cpus = max(os.cpu_count() or 1, spec.world_size)
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": env}, _system_config=LOCAL_CLUSTER)  # fmt: skip
+            # address="local": a cluster of its own, never another local one found running
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                     log_to_driver=False, runtime_env={"env_vars": env},
+                     _system_config=LOCAL_CLUSTER)  # fmt: skip
         else:
             ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
     except Exception as exc:  # not _Interrupted: a BaseException, the caller's to handle

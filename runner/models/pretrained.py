@@ -22,7 +22,6 @@ A run that restores a checkpoint (`resume`) loads it over these weights: resume 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -124,8 +123,3 @@ def load_into(module: nn.Module, file: TensorFile, matching: Matching) -> None:
             source = matching.sources.get(name)
             if source is not None:
                 tensor.copy_(file.read(source).view(tensor.shape))
-
-
-def resolve_path(path: str, base: Path) -> str:
-    """init_from.path made absolute (relative to where runner was started)."""
-    return str((base / Path(path).expanduser()).resolve())

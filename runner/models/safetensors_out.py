@@ -21,12 +21,8 @@ from pathlib import Path
 
 import torch
 
-from runner.models.tensor_files import TorchFile
+from runner.models.tensor_files import SAFETENSORS_DTYPES, TorchFile
 
-SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-                      torch.float64: "F64", torch.int64: "I64", torch.int32: "I32",
-                      torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-                      torch.bool: "BOOL"}  # fmt: skip
 INDEX = "model.safetensors.index.json"
 
 

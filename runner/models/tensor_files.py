@@ -31,9 +31,11 @@ FORMATS = (
     "sharded .safetensors files with their index, or a local Hugging Face model directory"
 )
 INDEX = "model.safetensors.index.json"
+# safetensors' dtype names, both ways (read here, written by runner.models.safetensors_out)
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
            "F64": torch.float64, "I64": torch.int64, "I32": torch.int32,
            "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}  # fmt: skip
+SAFETENSORS_DTYPES = {dtype: name for name, dtype in _DTYPES.items()}
 
 
 class WeightsFileError(ValueError):

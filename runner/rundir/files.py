@@ -22,6 +22,8 @@ from typing import Any
 
 TRACKER_RUNS = "tracker_runs.json"  # in a run directory, and at a sweep's root
 EVAL_FILE = "eval.json"  # what `runner eval` measured, in its run directory
+SUMMARY_FILE = "summary.json"  # how a run ended: runner.rundir.summary reads and writes it
+HYDRA_DIR = ".hydra"  # Hydra's record of the run, written once runner accepts it
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class RunDir:
 
     @property
     def summary(self) -> Path:
-        return self.root / "summary.json"
+        return self.root / SUMMARY_FILE
 
     @property
     def model(self) -> Path:
@@ -249,3 +251,11 @@ def environment_info(code_dirs: Sequence[str] = ()) -> dict[str, Any]:
         "argv": sys.argv,
         "cwd": str(Path.cwd()),
     }
+
+
+def holds_a_run(run_dir: Path) -> bool:
+    """Whether a directory holds a run (or the start of one) of its own."""
+    return any(
+        (run_dir / name).exists()
+        for name in (SUMMARY_FILE, "config.yaml", "checkpoints", HYDRA_DIR)
+    )

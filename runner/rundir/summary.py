@@ -11,7 +11,9 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from runner.rundir.files import RunDir, read_json, read_jsonl, write_json
@@ -138,3 +140,35 @@ def write_unfinished_summary(
 
 def read_summary(run_dir: RunDir) -> dict[str, Any] | None:
     return read_json(run_dir.summary)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a run, or a sweep's job, ended, read from its summary.json (`how_it_ended`)."""
+
+    status: Status | None  # None: no summary yet (running, never started) or an unknown one
+    summary: dict[str, Any]
+
+    @property
+    def failed(self) -> bool:
+        """Ended in a failure, or without a summary that says otherwise."""
+        return self.status in (None, Status.FAILED)
+
+    def error_line(self, otherwise: str = "ended without a summary") -> str:
+        """The first line of the failure's message."""
+        message = (self.summary.get("error") or {}).get("message") or otherwise
+        return message.splitlines()[0]
+
+    def final(self, metric: str) -> Any:
+        """The last value of `metric` the run recorded (None: none)."""
+        return (self.summary.get("final") or {}).get(metric)
+
+
+def how_it_ended(run_dir: RunDir | Path) -> Ending:
+    """The one reader of how a run ended: its status (a `Status`) and its summary."""
+    summary = read_summary(run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)) or {}
+    try:
+        status = Status(summary.get("status"))
+    except ValueError:
+        status = None
+    return Ending(status, summary)

@@ -1,3 +1,6 @@
-"""What a sweep's Optuna study (hydra/sweeper=runner) shares between the sweep's process and its
-jobs: the study kept in the sweep directory, and the report server rank 0 asks whether to
-prune (the sweep itself: runner.cli.study_sweep)."""
+"""A sweep's core, in one room: its jobs and what the launchers share (launched, slots, job,
+job_dirs), resuming a sweep in its directory (resume), its progress line and tables
+(progress, tables), hydra/sweeper=runner's Optuna study (study_sweep, search_space, study,
+and study_server, which a job's rank 0 reports to), and hydra/launcher=tune (tune_sweep,
+tune_trial, ray_cluster). The plugins under hydra_plugins/ are thin shims over it; cli/
+keeps the commands."""

@@ -54,8 +54,10 @@ def connect(ray: Any, launcher: Any, say: Callable[[str], None]) -> bool:
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
         if address is None:
-            ray.init(num_gpus=launcher.gpus, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.WARNING, _system_config=LOCAL_RAY_CLUSTER)  # fmt: skip
+            # address="local": a cluster of its own, never another local one found running
+            ray.init(address="local", num_gpus=launcher.gpus, include_dashboard=False,
+                     log_to_driver=False, logging_level=logging.WARNING,
+                     _system_config=LOCAL_RAY_CLUSTER)  # fmt: skip
         else:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as exc:

@@ -104,7 +104,7 @@ class MlflowRun:
         now, steps = int(time.time() * 1000), int(summary.get("steps") or 0)
         numbers = {k: summary[k] for k in ("steps", "wall_time_s", "restarts") if k in summary}
         metrics = [Metric(f"summary/{k}", float(v), now, steps) for k, v in numbers.items()]
-        files = [self.run_dir / "config.yaml", self.run_dir / "summary.json"]
+        files = [self.run_dir / "config.yaml", RunDir(self.run_dir).summary]
         if status == Status.COMPLETED and self.settings.log_model:
             files.append(self.run_dir / "model.pt")
         _end(self.client, self.run_id, status, tags, files, metrics)

@@ -10,6 +10,7 @@ from typing import Any
 
 from runner.callbacks import HOOKS, Run
 from runner.components import instantiate
+from runner.errors import describe
 from runner.spec import RunSpec
 
 
@@ -39,7 +40,7 @@ class Callbacks:
                 method(self.run, *value)
             except Exception as exc:
                 raise CallbackError(
-                    f"{name} raised in {hook} on rank {self.run.rank}: {type(exc).__name__}: {exc}"
+                    f"{name} raised in {hook} on rank {self.run.rank}: {describe(exc)}"
                 ) from exc
 
     def checkpoint_saved(self, path: Path, step: int) -> None:

@@ -192,9 +192,9 @@ class Trainer:
                 if self.first_step_at is None:
                     self.first_step_at = time.time()
                 samples += n_global
-                done = Step(step, samples, lr, self._epoch(step), trained, waited)
+                this_step = Step(step, samples, lr, self._epoch(step), trained, waited)
                 evaluation = self._timed_evaluation(step) if evaluate else None
-                spike = self.step_log.step(done, logged, evaluation)
+                spike = self.step_log.step(this_step, logged, evaluation)
                 if spike is None and saved:
                     spike = self._save(step, samples)
                 if spike is not None:  # back to the checkpoint before it, and on from there
@@ -245,11 +245,11 @@ class Trainer:
         items = global_items(self.loss_fn, microbatches, n_global, self.device, self.grid.tensor)
         weight = self.grid.gradient_weight(items)  # the step's loss: a mean over its items
         loss_sum, tokens = None, 0
-        for done in accumulate(self.microbatching, self.passes, microbatches, step, weight):
-            loss_sum = done.loss if loss_sum is None else loss_sum + done.loss
-            if done.real:
-                self.item_check.note(done.count, done.targets)
-                tokens += done.targets.numel() if isinstance(done.targets, torch.Tensor) else 0
+        for piece in accumulate(self.microbatching, self.passes, microbatches, step, weight):
+            loss_sum = piece.loss if loss_sum is None else loss_sum + piece.loss
+            if piece.real:
+                self.item_check.note(piece.count, piece.targets)
+                tokens += piece.targets.numel() if isinstance(piece.targets, torch.Tensor) else 0
         self.item_check.step_done()
         grad_norm = self.engine.prepare_step(norm_wanted=self.guard.mode == "skip")
         measured = logged and self.spec.log_grad_norm  # DeepSpeed stepped in backward already

@@ -20,7 +20,6 @@ the gradient norm, peak memory: runner.train.records.step_figures).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -48,8 +47,7 @@ class PendingRecords:
         self.records: list[tuple[dict[str, Any], float, Sums]] = []
         self.reduced: list[tuple[int, float]] = []  # the last reduction's (step, loss)
         self.wanted = 1  # the first record is reduced at once: the run shows it has started
-        self._since = time.perf_counter()
-        self._paused = 0.0
+        self._since = figures.clock.now()  # training seconds: the step log's one clock
 
     def add(
         self,
@@ -79,10 +77,6 @@ class PendingRecords:
         self.losses.clear()
         self.records.clear()
 
-    def pause(self, seconds: float) -> None:
-        """Leave time that is not training (evaluation, checkpoints) out of the estimate."""
-        self._paused += seconds
-
     def reduce(self) -> tuple[list[dict[str, Any]], NonFiniteError | None]:
         """Every rank: the pending records with their loss, and the guard's error if a rank
         noted a non-finite value (then only the records of the steps before it). Every
@@ -91,7 +85,7 @@ class PendingRecords:
         if not self.losses:
             return [], None
         steps, count = len(self.losses), len(self.records)
-        elapsed = time.perf_counter() - self._since - self._paused
+        elapsed = self.figures.clock.now() - self._since
         device = self.losses[0][1].device
         # On the device: each step's loss, each record's gradient-norm share; from the host,
         # in one copy: each record's tokens, the seconds, and this rank's peak memory in its
@@ -124,7 +118,7 @@ class PendingRecords:
             per_record = host[steps + 2 * count] / self.world / count
             self.wanted = max(1, min(MOST_PENDING, int(FLUSH_S / max(per_record, 1e-9))))
         self.clear()
-        self._since, self._paused = time.perf_counter(), 0.0
+        self._since = self.figures.clock.now()
         return done, error
 
 

@@ -64,6 +64,22 @@ def peak_memory_mb(device: str) -> float:
     return peak_rss_bytes() / 2**20
 
 
+class TrainingClock:
+    """Seconds of training: the wall clock, less the time paused out of it (evaluations,
+    checkpoints). Each figure over a span reads it at the span's start and end."""
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+        self._paused = 0.0
+
+    def pause(self, seconds: float) -> None:
+        """`seconds` that were not training (an evaluation, a checkpoint) are left out."""
+        self._paused += seconds
+
+    def now(self) -> float:
+        return time.perf_counter() - self._start - self._paused
+
+
 class StepFigures:
     """Counts what happens between two log records on this rank."""
 
@@ -85,14 +101,11 @@ class StepFigures:
         peak = device_peak_flops(spec, device) if self.token_data else None
         # MFU per token/s of the whole run
         self.mfu_per_token_rate = None if flops is None or peak is None else flops / (world * peak)
-        self._t0 = time.perf_counter()
+        self.clock = TrainingClock()  # the step log's one clock (the reduction reads it too)
+        self._t0 = self.clock.now()
         self._samples0 = samples
-        self._paused = self._waited = 0.0
+        self._waited = 0.0
         self._tokens = 0  # this rank's, of its real microbatches
-
-    def pause(self, seconds: float) -> None:
-        """Time that is not training (evaluation, checkpoints) is left out."""
-        self._paused += seconds
 
     def waited(self, seconds: float) -> None:
         """Time the loop spent waiting for its next batch."""
@@ -106,14 +119,14 @@ class StepFigures:
     def take(self, samples: int) -> tuple[dict[str, Any], float, float]:
         """At a log step: the record's local figures, the training seconds they cover, and
         this rank's tokens over them; the count starts again."""
-        now = time.perf_counter()
-        elapsed = max(1e-9, now - self._t0 - self._paused)
+        now = self.clock.now()
+        elapsed = max(1e-9, now - self._t0)
         fields = {
             "throughput/samples_per_sec": (samples - self._samples0) / elapsed,
             "time/data_wait_share": min(1.0, self._waited / elapsed),
         }
         tokens = float(self._tokens)
-        self._t0, self._samples0, self._paused, self._waited, self._tokens = now, samples, 0, 0, 0
+        self._t0, self._samples0, self._waited, self._tokens = now, samples, 0.0, 0
         return fields, elapsed, tokens
 
     def complete(

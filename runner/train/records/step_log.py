@@ -11,8 +11,9 @@ callbacks' on_step_end, each once. The reduced losses are watched for spikes
 spike that asks for a rollback back to the trainer as a value (`step` returns it), which
 restores the checkpoint and goes on from there.
 
-One clock: time that is not training (an evaluation, a checkpoint) is paused out of both
-the records' figures and the reduction's estimate of the seconds a record takes.
+One clock (step_figures.TrainingClock): time that is not training (an evaluation, a
+checkpoint) is paused out of it once, and both the records' figures and the reduction's
+estimate of the seconds a record takes read it.
 """
 
 from __future__ import annotations
@@ -108,8 +109,7 @@ class StepLog:
 
     def pause(self, seconds: float) -> None:
         """Leave `seconds` that were not training (evaluation, a checkpoint) out of the clock."""
-        self.figures.pause(seconds)
-        self.pending.pause(seconds)
+        self.figures.clock.pause(seconds)
 
     def step(
         self, done: Step, logged: bool, evaluation: dict[str, float] | None = None

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.cli.sweep import say
-from runner.rundir.files import read_json
-from runner.rundir.summary import Status
+from runner.rundir.summary import Status, how_it_ended
 from runner.spec import RunSpec
 from runner.spec.schema import TrialSpec
+from runner.sweeps.launched import traits_of
+from runner.sweeps.search_space import search_space
 from runner.sweeps.study import (
     PRUNERS,
     STUDY_FILE,
@@ -34,6 +34,7 @@ from runner.sweeps.study import (
     write_study_file,
 )
 from runner.sweeps.study_server import ADDRESS_ENV, StudyServer
+from runner.sweeps.tables import say
 
 RUNNER_SWEEPER = "hydra_plugins.runner_sweeper.runner_sweeper.RunnerSweeper"
 TUNE_LAUNCHER = "hydra_plugins.runner_tune.tune_launcher.TuneLauncher"
@@ -59,8 +60,8 @@ def job_spec(config: Any, sweep_dir: Path) -> tuple[RunSpec | None, list[str]]:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from runner.cli.resolving import resolve_cfg
     from runner.spec import SpecError
+    from runner.spec.composed import resolve_cfg
 
     task = copy.deepcopy(config)
     with open_dict(task):
@@ -122,8 +123,7 @@ class Ended:
 
 def job_ended(job_dir: Path | None, returned: Any) -> Ended:
     """From the job's summary.json (and the value it returned to the sweeper)."""
-    summary = (read_json(job_dir / "summary.json") if job_dir else None) or {}
-    status = summary.get("status")
+    status = how_it_ended(job_dir).status if job_dir else None
     if status == Status.PRUNED:
         return Ended("pruned")
     if status == Status.INTERRUPTED:
@@ -137,7 +137,7 @@ def job_ended(job_dir: Path | None, returned: Any) -> Ended:
 def kept_study(sweep_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
     """The study an earlier start kept in `sweep_dir`, and why it cannot go on: its file
     damaged, or gone while the sweep's jobs are there (trials would be drawn anew over them)."""
-    from runner.cli.sweep_jobs import job_dirs
+    from runner.sweeps.job_dirs import job_dirs
 
     try:
         kept = read_study_file(sweep_dir)
@@ -164,12 +164,11 @@ class StudySweep:
     def run(self, arguments: list[str]) -> None:
         logging.getLogger("alembic").setLevel(logging.WARNING)  # Optuna imports it: quiet
         import optuna
-        from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
 
-        from runner.cli.sweep import refuse_sweep
+        from runner.sweeps.tables import refuse_sweep
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        distributions, fixed = create_params_from_overrides(arguments)
+        distributions, fixed = search_space(arguments)
         for name in fixed:
             distributions.pop(name, None)
         fixed_overrides = _fixed_overrides(arguments)
@@ -210,25 +209,19 @@ class StudySweep:
     def _launcher_problems(self, kept: dict[str, Any] | None) -> list[str]:
         """What the sweep's launcher cannot do that this sweep asks of it."""
         problems = []
+        traits = traits_of(self.launcher)
         unfinished = [
             t for t in (kept or {}).get("trials", []) if t["state"] in ("RUNNING", "WAITING")
         ]
-        if unfinished and type(self.launcher).__name__ != "RunnerLauncher":
+        if unfinished and not traits.goes_on_with_trials:
             problems.append(
                 f"hydra.sweep.dir={self.sweep_dir}: {len(unfinished)} trial(s) of its study were "
                 "interrupted; going on with them takes hydra/launcher=runner"
             )
-        if self.sweeper.pruner and "Slurm" in type(self.launcher).__name__:
+        if self.sweeper.pruner and traits.reports_elsewhere:
             problems.append(
-                f"hydra/sweeper/pruner={self.sweeper.pruner['name']}: the jobs of "
-                "hydra/launcher=submitit_slurm run on other hosts, where the study cannot hear "
-                "their reports; prune on one node (hydra/launcher=runner), or drop the pruner"
-            )
-        if self.sweeper.pruner and type(self.launcher).__name__ == "TuneLauncher":
-            problems.append(
-                f"hydra/sweeper/pruner={self.sweeper.pruner['name']}: the jobs of "
-                "hydra/launcher=tune report to their Tune trial; prune with "
-                "hydra.launcher.scheduler=asha, or drop the pruner"
+                f"hydra/sweeper/pruner={self.sweeper.pruner['name']}: "
+                f"{traits.reports_elsewhere}, or drop the pruner"
             )
         return problems
 
@@ -273,7 +266,7 @@ class StudySweep:
     def _overrides_of(self, trial: Any, fixed_overrides: list[str]) -> list[str]:
         """A trial's overrides as its job first ran them (its .hydra/overrides.yaml), else its
         sampled values, then the fixed ones."""
-        from runner.cli.sweep_jobs import overrides_of
+        from runner.sweeps.job_dirs import overrides_of
 
         job_dir = self.sweep_dir / str(trial.number)
         if (job_dir / ".hydra" / "overrides.yaml").is_file():

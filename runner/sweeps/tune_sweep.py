@@ -5,7 +5,7 @@ a local cluster it starts and stops) and fits one Tuner over the jobs of each la
 trial per job, asking for the job's resources (its ranks' GPUs where the cluster has GPUs,
 else a CPU per rank, unless hydra.launcher.cpus_per_trial / gpus_per_trial say otherwise),
 scheduled FIFO or by ASHA (hydra.launcher.scheduler=asha) on `sweep.metric` after every
-evaluation (runner.cli.tune_trial). Each job runs on the node of its trial, in the sweep
+evaluation (runner.sweeps.tune_trial). Each job runs on the node of its trial, in the sweep
 directory, which every node must see (a shared file system).
 
 Running the same command again with hydra.sweep.dir finishes the sweep as with
@@ -22,35 +22,23 @@ import os
 import pickle
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.cli.sweep import refuse_sweep, say
 from runner.sweeps import ray_cluster
+from runner.sweeps.launched import (
+    SweepJob,
+    compose_job,
+    job_return,
+    never_started_line,
+    stopping_on_signals,
+)
+from runner.sweeps.tables import refuse_sweep, say
 
 EXPERIMENT_DIR = "tune"  # in the sweep directory: Tune's own files, a folder per launch
 STOP_FILE = "STOP"  # in the launch's folder: the whole sweep stops (trials read it)
 SCHEDULERS = ("asha",)
 PASSED_ENV_PREFIXES = ("RUNNER_", "PYTHONPATH", "HF_", "WANDB_", "MLFLOW_")
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-
-
-@dataclass
-class TuneJob:
-    idx: int
-    overrides: Sequence[str]
-    config: Any  # the job's composed config (hydra's included)
-
-    @property
-    def dir(self) -> Path:
-        return Path(str(self.config.hydra.sweep.dir)) / str(self.config.hydra.sweep.subdir)
-
-    @property
-    def nproc(self) -> int:
-        """Its ranks (`nproc=auto`: one, on the node Tune picks)."""
-        nproc = self.config.get("nproc", 1)
-        return nproc if isinstance(nproc, int) else 1
 
 
 def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
@@ -60,10 +48,10 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     setup_globals()
     configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
-    jobs = [_job(launcher, initial_job_idx + i, o) for i, o in enumerate(job_overrides)]
+    jobs = [compose_job(launcher, initial_job_idx + i, o) for i, o in enumerate(job_overrides)]
     if not jobs:
         return []
-    from runner.cli.study_sweep import job_spec
+    from runner.sweeps.study_sweep import job_spec
 
     spec, problems = job_spec(jobs[0].config, sweep_dir)  # the first job, as it will resolve
     if spec is not None:
@@ -86,22 +74,10 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         ray_cluster.disconnect(ray, started)
 
 
-def _job(launcher: Any, idx: int, overrides: Sequence[str]) -> TuneJob:
-    from omegaconf import open_dict
-
-    config = launcher.hydra_context.config_loader.load_sweep_config(
-        launcher.config, list(overrides)
-    )
-    with open_dict(config):
-        config.hydra.job.id = idx
-        config.hydra.job.num = idx
-    return TuneJob(idx, overrides, config)
-
-
-def config_problems(launcher: Any, spec: Any, jobs: list[TuneJob], sweep_dir: Path) -> list[str]:
+def config_problems(launcher: Any, spec: Any, jobs: list[SweepJob], sweep_dir: Path) -> list[str]:
     """What makes the sweep's trials pointless, before Ray starts."""
-    from runner.cli.job_slots import multi_node_problems
-    from runner.cli.sweep_resume import not_a_sweep_problem, other_sweep_problem
+    from runner.sweeps.resume import not_a_sweep_problem, other_sweep_problem
+    from runner.sweeps.slots import multi_node_problems
 
     problems = [p for p in [not_a_sweep_problem(sweep_dir)] if p]
     for job in jobs:
@@ -154,7 +130,7 @@ class SweepStop:
 
 
 class _Tune:
-    def __init__(self, launcher: Any, spec: Any, jobs: list[TuneJob], experiment: Path):
+    def __init__(self, launcher: Any, spec: Any, jobs: list[SweepJob], experiment: Path):
         self.launcher = launcher
         self.spec = spec  # the first job's, resolved
         self.jobs = jobs
@@ -166,7 +142,7 @@ class _Tune:
     def fit(self) -> list:
         import shutil
 
-        from runner.cli.tune_trial import SweepLines
+        from runner.sweeps.tune_trial import SweepLines
 
         shutil.rmtree(self.experiment, ignore_errors=True)  # an earlier start's: rebuilt
         self.experiment.mkdir(parents=True)
@@ -185,16 +161,14 @@ class _Tune:
         kept = sum(job.kept for job in trial_jobs.values())
         replayed = f"; {kept} kept as they ended, replayed to the scheduler" if kept else ""
         say(f"{len(trial_jobs) - kept} job(s) as Ray Tune trials ({self._describe()}){replayed}")
-        handlers = {sig: signal.signal(sig, stop.on_signal) for sig in STOP_SIGNALS}
-        try:
+        with stopping_on_signals(stop.on_signal):
             tuner.fit()
-        finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
         self.launcher.stopped = stop.stopped
-        never = sorted(lines.never_started - {i for i, j in trial_jobs.items() if j.kept})
+        never = never_started_line(
+            lines.never_started - {i for i, j in trial_jobs.items() if j.kept}
+        )
         if never:
-            say(f"{len(never)} queued job(s) never started: {', '.join(map(str, never))}")
+            say(never)
         return [self._returned(job) for job in self.jobs if _ran(job.dir)]
 
     def _tuner(self, trial_jobs: dict[int, Any], lines: Any) -> Any:
@@ -202,7 +176,7 @@ class _Tune:
         import ray
         from ray import tune
 
-        from runner.cli.tune_trial import JobTrial
+        from runner.sweeps.tune_trial import JobTrial
 
         has_gpus = ray.cluster_resources().get("GPU", 0) > 0
         asks = {
@@ -238,8 +212,8 @@ class _Tune:
         """Each job's part for its trial; an earlier start's jobs kept or going on."""
         from omegaconf import open_dict
 
-        from runner.cli.sweep_resume import KEEP, RESUME, earlier_start, resuming_line
-        from runner.cli.tune_trial import TrialJob
+        from runner.sweeps.resume import KEEP, RESUME, earlier_start, resuming_line
+        from runner.sweeps.tune_trial import TrialJob
 
         starts = {job.idx: earlier_start(job.dir, self.launcher.rerun_failed) for job in self.jobs}
         line = resuming_line(self.jobs[0].dir.parent, starts.values())
@@ -275,7 +249,7 @@ class _Tune:
     def _scheduler(self, trial_jobs: dict[int, Any]) -> Any:
         if self.launcher.scheduler != "asha":
             return None
-        from runner.cli.tune_trial import PruningASHA
+        from runner.sweeps.tune_trial import PruningASHA
 
         return PruningASHA(
             {idx: job.prune_file for idx, job in trial_jobs.items()},
@@ -308,18 +282,12 @@ class _Tune:
             f"reduction factor {self.launcher.reduction_factor}"
         )
 
-    def _returned(self, job: TuneJob) -> Any:
+    def _returned(self, job: SweepJob) -> Any:
         """The job's JobReturn for the sweeper: its final value of sweep.metric (NaN when it
         has none: its summary says how it ended)."""
-        from hydra.core.utils import JobReturn, JobStatus
+        from runner.sweeps.resume import earlier_start
 
-        from runner.cli.sweep_resume import earlier_start
-
-        value = earlier_start(job.dir, rerun_failed=False).value
-        result = JobReturn(overrides=list(job.overrides), cfg=job.config)
-        result.status, result._return_value = JobStatus.COMPLETED, value
-        result.working_dir = str(job.dir)
-        return result
+        return job_return(job, earlier_start(job.dir, rerun_failed=False).value)
 
 
 def _shown(overrides: Sequence[str]) -> str:

@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from runner.cli.report import metric_columns, run_config
-from runner.cli.sweep_jobs import job_dirs, overrides_of, shown
 from runner.errors import first_line
-from runner.rundir.files import file_lock, read_json, write_atomic
-from runner.rundir.summary import Status
+from runner.rundir.files import file_lock, write_atomic
+from runner.rundir.summary import Status, how_it_ended
 from runner.spec.slurm import submitit_problems
+from runner.sweeps.job_dirs import job_dirs, metric_columns, overrides_of, run_config, shown
 from runner.trackers.finish import finish_sweep_trackers
 
 if TYPE_CHECKING:
@@ -39,7 +38,7 @@ def sweep_rows(sweep_dir: Path) -> tuple[list[str], list[str], list[dict[str, An
     shared = [o for o in jobs[0][1] if all(o in overrides for _, overrides in jobs)] if jobs else []
     rows = []
     for job, overrides in jobs:
-        summary = read_json(job / "summary.json") or {}
+        summary = how_it_ended(job).summary
         final = summary.get("final") or {}
         error = summary.get("error") or {}
         rows.append(
@@ -128,7 +127,7 @@ class SweepTable(Callback):
         SweepTable.sweep_dir = Path(config.hydra.sweep.dir)
         earlier = SweepTable.sweep_dir / "multirun.yaml"
         SweepTable.earlier_multirun = earlier.read_bytes() if earlier.is_file() else None
-        from runner.cli.sweep_resume import sweep_dir_problem
+        from runner.sweeps.resume import sweep_dir_problem
 
         problems = [p for p in (sweep_dir_problem(config), direction_problem(config)) if p]
         launcher = config.hydra.launcher
@@ -159,7 +158,7 @@ def say(line: str) -> None:
 def refuse_sweep(problems: list[str], sweep_dir: Path) -> None:
     """Bad input found by a sweep's launcher or sweeper: reported like any configuration
     problem, exit 2, before the first job; the directory is left as it was."""
-    from runner.cli.resolving import problems_text
+    from runner.spec.composed import problems_text
 
     print(problems_text(problems), file=sys.stderr, flush=True)
     record = sweep_dir / "multirun.yaml"

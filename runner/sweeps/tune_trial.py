@@ -1,4 +1,4 @@
-"""A job of hydra/launcher=tune as a Ray Tune trial (runner.cli.tune_sweep drives them).
+"""A job of hydra/launcher=tune as a Ray Tune trial (runner.sweeps.tune_sweep drives them).
 
 The trial's actor runs on the node Tune placed it, with the resources the job asked for
 (Ray sets CUDA_VISIBLE_DEVICES to its GPUs), and starts the job there in its own interpreter
@@ -37,8 +37,9 @@ from ray.tune import Callback
 from ray.tune.result import DONE
 from ray.tune.schedulers import ASHAScheduler
 
-from runner.cli.sweep_progress import stopped_line
-from runner.rundir.files import read_json, read_jsonl
+from runner.rundir.files import read_jsonl
+from runner.rundir.summary import Status, how_it_ended
+from runner.sweeps.progress import stopped_line
 
 ANSWER_TIMEOUT_S = 50.0  # under the job's own wait for an answer (study_server)
 CLEANUP_WAIT_S = 8.0  # Tune kills a trial's actor 10 s after it asked it to stop
@@ -137,11 +138,11 @@ class JobTrial(tune.Trainable):
 
     def _final(self) -> dict[str, Any]:
         """The job's end as a result: its final value of the metric where it has one."""
-        summary = read_json(Path(self.job.dir) / "summary.json") or {}
-        value = (summary.get("final") or {}).get(self.job.metric)
-        result: dict[str, Any] = {"status": summary.get("status") or "failed"}
-        if isinstance(summary.get("steps"), int):
-            result["step"] = summary["steps"]
+        ending = how_it_ended(Path(self.job.dir))
+        value = ending.final(self.job.metric)
+        result: dict[str, Any] = {"status": str(ending.status or Status.FAILED)}
+        if isinstance(ending.summary.get("steps"), int):
+            result["step"] = ending.summary["steps"]
         if isinstance(value, int | float) and not math.isnan(value):
             result[self.job.metric] = float(value)
         return result
@@ -203,7 +204,7 @@ class SweepLines(Callback):
     """The sweep's lines as trials start and end, its progress line, and fail_fast."""
 
     def __init__(self, jobs: dict[int, Any], fail_fast: bool, stop: Any):
-        from runner.cli.sweep_progress import SweepProgress
+        from runner.sweeps.progress import SweepProgress
 
         self.jobs = jobs  # job number: (directory, overrides shown, kept from an earlier start)
         self.fail_fast = fail_fast
@@ -212,7 +213,7 @@ class SweepLines(Callback):
         self.never_started = set(jobs)
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        from runner.cli.sweep import say
+        from runner.sweeps.tables import say
 
         idx = trial.config["job"]
         if self.stop.stopped:  # it ends at once, running nothing
@@ -232,7 +233,7 @@ class SweepLines(Callback):
         self._ended(trial, str(trial.error_file or "the trial's actor died"))
 
     def _ended(self, trial: Any, error: str | None = None) -> None:
-        from runner.cli.sweep import say
+        from runner.sweeps.tables import say
 
         idx = trial.config["job"]
         if idx in self.never_started:
@@ -241,18 +242,16 @@ class SweepLines(Callback):
         self.progress.ended(idx, job_dir)
         if self.jobs[idx][2]:
             return
-        summary = read_json(job_dir / "summary.json") or {}
-        status = summary.get("status")
-        if error is not None or status not in ("completed", "pruned", "interrupted"):
-            message = (summary.get("error") or {}).get("message") or error or "no summary"
-            say(f"job {idx} failed: {message.splitlines()[0]} ({job_dir})")
+        ending = how_it_ended(job_dir)
+        if error is not None or ending.failed:
+            say(f"job {idx} failed: {ending.error_line(error or 'no summary')} ({job_dir})")
             if self.fail_fast and not self.stop.stopped:
                 self.stop("hydra.launcher.fail_fast=true: the sweep stops")
-        elif status == "pruned":
-            after = (summary.get("pruned") or {}).get("after_step")
+        elif ending.status is Status.PRUNED:
+            after = (ending.summary.get("pruned") or {}).get("after_step")
             say(f"job {idx} pruned by ASHA after step {after}")
-        elif status == "interrupted":
-            say(stopped_line(idx, job_dir, summary) or "")
+        elif ending.status is Status.INTERRUPTED:
+            say(stopped_line(idx, job_dir) or "")
         if self.stop.stopped:
             self.progress.queued = 0
         say(self.progress.line())

@@ -8,14 +8,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from runner.rundir.files import read_json
+from runner.rundir.summary import Ending, Status, how_it_ended
 
 
-def job_result(job_dir: Path, summary: dict[str, Any]) -> tuple[str | None, str | None, float]:
+def job_result(job_dir: Path, ending: Ending) -> tuple[str | None, str | None, float]:
     """(sweep.metric, sweep.direction, the job's final value of it: what it returned to the
-    sweeper), from the job's config.yaml and summary."""
+    sweeper), from the job's config.yaml and how it ended."""
     from runner.spec.config_file import ConfigDamaged, read_config
 
     try:
@@ -23,7 +22,7 @@ def job_result(job_dir: Path, summary: dict[str, Any]) -> tuple[str | None, str 
     except (OSError, ConfigDamaged):
         return None, None, math.nan
     sweep = config.get("sweep") or {}
-    value = (summary.get("final") or {}).get(sweep.get("metric"), math.nan)
+    value = ending.final(sweep.get("metric"))
     value = float(value) if isinstance(value, int | float) else math.nan
     return sweep.get("metric"), sweep.get("direction"), value
 
@@ -44,18 +43,17 @@ class SweepProgress:
 
     def ended(self, job: int, job_dir: Path) -> None:
         self.running -= 1
-        summary = read_json(job_dir / "summary.json") or {}
-        status = summary.get("status")
-        if status == "completed":
+        ending = how_it_ended(job_dir)
+        if ending.status is Status.COMPLETED:
             self.done += 1
-        elif status == "interrupted":
+        elif ending.status is Status.INTERRUPTED:
             self.stopped += 1
-        elif status == "pruned":
+        elif ending.status is Status.PRUNED:
             self.pruned += 1
         else:
             self.failed += 1
-        metric, direction, value = job_result(job_dir, summary)
-        if status != "completed" or metric is None or math.isnan(value):
+        metric, direction, value = job_result(job_dir, ending)
+        if ending.status is not Status.COMPLETED or metric is None or math.isnan(value):
             return
         sign = -1.0 if direction == "minimize" else 1.0
         if self.best is None or sign * value > sign * self.best[0]:
@@ -71,11 +69,13 @@ class SweepProgress:
         return f"sweep: {counts}; best {metric} {value:.4g} (job {job})"
 
 
-def stopped_line(job: int, job_dir: Path, summary: dict[str, Any]) -> str | None:
+def stopped_line(job: int, job_dir: Path) -> str | None:
     """What a sweep says of a job stopped before its end (a signal, fail_fast): where it
     stands, and that it goes on; None for a job that was not stopped."""
-    if summary.get("status") != "interrupted":
+    ending = how_it_ended(job_dir)
+    if ending.status is not Status.INTERRUPTED:
         return None
+    summary = ending.summary
     checkpoint = (summary.get("stopped") or {}).get("checkpoint")
     where = f"after step {summary.get('steps')}" + (
         f", checkpoint {checkpoint}" if checkpoint else ""

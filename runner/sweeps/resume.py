@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
-from runner.cli.sweep_jobs import job_dirs, overrides_of
-from runner.cli.sweep_progress import job_result
-from runner.rundir.files import read_json
-from runner.rundir.summary import Status
+from runner.rundir.files import RunDir, holds_a_run
+from runner.rundir.summary import Status, how_it_ended
+from runner.sweeps.job_dirs import job_dirs, overrides_of
+from runner.sweeps.progress import job_result
 
 KEEP, RESUME, NEW = "keep", "resume", "new"
 
@@ -37,10 +37,10 @@ def earlier_start(job_dir: Path, rerun_failed: bool) -> EarlierStart:
     """What to do with a job, given what its directory holds."""
     if not (job_dir / ".hydra" / "overrides.yaml").is_file():
         return EarlierStart(NEW)
-    summary = read_json(job_dir / "summary.json") or {}
-    status = summary.get("status")
+    ending = how_it_ended(job_dir)
+    status = ending.status
     if status in (Status.COMPLETED, Status.PRUNED):
-        return EarlierStart(KEEP, status, job_result(job_dir, summary)[2])
+        return EarlierStart(KEEP, status, job_result(job_dir, ending)[2])
     if status == Status.FAILED and not rerun_failed:
         return EarlierStart(KEEP, status)
     return EarlierStart(RESUME, status or Status.INTERRUPTED)
@@ -80,7 +80,7 @@ def other_sweep_problem(
 
 def not_a_sweep_problem(sweep_dir: Path) -> str | None:
     """A directory that holds a run, not a sweep's jobs."""
-    if (sweep_dir / "config.yaml").is_file() or (sweep_dir / "summary.json").is_file():
+    if (sweep_dir / "config.yaml").is_file() or RunDir(sweep_dir).summary.is_file():
         return (
             f"hydra.sweep.dir={sweep_dir}: this directory holds a run, not a sweep's jobs; "
             "pick another hydra.sweep.dir"
@@ -136,3 +136,31 @@ def _earlier_overrides(multirun: Path) -> list[str] | None:
         return [str(o) for o in record["hydra"]["overrides"]["task"]]
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return None
+
+
+@dataclass(frozen=True)
+class EarlierJob:
+    """What a sweep's job directory says before the job writes anything: a problem (it holds
+    another job), or how this job's earlier start ended."""
+
+    problem: str | None
+    start: EarlierStart
+
+
+def earlier_job(job_dir: Path, overrides: list[str], resume: Any) -> EarlierJob:
+    """How a job of a sweep goes on in `job_dir`: NEW where nothing ran; the earlier start's
+    action where the same overrides ran (a failed job is kept, unless its launcher asked for
+    it again with resume=auto); a problem where other overrides did."""
+    if not holds_a_run(job_dir):
+        return EarlierJob(None, EarlierStart(NEW))
+    there = overrides_of(job_dir)
+    if there != overrides:
+        only_there = [o for o in there if o not in overrides]
+        only_here = [o for o in overrides if o not in there]
+        problem = (
+            f"{job_dir} holds another job (there only: {' '.join(only_there) or '-'}; here "
+            f"only: {' '.join(only_here) or '-'}); it is left as it is: resume a sweep with "
+            "its own command, or pick another hydra.sweep.dir"
+        )
+        return EarlierJob(problem, EarlierStart(NEW))
+    return EarlierJob(None, earlier_start(job_dir, rerun_failed=resume == "auto"))

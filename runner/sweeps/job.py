@@ -12,10 +12,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from runner.cli.hydra_files import earlier_job
-from runner.cli.sweep import SweepTable
-from runner.cli.sweep_resume import KEEP, RESUME
 from runner.processes import exit_code_for_signal
+from runner.sweeps.resume import KEEP, RESUME, earlier_job
+from runner.sweeps.tables import SweepTable
 
 log = logging.getLogger("runner")
 
