@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.train.step.microbatching import batch_size, cut_batch, slice_batch
+from runner.train.step.batch_parts import batch_size
+from runner.train.step.microbatching import cut_batch, slice_batch
 from tests.helpers.cli import HANG
 from tests.helpers.equivalence import ARGS, RTOL, relative_error
 from tests.helpers.language_model import lm_args

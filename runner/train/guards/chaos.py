@@ -24,7 +24,7 @@ import torch
 from runner import dist as rdist
 from runner.models.blocks import find_blocks
 from runner.spec.guard_specs import ChaosSpec
-from runner.train.step.microbatching import batch_size
+from runner.train.step.batch_parts import batch_size
 
 log = logging.getLogger(__name__)
 

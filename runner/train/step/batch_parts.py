@@ -55,3 +55,22 @@ def logits_of(outputs: Any) -> Any:
     if isinstance(outputs, Mapping) and "logits" in outputs:
         return outputs["logits"]
     return getattr(outputs, "logits", outputs)
+
+
+def batch_size(batch: Any) -> int:
+    """Samples in a collated batch: the first dimension of its first tensor."""
+    size = _first_dimension(batch)
+    if size is None:
+        raise ValueError("grad_accum=auto: a batch needs a tensor with the samples first to cut")
+    return size
+
+
+def _first_dimension(batch: Any) -> int | None:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() else None
+    if isinstance(batch, (Mapping, tuple, list)):
+        for value in batch.values() if isinstance(batch, Mapping) else batch:
+            size = _first_dimension(value)
+            if size is not None:
+                return size
+    return None

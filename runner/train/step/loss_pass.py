@@ -4,7 +4,7 @@ autocast, with the fault-injection hooks of chaos.* (training only)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -14,8 +14,13 @@ from runner.engines.precision import autocast
 from runner.spec import RunSpec
 from runner.train.step.batch_parts import logits_of, split, to_device
 
-if TYPE_CHECKING:  # the chaos hooks are handed in: guards/ sits above step/
-    from runner.train.guards.chaos import Faults
+
+class FaultHooks(Protocol):
+    """Where chaos.* injects its faults into a training pass (runner.train.guards.chaos)."""
+
+    def forward(self, batch: Any) -> None: ...
+
+    def loss(self, loss: torch.Tensor) -> torch.Tensor: ...
 
 
 class LossPass:
@@ -26,7 +31,7 @@ class LossPass:
         loss_fn: Any,
         device: str,
         channels_last: bool,
-        faults: Faults,
+        faults: FaultHooks,
     ):
         self.spec, self.engine, self.loss_fn, self.faults = spec, engine, loss_fn, faults
         self.device, self.channels_last = device, channels_last

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from runner.engines.base import Engine
 from runner.errors import first_line
 from runner.spec import RunSpec
+from runner.train.step.batch_parts import batch_size
 from runner.train.step.loss_pass import LossPass
 
 log = logging.getLogger(__name__)
@@ -69,25 +70,6 @@ def slice_batch(batch: Any, start: int, stop: int, size: int) -> Any:
             return batch[start:stop]
         return [slice_batch(v, start, stop, size) for v in batch]
     return batch
-
-
-def batch_size(batch: Any) -> int:
-    """Samples in a collated batch: the first dimension of its first tensor."""
-    size = _first_dimension(batch)
-    if size is None:
-        raise ValueError("grad_accum=auto: a batch needs a tensor with the samples first to cut")
-    return size
-
-
-def _first_dimension(batch: Any) -> int | None:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0] if batch.dim() else None
-    if isinstance(batch, (Mapping, tuple, list)):
-        for value in batch.values() if isinstance(batch, Mapping) else batch:
-            size = _first_dimension(value)
-            if size is not None:
-                return size
-    return None
 
 
 def cut_batch(batch: Any, real: bool, start: int, stop: int, parts: int) -> list[Any]:
