@@ -154,7 +154,9 @@ def test_ctrl_c_while_a_sweeps_job_starts_stops_the_sweep(tmp_path: Path) -> Non
     """Hydra's default launcher, Ctrl-C as job 0's launcher starts: the job ends interrupted,
     job 1 never starts, exit 130, no traceback (58fe533: the agent's traceback)."""
     root = tmp_path / "s"
-    argv = [command("runner", True), "-m", *TINY, "nproc=1", "max_steps=400", "seed=1,2"]
+    # steps enough that the Ctrl-C a second after job 0's launch always lands in it (a job
+    # that completed before it stays completed)
+    argv = [command("runner", True), "-m", *TINY, "nproc=1", "max_steps=100000", "seed=1,2"]
     seen: list[float] = []
 
     def job_starting(out: str) -> bool:  # a second after Hydra launched job 0: its agent

@@ -72,6 +72,7 @@ def type_in(
             os._exit(127)
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     output = bytearray()
+    started = False  # the command runs (exec'd): until then, a Ctrl-C reaches only the fork
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -87,7 +88,8 @@ def type_in(
                 if not data:
                     break
                 output += data
-            if keys is not None and keys[0](output.decode(errors="replace")):
+            started = started or _has_exec(pid, argv[0])  # a key before it is the fork's
+            if keys is not None and started and keys[0](output.decode(errors="replace")):
                 if isinstance(keys[1], int):
                     os.kill(pid, keys[1])
                 else:
@@ -97,3 +99,14 @@ def type_in(
         os.close(fd)
         _, status = os.waitpid(pid, 0)
     return Typed(os.waitstatus_to_exitcode(status), output.decode(errors="replace"))
+
+
+def _has_exec(pid: int, program: str) -> bool:
+    """Whether the forked child runs `program` yet. A key typed before its exec would reach
+    a copy of this test process, whose Python handler takes the SIGINT and loses it as the
+    image is replaced: a race of the harness, not of the command."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return os.path.basename(program).encode() in f.read()
+    except OSError:
+        return True  # gone already (or no /proc): nothing to wait for
