@@ -66,6 +66,10 @@ def type_in(
     pid, fd = pty.fork()
     if pid == 0:  # the child: a session of its own, the terminal its controlling one
         try:
+            # as an interactive shell starts a command: Ctrl-C and Ctrl-\ at their defaults,
+            # whatever this process inherited (a background job of a script ignores both)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGQUIT, signal.SIG_DFL)
             os.chdir(cwd)
             os.execvpe(argv[0], argv, env)
         finally:
