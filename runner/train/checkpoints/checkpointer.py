@@ -50,6 +50,11 @@ class Resumed:
     from_step: int | None
     state: dict[str, Any]
 
+    @classmethod
+    def of(cls, client: dict[str, Any]) -> Resumed:
+        """From a checkpoint's client state ({}: a fresh start)."""
+        return cls(client.get("step", 0), client.get("samples", 0), client.get("step"), client)
+
 
 class Kept(Protocol):
     def checkpoint_state(self) -> dict[str, Any]: ...
@@ -93,7 +98,7 @@ class Checkpointer:
         client = checkpointing.resume(
             self.store, self.spec.resume, self.engine, self.stream, self.say
         )
-        return Resumed(client.get("step", 0), client.get("samples", 0), client.get("step"), client)
+        return Resumed.of(client)
 
     def keeps(self, *parts: Kept) -> None:
         """Parts whose `checkpoint_state()` each checkpoint holds (the grad_accum that
@@ -156,7 +161,7 @@ class Checkpointer:
             return None
         with self.heart.during(Phase.SAVE):
             client = checkpointing.restore(target, self.engine, self.store, self.stream)
-        return target, Resumed(client["step"], client["samples"], client["step"], client)
+        return target, Resumed.of(client)
 
     def _write(self, partial: Path, client: dict[str, Any]) -> Future:
         """The engine's state into `partial` (its large files digested as they are written:
