@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from runner.sweeps.job import as_first_node_found_it
 from runner.sweeps.progress import SweepProgress
-from runner.sweeps.resume import KEEP, NEW, RESUME, earlier_start
+from runner.sweeps.resume import KEEP, NEW, RESUME, earlier_job, earlier_start
 from runner.sweeps.slots import (
     CPU,
     GPU,
@@ -329,6 +330,28 @@ def test_what_a_job_directory_says_of_an_earlier_start(
     start = earlier_start(job, rerun_failed)
     assert start.action == action
     assert (start.value == 0.5) == (status == "completed")
+
+
+def test_every_node_of_a_slurm_job_goes_on_from_what_the_first_node_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """submitit starts a multi-node job on each node; node 0 writes the job's directory
+    before node 1 looks there, and node 1 must not take that for an earlier start (it did:
+    `resume: 'auto' here, None on node 0`, and the job failed)."""
+    job, overrides = tmp_path / "0", ["seed=1"]
+    job.mkdir()
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    node0 = as_first_node_found_it(job, earlier_job(job, overrides, None))
+    assert node0.start.action == NEW
+    (job / ".hydra").mkdir()  # node 0 goes on: its Hydra files
+    (job / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    assert earlier_job(job, overrides, None).start.action == RESUME  # what node 1 would see
+    assert as_first_node_found_it(job, earlier_job(job, overrides, None)).start.action == NEW
+    # The same command again, a new SLURM job: the directory holds an interrupted start.
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    again = as_first_node_found_it(job, earlier_job(job, overrides, None))
+    assert again.start.action == RESUME
+    assert as_first_node_found_it(job, earlier_job(job, overrides, None)).start.action == RESUME
 
 
 def test_the_progress_line_counts_jobs_and_names_the_best(tmp_path: Path) -> None:

@@ -83,6 +83,12 @@ class RunDir:
     def tracker_runs(self) -> Path:
         return self.root / TRACKER_RUNS
 
+    @property
+    def start_found(self) -> Path:
+        """What a sweep's job found in its directory as it started on SLURM, under the job's
+        key: every node of a multi-node job goes on from what the first node found there."""
+        return self.root / ".start.json"
+
 
 def write_atomic(path: Path, data: bytes | str) -> None:
     """Write `data` to `path` so that `path` is either the old file or the whole new one."""

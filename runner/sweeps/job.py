@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import sys
 from pathlib import Path
@@ -13,7 +14,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner.processes import exit_code_for_signal
-from runner.sweeps.resume import KEEP, RESUME, earlier_job
+from runner.rundir.files import RunDir, read_json, write_json
+from runner.spec.slurm import job_key
+from runner.sweeps.resume import KEEP, RESUME, EarlierJob, EarlierStart, earlier_job
 from runner.sweeps.tables import SweepTable
 
 log = logging.getLogger("runner")
@@ -24,7 +27,7 @@ def earlier_start_of_job(cfg: DictConfig, job_dir: Path, hydra_cfg: Any) -> floa
     job's directory is left alone (NaN: not run); the same job is kept as it ended (its
     result) or goes on from its checkpoint (resume=auto; None: run it)."""
     overrides = list(hydra_cfg.overrides.task)
-    earlier = earlier_job(job_dir, overrides, cfg.get("resume"))
+    earlier = as_first_node_found_it(job_dir, earlier_job(job_dir, overrides, cfg.get("resume")))
     if earlier.problem is not None:
         log.error("runner: job %s not run: %s", hydra_cfg.job.num, earlier.problem)
         return math.nan
@@ -35,6 +38,23 @@ def earlier_start_of_job(cfg: DictConfig, job_dir: Path, hydra_cfg: Any) -> floa
         with open_dict(cfg):
             cfg.resume = "auto"
     return None
+
+
+def as_first_node_found_it(job_dir: Path, earlier: EarlierJob) -> EarlierJob:
+    """A multi-node SLURM job (submitit's, a task per node) starts the same job on each node,
+    and each looks at its directory; the first to look may write there before the others do,
+    and a later node would take that for an earlier start and resume. So the first finding
+    is recorded under the SLURM job's key, before anything else is written, and every node
+    of the job goes on from it. Outside SLURM a job runs on one node: nothing is recorded."""
+    key = job_key(os.environ)
+    if key is None or earlier.problem is not None or earlier.start.action == KEEP:
+        return earlier  # nothing of this start is written there
+    record = RunDir(job_dir).start_found
+    found = read_json(record)  # read after the directory: the record is written before it
+    if isinstance(found, dict) and found.get("job") == key and found.get("action") is not None:
+        return EarlierJob(None, EarlierStart(str(found["action"]), found.get("status")))
+    write_json(record, {"job": key, "action": earlier.start.action, "status": earlier.start.status})
+    return earlier
 
 
 def quiet_beside_others(cfg: DictConfig, hydra_cfg: Any) -> None:
