@@ -15,7 +15,7 @@ import signal
 import sys
 import sysconfig
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 _PR_SET_PDEATHSIG = 1
 # Environment the processes hand down (each name defined once, for parent, agent and ranks):
@@ -135,3 +135,20 @@ def running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+@contextlib.contextmanager
+def without_mlflow() -> Iterator[None]:
+    """`import mlflow` fails inside, unless something imported it already: around any first
+    import of DeepSpeed. Its autotuner (which runner never runs) imports MLflow as DeepSpeed
+    loads, where MLflow is installed: 1.3 s of every DeepSpeed rank's start here, and a
+    thread (pyarrow's jemalloc). A rank that logs to MLflow imports it later as usual."""
+    if "mlflow" in sys.modules:
+        yield
+        return
+    sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import` raises ImportError
+    try:
+        yield
+    finally:
+        if sys.modules.get("mlflow", False) is None:
+            del sys.modules["mlflow"]

@@ -44,6 +44,38 @@ def test_a_build_says_what_it_does_and_how_long_it_took(monkeypatch, tmp_path) -
     assert "the last build here took" in deepspeed_ops.building_message("deepspeed_shm_comm")
 
 
+# Each way runner first imports DeepSpeed in a process: a CPU rank's op load, an engine's
+# import, and reading a ZeRO checkpoint's weights (runner eval, runner export).
+FIRST_IMPORTS = {
+    "op": "from runner.engines import deepspeed_ops; deepspeed_ops._builder()",
+    "engine": "from runner.engines.deepspeed_ops import import_deepspeed; "
+    "import_deepspeed('zero2', 'cpu')",
+    "weights": "from pathlib import Path\nfrom runner.models import checkpoint_weights\n"
+    "try: checkpoint_weights._deepspeed(Path('/nowhere'), Path('/nowhere'))\n"
+    "except FileNotFoundError: pass",  # imported, then found no checkpoint there
+}
+
+
+@pytest.mark.slow  # a child interpreter: this one may have imported MLflow already
+@pytest.mark.parametrize("first", sorted(FIRST_IMPORTS))
+def test_deepspeed_loads_without_mlflow_which_a_rank_can_import_after(first: str) -> None:
+    """DeepSpeed's autotuner imports MLflow as DeepSpeed loads, where it is installed: 1.3 s
+    of CPU in every rank of a DeepSpeed run, for an autotuner runner never runs (the op
+    loader added in the issue before this one imported DeepSpeed without hiding it)."""
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("mlflow")
+    check = (
+        f"{FIRST_IMPORTS[first]}\nimport sys\nassert 'deepspeed' in sys.modules\n"
+        "assert 'mlflow' not in sys.modules, 'DeepSpeed imported MLflow'\n"
+        "import mlflow\nprint('ok')"
+    )
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_switching_between_the_activated_venv_and_its_runner_never_rebuilds_the_op() -> None:
     """With the venv first on PATH and with the system's ninja first, loading the op built at

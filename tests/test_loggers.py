@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from runner.rundir.files import RunDir
-from runner.spec.tracker_specs import CsvLoggerSpec, LoggerSpec, TensorBoardLoggerSpec
+from runner.spec.tracker_specs import CsvTrackerSpec, TensorBoardTrackerSpec, TrackersSpec
 from runner.trackers import Trackers, build_trackers
 from tests.helpers.trackers import scalars
 
-BOTH = LoggerSpec(tensorboard=TensorBoardLoggerSpec(), csv=CsvLoggerSpec())
+BOTH = TrackersSpec(tensorboard=TensorBoardTrackerSpec(), csv=CsvTrackerSpec())
 
 
 def rows(path: Path) -> list[dict[str, str]]:

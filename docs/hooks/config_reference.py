@@ -45,10 +45,10 @@ GROUP_CLASSES: dict[str, type | None] = {
     "scheduler": schema.SchedulerSpec,
 }
 LOGGER_CLASSES = {
-    "tensorboard": tracker_specs.TensorBoardLoggerSpec,
-    "csv": tracker_specs.CsvLoggerSpec,
-    "mlflow": tracker_specs.MlflowLoggerSpec,
-    "wandb": tracker_specs.WandbLoggerSpec,
+    "tensorboard": tracker_specs.TensorBoardTrackerSpec,
+    "csv": tracker_specs.CsvTrackerSpec,
+    "mlflow": tracker_specs.MlflowTrackerSpec,
+    "wandb": tracker_specs.WandbTrackerSpec,
 }
 TOP_NESTED = {
     "checkpoint": schema.CheckpointSpec,

@@ -14,10 +14,8 @@ dynamic loss scale (`LossScale`) that behaves as torch's GradScaler does.
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
@@ -28,28 +26,14 @@ from torch import nn
 
 from runner import dist as rdist
 from runner.engines.base import Engine, Fill, FinalTensor
+from runner.engines.deepspeed_ops import import_deepspeed
 from runner.engines.optim import build_optimizer
 from runner.engines.schedules import build_scheduler
 from runner.errors import describe
-from runner.processes import keep_extensions_in_environment
 from runner.spec import Precision, RunSpec
 from runner.spec.deepspeed_config import merge_user_config
 
 DEEPSPEED_TAG = "state"
-
-
-def _import_deepspeed(name: str, device: str) -> Any:
-    # DeepSpeed picks its accelerator at import; on a CPU run it must not guess CUDA.
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.startswith("cuda") else "cpu")
-    keep_extensions_in_environment()  # a rank started by something other than runner
-    try:
-        with _hidden("mlflow"):
-            import deepspeed
-    except ImportError as exc:
-        raise RuntimeError(
-            f"parallelism={name} needs DeepSpeed, which cannot be imported: {exc}"
-        ) from exc
-    return deepspeed
 
 
 def to_universal(source: Path, target: Path) -> None:
@@ -73,27 +57,10 @@ def to_universal(source: Path, target: Path) -> None:
         )
 
 
-@contextlib.contextmanager
-def _hidden(module: str) -> Iterator[None]:
-    """`import module` fails inside, unless something imported it already. DeepSpeed's
-    autotuner (which runner never runs) imports MLflow at DeepSpeed's import where MLflow is
-    installed: 1.3 s of every DeepSpeed rank's start here, and a thread (pyarrow's
-    jemalloc). A rank that logs to MLflow imports it afterwards as usual."""
-    if module in sys.modules:
-        yield
-        return
-    sys.modules[module] = None  # type: ignore[assignment]  # `import` raises ImportError
-    try:
-        yield
-    finally:
-        if sys.modules.get(module, False) is None:
-            del sys.modules[module]
-
-
 def partitioned_construction(spec: RunSpec, device: str) -> Any:
     """ZeRO-3's zero.Init: every parameter is partitioned across the ranks as soon as its
     module is built (DeepSpeedEngine's `fill` then sets the partitions' values)."""
-    deepspeed = _import_deepspeed(spec.parallelism.name, device)
+    deepspeed = import_deepspeed(spec.parallelism.name, device)
     config, _ = merge_user_config(spec)
     deepspeed.init_distributed(dist_init_required=False)  # adopts torch's process group
     return deepspeed.zero.Init(config_dict_or_path=config)
@@ -155,7 +122,7 @@ class DeepSpeedEngine(Engine):
         fill: Fill | None = None,
     ):
         name = spec.parallelism.name
-        deepspeed = _import_deepspeed(name, device)
+        deepspeed = import_deepspeed(name, device)
         config, _ = merge_user_config(spec)  # conflicts were rejected by the parent
         if fill is not None:  # built partitioned (zero.Init): the values, before any copy
             fill(module)

@@ -20,18 +20,36 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.processes import EXTENSIONS_ENV, keep_extensions_in_environment
+from runner.processes import EXTENSIONS_ENV, keep_extensions_in_environment, without_mlflow
 
 BUILDER = "ShareMemCommBuilder"
 QUIET_S = 3.0  # a load that takes longer is a build: say so
 TIMES_FILE = "runner_build_seconds.json"  # in the extensions folder: each op's last build
 
 
+def import_deepspeed(name: str, device: str) -> Any:
+    """DeepSpeed, imported for parallelism `name` on `device`: the accelerator it picks as
+    it loads is the run's (on a CPU run it must not guess CUDA), its ops build into this
+    environment, and MLflow stays out of it (`without_mlflow`)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.startswith("cuda") else "cpu")
+    keep_extensions_in_environment()  # a rank started by something other than runner
+    try:
+        with without_mlflow():
+            import deepspeed
+    except ImportError as exc:
+        raise RuntimeError(
+            f"parallelism={name} needs DeepSpeed, which cannot be imported: {exc}"
+        ) from exc
+    return deepspeed
+
+
 def _builder() -> Any | None:
-    """DeepSpeed's builder of the op on this accelerator, or None where none is needed."""
+    """DeepSpeed's builder of the op on the CPU, or None where none is needed (ImportError:
+    no DeepSpeed)."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     keep_extensions_in_environment()
-    from deepspeed.accelerator import get_accelerator
+    with without_mlflow():
+        from deepspeed.accelerator import get_accelerator
 
     return get_accelerator().create_op_builder(BUILDER)
 

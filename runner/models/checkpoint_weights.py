@@ -151,7 +151,10 @@ def _dcp(checkpoint: Path, run_dir: Path) -> RunWeights:
 
 
 def _deepspeed(checkpoint: Path, run_dir: Path) -> RunWeights:
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from runner.processes import without_mlflow
+
+    with without_mlflow():
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     tag = (checkpoint / "latest").read_text().strip()
     lazy = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=tag, lazy_mode=True)

@@ -29,7 +29,7 @@ def check_spec(spec: RunSpec, problems: list[str], run_dir: Path | None) -> None
     _check_auto_microbatching(spec, problems)
     _check_compile(spec, problems)
     _check_deepspeed(spec, problems)
-    _check_loggers(spec, problems)
+    _check_trackers(spec, problems)
     _check_mfu(spec, problems)
     _check_async_checkpoints(spec, problems)
     _check_resume(spec, problems, run_dir)
@@ -164,7 +164,7 @@ def _check_deepspeed(spec: RunSpec, problems: list[str]) -> None:
     problems.extend(merge_user_config(spec)[1])
 
 
-def _check_loggers(spec: RunSpec, problems: list[str]) -> None:
+def _check_trackers(spec: RunSpec, problems: list[str]) -> None:
     for name in spec.logger.selected:
         module, extra = LOGGER_PACKAGES.get(name, (None, None))
         if module and importlib.util.find_spec(module) is None:

@@ -28,7 +28,7 @@ from runner.spec.parallelism_specs import (  # noqa: F401  (the schema's names, 
     Zero3Spec,
     ZeroSpec,
 )
-from runner.spec.tracker_specs import LoggerSpec, TensorBoardLoggerSpec
+from runner.spec.tracker_specs import TensorBoardTrackerSpec, TrackersSpec
 
 
 class SyncStrategy(str, Enum):
@@ -288,7 +288,7 @@ class RunSpec:
     launcher: LauncherSpec = field(default_factory=ElasticLauncherSpec)
     sync_strategy: SyncStrategySpec = field(default_factory=SyncStrategySpec)
     precision: PrecisionSpec = field(default_factory=PrecisionSpec)
-    logger: LoggerSpec = field(default_factory=lambda: LoggerSpec(TensorBoardLoggerSpec()))
+    logger: TrackersSpec = field(default_factory=lambda: TrackersSpec(TensorBoardTrackerSpec()))
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
     chaos: ChaosSpec = field(default_factory=ChaosSpec)

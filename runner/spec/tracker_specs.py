@@ -7,17 +7,17 @@ from typing import Literal
 
 
 @dataclass(frozen=True)
-class TensorBoardLoggerSpec:
+class TensorBoardTrackerSpec:
     flush_secs: float = field(default=10.0, metadata={"gt": 0.0})
 
 
 @dataclass(frozen=True)
-class CsvLoggerSpec:
+class CsvTrackerSpec:
     file: str = "metrics.csv"
 
 
 @dataclass(frozen=True)
-class MlflowLoggerSpec:
+class MlflowTrackerSpec:
     tracking_uri: str | None = None  # null: sqlite:///<launch dir>/runs/mlflow.db (resolved)
     experiment_name: str = "runner"
     run_name: str | None = None  # null: the run directory's name (a sweep job: sweep/job)
@@ -26,7 +26,7 @@ class MlflowLoggerSpec:
 
 
 @dataclass(frozen=True)
-class WandbLoggerSpec:
+class WandbTrackerSpec:
     project: str = "runner"
     entity: str | None = None
     mode: Literal["offline", "online"] = "offline"
@@ -35,14 +35,14 @@ class WandbLoggerSpec:
 
 
 @dataclass(frozen=True)
-class LoggerSpec:
+class TrackersSpec:
     """The trackers rank 0 feeds (`logger=[tensorboard,csv]`); a key is there when selected.
     metrics.jsonl is written whatever is selected."""
 
-    tensorboard: TensorBoardLoggerSpec | None = None
-    csv: CsvLoggerSpec | None = None
-    mlflow: MlflowLoggerSpec | None = None
-    wandb: WandbLoggerSpec | None = None
+    tensorboard: TensorBoardTrackerSpec | None = None
+    csv: CsvTrackerSpec | None = None
+    mlflow: MlflowTrackerSpec | None = None
+    wandb: WandbTrackerSpec | None = None
 
     @property
     def selected(self) -> list[str]:

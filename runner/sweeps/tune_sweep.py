@@ -146,7 +146,7 @@ class _Tune:
 
         shutil.rmtree(self.experiment, ignore_errors=True)  # an earlier start's: rebuilt
         self.experiment.mkdir(parents=True)
-        trial_jobs = self._trial_jobs()
+        plans = self._plans()
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # the sweep's own, below
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # a failed job has no value
         os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
@@ -154,29 +154,27 @@ class _Tune:
         stop = SweepStop(self.experiment / STOP_FILE)
         shown = {
             idx: (job.dir, _shown(self.jobs_by_idx[idx].overrides), job.kept)
-            for idx, job in trial_jobs.items()
+            for idx, job in plans.items()
         }
         lines = SweepLines(shown, self.launcher.fail_fast, stop)
-        tuner = self._tuner(trial_jobs, lines)
-        kept = sum(job.kept for job in trial_jobs.values())
+        tuner = self._tuner(plans, lines)
+        kept = sum(job.kept for job in plans.values())
         replayed = f"; {kept} kept as they ended, replayed to the scheduler" if kept else ""
-        say(f"{len(trial_jobs) - kept} job(s) as Ray Tune trials ({self._describe()}){replayed}")
+        say(f"{len(plans) - kept} job(s) as Ray Tune trials ({self._describe()}){replayed}")
         with stopping_on_signals(stop.on_signal):
             tuner.fit()
         self.launcher.stopped = stop.stopped
-        never = never_started_line(
-            lines.never_started - {i for i, j in trial_jobs.items() if j.kept}
-        )
+        never = never_started_line(lines.never_started - {i for i, j in plans.items() if j.kept})
         if never:
             say(never)
         return [self._returned(job) for job in self.jobs if _ran(job.dir)]
 
-    def _tuner(self, trial_jobs: dict[int, Any], lines: Any) -> Any:
+    def _tuner(self, plans: dict[int, Any], lines: Any) -> Any:
         """A Tuner with a trial per job, each asking for its job's resources."""
         import ray
         from ray import tune
 
-        from runner.sweeps.tune_trial import JobTrial
+        from runner.sweeps.tune_trial import JobTrainable
 
         has_gpus = ray.cluster_resources().get("GPU", 0) > 0
         asks = {
@@ -187,15 +185,15 @@ class _Tune:
             for job in self.jobs
         }
         trainable = tune.with_resources(
-            tune.with_parameters(JobTrial, jobs=trial_jobs), lambda config: asks[config["job"]]
+            tune.with_parameters(JobTrainable, jobs=plans), lambda config: asks[config["job"]]
         )
         return tune.Tuner(
             trainable,
-            param_space={"job": tune.grid_search(sorted(trial_jobs))},
+            param_space={"job": tune.grid_search(sorted(plans))},
             tune_config=tune.TuneConfig(
                 metric=self.metric,
                 mode="max" if self.direction == "maximize" else "min",
-                scheduler=self._scheduler(trial_jobs),
+                scheduler=self._scheduler(plans),
                 max_concurrent_trials=self.launcher.max_concurrent_trials,
                 reuse_actors=False,
             ),
@@ -208,12 +206,12 @@ class _Tune:
             ),
         )
 
-    def _trial_jobs(self) -> dict[int, Any]:
+    def _plans(self) -> dict[int, Any]:
         """Each job's part for its trial; an earlier start's jobs kept or going on."""
         from omegaconf import open_dict
 
         from runner.sweeps.resume import KEEP, RESUME, earlier_start, resuming_line
-        from runner.sweeps.tune_trial import TrialJob
+        from runner.sweeps.tune_trial import TrialPlan
 
         starts = {job.idx: earlier_start(job.dir, self.launcher.rerun_failed) for job in self.jobs}
         line = resuming_line(self.jobs[0].dir.parent, starts.values())
@@ -221,7 +219,7 @@ class _Tune:
             say(line)
         env = {k: v for k, v in os.environ.items() if k.startswith(PASSED_ENV_PREFIXES)}
         experiment = self.experiment.resolve()
-        trial_jobs = {}
+        plans = {}
         for job in self.jobs:
             action = starts[job.idx].action
             if action == RESUME:
@@ -232,7 +230,7 @@ class _Tune:
                 context = (self.launcher.hydra_context, self.launcher.task_function, job.config)
                 pickled = pickle.dumps(context)
             cpus = ray_cluster.trial_cpus(self.launcher, job.nproc, False)
-            trial_jobs[job.idx] = TrialJob(
+            plans[job.idx] = TrialPlan(
                 idx=job.idx,
                 dir=str(job.dir.resolve()),
                 metric=self.metric,
@@ -244,15 +242,15 @@ class _Tune:
                 pickled=pickled,
                 env=env,
             )
-        return trial_jobs
+        return plans
 
-    def _scheduler(self, trial_jobs: dict[int, Any]) -> Any:
+    def _scheduler(self, plans: dict[int, Any]) -> Any:
         if self.launcher.scheduler != "asha":
             return None
         from runner.sweeps.tune_trial import PruningASHA
 
         return PruningASHA(
-            {idx: job.prune_file for idx, job in trial_jobs.items()},
+            {idx: job.prune_file for idx, job in plans.items()},
             time_attr="step",
             max_t=self._max_t(),
             grace_period=self._grace_period(),

@@ -11,14 +11,14 @@ from typing import Any
 
 from runner.rundir.files import RunDir
 from runner.rundir.tracker_runs import note_tracker_failure
-from runner.spec.tracker_specs import LoggerSpec
+from runner.spec.tracker_specs import TrackersSpec
 from runner.trackers.background import Tracker, Trackers
 
 __all__ = ["Tracker", "Trackers", "build_trackers"]
 
 
 def build_trackers(
-    spec: LoggerSpec,
+    spec: TrackersSpec,
     config: dict[str, Any],
     run_dir: RunDir,
     kept: list[dict[str, Any]],

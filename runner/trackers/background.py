@@ -67,7 +67,7 @@ class Trackers:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.warning(
-                    "runner: warning: the loggers did not finish within %g s; what they had "
+                    "runner: warning: the trackers did not finish within %g s; what they had "
                     "not delivered is in metrics.jsonl",
                     timeout,
                 )

@@ -7,13 +7,13 @@ import io
 from typing import Any
 
 from runner.rundir.files import RunDir, write_atomic
-from runner.spec.tracker_specs import CsvLoggerSpec
+from runner.spec.tracker_specs import CsvTrackerSpec
 
 
 class CsvTracker:
     name = "csv"
 
-    def __init__(self, spec: CsvLoggerSpec, run_dir: RunDir, kept: list[dict[str, Any]]):
+    def __init__(self, spec: CsvTrackerSpec, run_dir: RunDir, kept: list[dict[str, Any]]):
         self.path = run_dir.root / spec.file
         self.rows = list(kept)  # a resumed run: metrics.jsonl's records up to its step
         self.columns: list[str] = []

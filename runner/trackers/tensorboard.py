@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from runner.rundir.files import RunDir
-from runner.spec.tracker_specs import TensorBoardLoggerSpec
+from runner.spec.tracker_specs import TensorBoardTrackerSpec
 
 
 class TensorBoardTracker:
     name = "tensorboard"
 
-    def __init__(self, spec: TensorBoardLoggerSpec, run_dir: RunDir, keep_until: int):
+    def __init__(self, spec: TensorBoardTrackerSpec, run_dir: RunDir, keep_until: int):
         self.spec, self.directory, self.keep_until = spec, run_dir.tensorboard, keep_until
         self.writer: Any = None
 

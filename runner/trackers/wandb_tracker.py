@@ -13,7 +13,7 @@ from typing import Any
 from runner.rundir.files import RunDir
 from runner.rundir.summary import Status
 from runner.rundir.tracker_runs import SWEEP_DIR_ENV, note_tracker_run, read_tracker_run
-from runner.spec.tracker_specs import WandbLoggerSpec
+from runner.spec.tracker_specs import WandbTrackerSpec
 
 
 class WandbTracker:
@@ -21,7 +21,7 @@ class WandbTracker:
 
     def __init__(
         self,
-        spec: WandbLoggerSpec,
+        spec: WandbTrackerSpec,
         config: dict[str, Any],
         run_dir: RunDir,
         kept: list[dict[str, Any]],

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from runner.rundir.files import RunDir, read_jsonl, write_atomic
-from runner.spec.tracker_specs import LoggerSpec
+from runner.spec.tracker_specs import TrackersSpec
 from runner.trackers import Trackers, build_trackers
 
 log = logging.getLogger("runner")
@@ -26,7 +26,7 @@ class MetricsLog:
         run_dir: RunDir,
         enabled: bool,
         keep_until: int = 0,
-        loggers: LoggerSpec | None = None,
+        trackers: TrackersSpec | None = None,
         config: dict[str, Any] | None = None,
     ):
         self.records: list[dict[str, Any]] = []
@@ -46,9 +46,9 @@ class MetricsLog:
                     shown,
                 )
             self._keep(kept)
-            if loggers is not None:
+            if trackers is not None:
                 self.trackers = build_trackers(
-                    loggers, config or {}, run_dir, self.records, keep_until
+                    trackers, config or {}, run_dir, self.records, keep_until
                 )
 
     def write(self, record: dict[str, Any]) -> None:

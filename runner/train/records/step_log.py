@@ -95,7 +95,7 @@ class StepLog:
             run_dir,
             enabled=self.is_main,
             keep_until=first,
-            loggers=spec.logger,
+            trackers=spec.logger,
             config=written if self.is_main else None,
         )
         show = self.is_main and spec.progress_bar
