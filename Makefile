@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-fast test-floor test-gpu test-ray test-slurm lint bench profile clean-runs docs docs-serve
+.PHONY: install run test test-fast test-floor test-gpu test-matrix test-ray test-slurm lint bench profile clean-runs docs docs-serve
 
 install: $(STAMP)
 
@@ -33,7 +33,14 @@ run: install
 TEST_WORKERS ?= 3
 test: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
-		-m "not ray" $(PYTEST_ARGS)
+		-m "not ray and not matrix" $(PYTEST_ARGS)
+
+# The rest of the equivalence and parallelism matrices (marked `matrix`): further splits,
+# engines and meshes of claims `make test` proves once each, side by side as make test runs.
+# CI runs it after make test; together they are every case.
+test-matrix: install
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+		-m "matrix and not ray" $(PYTEST_ARGS)
 
 # The tests that start a local Ray cluster (launcher=ray, hydra/launcher=tune), one at a
 # time: a run on Ray costs about 37 CPU-seconds, most of them in Ray's own processes, and

@@ -4,6 +4,7 @@ rule. What tests import (running the command, FAST, ...) is in tests/helpers/cli
 from __future__ import annotations
 
 import atexit
+import json
 import multiprocessing.process
 import os
 import random
@@ -54,12 +55,32 @@ def cli(tmp_path: Path):
     return call
 
 
+def once_per_session(tmp_path_factory, name: str, *overrides: str) -> CliResult:
+    """A run that the tests of every pytest-xdist worker only read, made once: the first
+    worker to ask runs it, under a lock the others wait on, and leaves its output beside it
+    for them (each worker's session fixtures are its own, so each ran it before)."""
+    from runner.rundir.files import file_lock
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / f"shared-{name}"
+    with file_lock(root.with_name(root.name + ".lock")):
+        record = root / "result.json"
+        if record.is_file():
+            kept = json.loads(record.read_text())
+            return CliResult(kept["returncode"], kept["stdout"], kept["stderr"], root / name)
+        root.mkdir(parents=True, exist_ok=True)
+        result = run_cli(root, *overrides, name=name)
+        outcome = {"returncode": result.returncode, "stdout": result.stdout}
+        record.write_text(json.dumps({**outcome, "stderr": result.stderr}))
+    return result
+
+
 @pytest.fixture(scope="session")
 def default_run(tmp_path_factory) -> CliResult:
     """`runner` as a user types it, with every default (mlp on digits, 2 ranks, 12 epochs =
     276 steps; the progress bar, as plain lines off a terminal), run once for the artifact
     checks, for runner-report, and as the uninterrupted twin of the SIGTERM resume test."""
-    result = run_cli(tmp_path_factory.mktemp("default"), name="default")
+    result = once_per_session(tmp_path_factory, "default")
     assert result.returncode == 0, result.output
     return result
 
@@ -68,7 +89,7 @@ def default_run(tmp_path_factory) -> CliResult:
 def zero2_offload_run(tmp_path_factory) -> CliResult:
     """One uninterrupted RESTARTABLE run with ZeRO-2 offloading to the CPU, shared by the
     optimizer-state test and the zero2 restart test (one run fewer in `make test`)."""
-    result = run_cli(tmp_path_factory.mktemp("zero2"), *RESTARTABLE, *ZERO2_OFFLOAD, name="zero2")
+    result = once_per_session(tmp_path_factory, "zero2", *RESTARTABLE, *ZERO2_OFFLOAD)
     assert result.returncode == 0, result.output
     return result
 

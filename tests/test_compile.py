@@ -15,7 +15,7 @@ from torch import nn
 
 from runner.spec.schema import CompileSpec
 from runner.train.build.compiling import blocks_to_compile
-from tests.helpers.cli import HANG
+from tests.helpers.cli import HANG, MATRIX
 from tests.helpers.equivalence import ARGS, relative_error
 from tests.helpers.language_model import lm_args
 
@@ -43,9 +43,10 @@ def test_whole_model_under_ddp(cli, mlp_reference):  # noqa: F811
 
 @pytest.mark.parametrize(
     "memory",
-    [["activation_checkpointing=full"], ["activation_memory_budget=0.5"],
-     ["activation_checkpointing=selective", "nproc=2", "parallelism.tensor=2"]],
-    ids=["full", "budget", "selective-tp2"],
+    [pytest.param(["activation_checkpointing=full"], id="full", marks=MATRIX),
+     pytest.param(["activation_memory_budget=0.5"], id="budget"),
+     pytest.param(["activation_checkpointing=selective", "nproc=2", "parallelism.tensor=2"],
+                  id="selective-tp2", marks=MATRIX)],
 )  # fmt: skip
 def test_gpt_blocks_after_checkpointing_before_fsdp(cli, corpus, lm_reference, memory):
     """Each block compiled after checkpointing wrapped it and before FSDP shards it; in the

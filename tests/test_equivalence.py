@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from runner.spec import RunSpec, load_spec, resolve_spec
+from tests.helpers.cli import MATRIX
 from tests.helpers.config import compose_config
 from tests.helpers.equivalence import (
     ARGS,
@@ -62,12 +63,20 @@ CASES += [  # zero3 and fsdp at 4x1: on the gpt (test_lm_equivalence), which has
     ((2, 3), ("ddp", "multi_auto_sync")),
 ]
 assert {e for _, e in CASES} == set(ENGINES) and {s for s, _ in CASES} == set(SPLITS)
+# `make test`: ddp's three sync strategies, zero3 and fsdp at one split each (zero1 and zero2
+# on the gpt, test_lm_equivalence); the other cases are make test-matrix's.
+IN_MAKE_TEST = {((2, 3), "zero3"), ((2, 2), "fsdp"), ((4, 1), "ddp"), ((2, 2), "ddp")}
+IN_MAKE_TEST |= {((2, 3), "ddp")}
 
 
 @pytest.mark.parametrize(
     ("nproc", "grad_accum", "parallelism", "strategy"),
-    [(*split, *engine) for split, engine in CASES],
-    ids=[f"{n}x{g}-{p}-{s}" for (n, g), (p, s) in CASES],
+    [
+        pytest.param(
+            n, g, p, s, id=f"{n}x{g}-{p}-{s}", marks=() if ((n, g), p) in IN_MAKE_TEST else MATRIX
+        )
+        for (n, g), (p, s) in CASES
+    ],
 )
 def test_split_trains_the_same_model(
     cli,
@@ -103,7 +112,7 @@ def test_split_trains_the_same_model(
     check_state_bytes(result.summary()["state_bytes"], parallelism, reference)
 
 
-@pytest.mark.parametrize("grad_accum", [1, 3])
+@pytest.mark.parametrize("grad_accum", [1, pytest.param(3, marks=MATRIX)])
 def test_hsdp_trains_the_same_model(cli, reference, grad_accum: int) -> None:
     """fsdp with replicate=2 on 4 ranks: 2 copies, each sharded over 2 ranks (a 2-D mesh),
     trains plain PyTorch's (and so ddp's) weights, and logs the same gradient norm as a
@@ -156,7 +165,10 @@ def check_state_bytes(per_rank: list[dict[str, int]], parallelism: str, weights)
             assert all(r["grads"] < p for r in per_rank) or world == 1
 
 
-@pytest.mark.parametrize(("nproc", "strategy"), [(3, "single_auto_sync"), (3, "multi_auto_sync")])
+@pytest.mark.parametrize(
+    ("nproc", "strategy"),
+    [(3, "single_auto_sync"), pytest.param(3, "multi_auto_sync", marks=MATRIX)],
+)
 def test_gradient_as_bucket_view_by_default_changes_no_number(
     cli, nproc: int, strategy: str
 ) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import MATRIX
 from tests.helpers.equivalence import ENGINE_OPTIONS
 from tests.helpers.host_syncs import recorded
 from tests.helpers.language_model import lm_args
@@ -26,7 +27,7 @@ COUNTED = "callbacks=[{_target_: tests.helpers.host_syncs.HostSyncCounter, ranks
 
 
 # runner's own code differs per engine: DDP's, DeepSpeed's (every ZeRO stage) and FSDP2's
-@pytest.mark.parametrize("parallelism", ["ddp", "zero2", "fsdp"])
+@pytest.mark.parametrize("parallelism", ["ddp", pytest.param("zero2", marks=MATRIX), "fsdp"])
 def test_no_host_sync_on_a_step_that_logs_nothing(cli, corpus: Path, parallelism: str) -> None:
     run = cli(
         *lm_args(corpus),

@@ -15,6 +15,7 @@ from runner.cli.main import expand_shorthands
 from runner.models.pretrained import loaded_tensors, match
 from runner.models.tensor_files import WeightsFileError, open_tensor_file, tensor_file
 from runner.spec.schema import InitFromSpec
+from tests.helpers.cli import MATRIX
 from tests.helpers.hugging_face import GPT2, gpt2_args, text_corpus
 
 TENSORS = {
@@ -161,7 +162,7 @@ def corpus(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp", "zero3"])
+@pytest.mark.parametrize("parallelism", ["ddp", pytest.param("fsdp", marks=MATRIX), "zero3"])
 def test_a_run_starts_from_a_saved_hugging_face_model(
     cli, tmp_path: Path, corpus: Path, parallelism: str
 ) -> None:

@@ -13,7 +13,7 @@ import torch
 from runner.models.initial_weights import build_data_and_model
 from runner.spec import load_spec, resolve_spec
 from runner.train.build.sharded_init import build_for_rank
-from tests.helpers.cli import FAST
+from tests.helpers.cli import FAST, MATRIX
 from tests.helpers.config import compose_config
 from tests.helpers.language_model import lm_args
 
@@ -25,7 +25,9 @@ CASES = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=MATRIX) if c == "hsdp" else c for c in CASES]
+)  # hsdp: fsdp's sharding twice over (make test-matrix)
 def test_meta_init_trains_the_whole_builds_weights_bit_for_bit(
     cli, corpus: Path, case: str
 ) -> None:

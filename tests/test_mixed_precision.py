@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from runner.spec import resolve_spec
+from tests.helpers.cli import MATRIX
 from tests.helpers.config import compose_config
 from tests.helpers.equivalence import ARGS, ENGINE_OPTIONS, relative_error, train_plain
 from tests.helpers.precision_probe import probed
@@ -54,7 +55,12 @@ def ddp_bf16(tmp_path_factory) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize(
     "parallelism",
-    ["zero1", pytest.param("zero2", marks=pytest.mark.floor), "zero3", "fsdp"],
+    [
+        pytest.param("zero1", marks=MATRIX),
+        pytest.param("zero2", marks=pytest.mark.floor),
+        pytest.param("zero3", marks=MATRIX),
+        "fsdp",
+    ],
 )
 def test_bf16_is_autocast_over_fp32_weights(cli, parallelism, ddp_bf16, fp32_weights):
     run = cli(*BF16, f"parallelism={parallelism}", *ENGINE_OPTIONS.get(parallelism, []))

@@ -16,7 +16,7 @@ import torch
 
 from runner.spec import RunSpec, resolve_spec
 from runner.spec.mesh import Layout
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import MATRIX, run_cli
 from tests.helpers.config import compose_config
 from tests.helpers.equivalence import ARGS, relative_error
 from tests.helpers.hugging_face import llama_args, text_corpus
@@ -112,15 +112,28 @@ def reference(corpus: Path) -> dict[str, torch.Tensor]:
     return train_plain(spec)
 
 
+MESHES = {
+    "tp4": ["parallelism.tensor=4"],
+    "fsdp2xtp2": ["parallelism.tensor=2"],
+    "hsdp2xtp2": ["parallelism.tensor=2", "parallelism.replicate=2"],
+    "fsdp2xtp2-selective": ["parallelism.tensor=2", "activation_checkpointing=selective"],
+}
+# `make test`: every kind of mesh once (fsdp2xtp2 as the selective one); the rest are
+# make test-matrix's
+IN_MAKE_TEST = {("tp4", 1), ("hsdp2xtp2", 1), ("fsdp2xtp2-selective", 3)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("grad_accum", [1, 3])
 @pytest.mark.parametrize(
-    "mesh",
-    [["parallelism.tensor=4"], ["parallelism.tensor=2"],
-     ["parallelism.tensor=2", "parallelism.replicate=2"],
-     ["parallelism.tensor=2", "activation_checkpointing=selective"]],
-    ids=["tp4", "fsdp2xtp2", "hsdp2xtp2", "fsdp2xtp2-selective"],
-)  # fmt: skip
+    ("mesh", "grad_accum"),
+    [
+        pytest.param(
+            mesh, accum, id=f"{name}-{accum}", marks=() if (name, accum) in IN_MAKE_TEST else MATRIX
+        )
+        for accum in (1, 3)
+        for name, mesh in MESHES.items()
+    ],
+)
 def test_tensor_parallel_meshes_train_the_plain_model(
     cli, corpus: Path, reference, mesh: list[str], grad_accum: int
 ) -> None:

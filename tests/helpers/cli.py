@@ -11,10 +11,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"
 
 # Small, fast runs: the mlp on digits, few steps, no progress bar noise.
+# A further case of a claim `make test` proves in another case (another split, engine, mesh or
+# option of the same code path): `make test-matrix` runs these, and CI runs both.
+MATRIX = pytest.mark.matrix
+
 FAST = ["model=mlp", "data=digits", "precision=fp32", "progress_bar=false"]
 
 # 12 steps on 2 ranks with a checkpoint every 2: what the restart and resume tests train.
