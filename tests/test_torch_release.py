@@ -28,6 +28,14 @@ def test_pyproject_declares_the_floor_the_parent_checks():
     assert installed and installed[1].startswith(f"{floor}."), "make test-floor installs it"
 
 
+def test_the_newest_tested_release_is_the_one_make_test_installs():
+    """The range's other end: constraints.txt pins the torch `make test` runs on, and the
+    message an old torch gets names it as the newest tested."""
+    pinned = re.search(r"^torch==(\d+)\.(\d+)\.", (REPO / "constraints.txt").read_text(), re.M)
+    assert pinned, "constraints.txt pins torch"
+    assert (int(pinned[1]), int(pinned[2])) == torch_release.NEWEST_TESTED
+
+
 @pytest.mark.parametrize(
     "installed", ["2.11.0", "2.11.0+cu130", "2.11.0a0+git1f6f5ee", "2.14.1", "3.0.0"]
 )

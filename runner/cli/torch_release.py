@@ -15,7 +15,7 @@ import sys
 from importlib import metadata
 
 FLOOR = (2, 11)
-NEWEST_TESTED = (2, 14)
+NEWEST_TESTED = (2, 15)
 
 
 def _release(version: str) -> tuple[int, int] | None:
