@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-fast test-floor test-gpu test-matrix test-ray test-slurm lint bench profile clean-runs docs docs-serve
+.PHONY: install run test test-fast test-floor test-gpu test-matrix test-ray test-sweeps test-slurm lint bench profile clean-runs docs docs-serve
 
 install: $(STAMP)
 
@@ -33,7 +33,13 @@ run: install
 TEST_WORKERS ?= 3
 test: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
-		-m "not ray and not matrix" $(PYTEST_ARGS)
+		-m "not ray and not matrix and not sweeps" $(PYTEST_ARGS)
+
+# The tests that run sweeps (runner -m: every launcher and sweeper, resumed and stopped
+# sweeps, a sweep's directory), side by side as make test runs; Ray's are make test-ray's.
+test-sweeps: install
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+		-m "sweeps and not ray" $(PYTEST_ARGS)
 
 # The rest of the equivalence and parallelism matrices (marked `matrix`): further splits,
 # engines and meshes of claims `make test` proves once each, side by side as make test runs.

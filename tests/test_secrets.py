@@ -37,6 +37,7 @@ def digits_with_secrets(hf_token: str, api_key: str, val_fraction: float = 0.2):
 
 
 @pytest.mark.slow
+@pytest.mark.sweeps
 def test_no_file_of_a_submitit_sweep_or_its_mlflow_store_holds_a_secret(tmp_path: Path) -> None:
     (tmp_path / "mydata.py").write_text(DATA)
     store = tmp_path / "store"

@@ -110,6 +110,7 @@ def _status(job: Path) -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.sweeps
 def test_a_pruned_sweep_killed_and_run_again_keeps_its_study(tmp_path: Path) -> None:
     """Four trials, two at a time, of a learning rate that trains (0.05) or does not (1e-7):
     seeded so that each pair has one of each. The first pair completes (the pruner waits for
@@ -180,6 +181,7 @@ def test_a_pruned_sweep_killed_and_run_again_keeps_its_study(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.sweeps
 def test_a_pruner_with_a_metric_no_evaluation_reports_is_refused(tmp_path: Path) -> None:
     done, root = run_sweep(
         tmp_path, *SWEEPER, "hydra/sweeper/pruner=asha", "sweep.metric=train/loss",
@@ -191,6 +193,7 @@ def test_a_pruner_with_a_metric_no_evaluation_reports_is_refused(tmp_path: Path)
 
 
 @pytest.mark.slow
+@pytest.mark.sweeps
 def test_a_pruner_whose_jobs_run_on_other_hosts_is_refused(tmp_path: Path) -> None:
     """submitit_slurm's jobs cannot reach the sweep's study: refused, nothing submitted."""
     done, root = run_sweep(

@@ -14,7 +14,7 @@ import yaml
 from tests.helpers.cli import FAST, child_env, run_sweep
 from tests.helpers.wandb_records import records
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sweeps]
 TINY = [*FAST, "max_epochs=null", "max_steps=2", "log_interval=1"]
 
 

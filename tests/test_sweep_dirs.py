@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.cli import FAST, run_cli, run_sweep
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sweeps]
 TINY = [*FAST, "nproc=1", "max_epochs=null", "max_steps=2", "eval_interval=1000"]
 
 

@@ -116,6 +116,7 @@ def _interval(job: Path) -> tuple[float, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.sweeps
 def test_four_jobs_share_two_slots_without_overlapping(tmp_path: Path) -> None:
     proc, root = sweep(
         tmp_path, *TINY, "hydra.launcher.devices=[0,1,2,3]", "nproc=2", "seed=1,2,3,4"
@@ -144,6 +145,7 @@ def test_four_jobs_share_two_slots_without_overlapping(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.sweeps
 def test_fail_fast_stops_the_sweep_at_the_first_failure(tmp_path: Path) -> None:
     """Cores as slots (nproc=1: one core each): job 0 loses its rank at step 2 and is
     reported at once; job 1, running beside it, is stopped; job 2 never starts."""
@@ -167,6 +169,7 @@ def test_fail_fast_stops_the_sweep_at_the_first_failure(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.sweeps
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
@@ -187,6 +190,7 @@ def test_an_impossible_sweep_is_refused_before_its_first_job(
 
 
 @pytest.mark.slow
+@pytest.mark.sweeps
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR1"])
 def test_a_stopped_sweep_stops_its_running_jobs_and_writes_its_table(
     tmp_path: Path, name: str
@@ -231,6 +235,7 @@ def test_a_stopped_sweep_stops_its_running_jobs_and_writes_its_table(
 
 
 @pytest.mark.slow
+@pytest.mark.sweeps
 def test_a_killed_sweep_run_again_keeps_what_completed_and_resumes_the_rest(
     tmp_path: Path, cli
 ) -> None:
@@ -287,6 +292,7 @@ def test_a_killed_sweep_run_again_keeps_what_completed_and_resumes_the_rest(
 
 
 @pytest.mark.slow
+@pytest.mark.sweeps
 def test_a_directory_of_another_sweep_or_of_a_run_is_not_resumed(tmp_path: Path, cli) -> None:
     first, root = sweep(tmp_path, *TINY, "seed=1,2")
     assert first.returncode == 0, first.stdout + first.stderr

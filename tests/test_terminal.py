@@ -111,6 +111,7 @@ def test_prepare_manifest_and_config_as_typed(tmp_path: Path) -> None:
     assert config.returncode == 0 and "global_batch_size: 64" in config.output, config.output
 
 
+@pytest.mark.sweeps
 def test_two_jobs_side_by_side_share_no_line(tmp_path: Path) -> None:
     argv = [command("runner", True), "-m", "hydra/launcher=runner", *TINY, "nproc=1"]
     argv += ["max_steps=30", "log_interval=5", "seed=1,2", f"hydra.sweep.dir={tmp_path / 's'}"]
@@ -150,6 +151,7 @@ def test_ctrl_c_typed_at_any_moment_ends_in_one_line(tmp_path: Path, when: str) 
         assert summary["status"] == "interrupted" and summary["signal"] == "SIGINT"
 
 
+@pytest.mark.sweeps
 def test_ctrl_c_while_a_sweeps_job_starts_stops_the_sweep(tmp_path: Path) -> None:
     """Hydra's default launcher, Ctrl-C as job 0's launcher starts: the job ends interrupted,
     job 1 never starts, exit 130, no traceback (58fe533: the agent's traceback)."""
