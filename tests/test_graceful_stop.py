@@ -17,13 +17,13 @@ from runner import heartbeat
 from runner.cli.requeue import continue_after_stop, first_run_dir
 from runner.heartbeat import Heartbeat, Phase
 from runner.launch.stopping import GracefulStop
-from tests.helpers.cli import FAST, HANG, start_runner, wait_until
+from tests.helpers.cli import FAST, HANG, MATRIX, start_runner, wait_until
 from tests.helpers.nodes import finish, free_port, only_run, start_node
 from tests.helpers.weights import same_weights
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shm", ["null", "false"])
+@pytest.mark.parametrize("shm", [pytest.param("null", marks=MATRIX), "false"])  # false: the warm-up
 def test_sigusr1_stops_every_rank_after_one_step_and_resume_ends_bit_for_bit(
     cli, tmp_path: Path, shm: str
 ) -> None:

@@ -75,8 +75,9 @@ def test_runner_exits_at_startup_below_the_floor(tmp_path: Path):
     )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
+    newest = ".".join(map(str, torch_release.NEWEST_TESTED))
     assert lines == [
         "runner: torch 2.9.1 is installed; runner supports torch 2.11 and newer (tested 2.11 "
-        "to 2.14): install a newer one, e.g. pip install 'torch>=2.11'"
+        f"to {newest}): install a newer one, e.g. pip install 'torch>=2.11'"
     ]
     assert not (tmp_path / "run").exists()
