@@ -34,6 +34,7 @@ LONGEST_FIRST = (
     "test_export.py",
     "test_trackers.py",
     "test_compile.py",
+    "test_pipeline.py",
     "test_equivalence.py",
     "test_bad_input.py",
     "test_terminal.py",

@@ -37,6 +37,14 @@ WHY_ONLY = {
         "keeps whole replicas and DeepSpeed's ZeRO flattens each parameter into partitions of "
         "its own, which cannot hold a layer split across ranks)"
     ),
+    **{
+        f"parallelism.{key}": (
+            " (pipeline stages are sharded by FSDP2 on the mesh's data dimensions; ddp "
+            "replicates the whole model on every rank and DeepSpeed's ZeRO partitions the whole "
+            "model's flat parameters, so neither can hold one stage per group of ranks)"
+        )
+        for key in ("pipeline", "pipeline_schedule", "stages_per_rank", "pipeline_split")
+    },
 }
 
 

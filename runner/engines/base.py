@@ -58,6 +58,9 @@ class Engine(ABC):
     scaler: torch.amp.GradScaler | None = None
     """fp16's dynamic loss scaler (None for fp32 and bf16, and under ZeRO, whose own is
     DeepSpeedEngine.loss_scale)."""
+    pipeline: Any = None
+    """Pipeline parallelism's stages and schedule (runner.engines.pipeline), which run a
+    step's microbatches all at once; None where the loop runs them one by one."""
     needs_warm_up = False
     """Whether the loop runs warm_up() before this start's first step."""
     _grad_bytes: int | None = None

@@ -24,31 +24,60 @@ def is_dcp_checkpoint(directory: Path) -> bool:
     return (directory / DCP_DIR).is_dir()
 
 
+def sharded_state(module: nn.Module, optimizer: torch.optim.Optimizer, flat: bool = True) -> Any:
+    """The model and optimizer state DCP writes: every entry under a parameter's name, the
+    optimizer's group settings too (`flat`), so ranks that hold different parameters
+    (pipeline stages) write different keys. Unflattened, each rank's groups are one list
+    under the same keys, of which DCP keeps one rank's."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(flatten_optimizer_state_dict=flat)
+    model_state, optimizer_state = get_state_dict(module, optimizer, options=options)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def is_flat(directory: Path) -> bool:
+    """Whether a DCP checkpoint's optimizer groups are flattened (runner writes them so
+    since pipeline parallelism; earlier checkpoints hold them as a list)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(str(directory / DCP_DIR)).read_metadata().state_dict_metadata
+    return not any(key.startswith("optimizer.param_groups.0.") for key in keys)
+
+
 def load_dcp(
     directory: Path, module: nn.Module, optimizer: torch.optim.Optimizer
 ) -> dict[str, Any]:
     """Load `directory`'s model and optimizer state into `module` and `optimizer` (whatever
     their layout now); return the rest (engine.pt: scheduler, scaler, client)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    model_state, optimizer_state = get_state_dict(module, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state}
+    flat = is_flat(directory)
+    state = sharded_state(module, optimizer, flat)
     dcp.load(state, checkpoint_id=str(directory / DCP_DIR))
     set_state_dict(
         module,
         optimizer,
         model_state_dict=state["model"],
         optim_state_dict=state["optimizer"],
+        options=StateDictOptions(flatten_optimizer_state_dict=flat),
     )
     return torch.load(directory / ENGINE_FILE, weights_only=False)
 
 
-def load_whole(state: dict[str, Any], module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def load_whole(
+    state: dict[str, Any],
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    whole_groups: list[list[str]] | None = None,
+) -> None:
     """Load a whole (unsharded) model and optimizer state, as ddp saves it, into `module` and
     `optimizer` whatever their layout (each rank keeps its shard of every tensor). The
     optimizer's state is keyed by position in its parameter groups; the groups are built
-    alike under every parallelism, so position k of group g names the same parameter."""
+    alike under every parallelism, so position k of group g names the same parameter.
+    `whole_groups`: the names in each group of the whole model, where `module` holds part
+    of it (a pipeline stage's); by default its own."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -56,20 +85,26 @@ def load_whole(state: dict[str, Any], module: nn.Module, optimizer: torch.optim.
     )
 
     names = get_optimizer_state_dict(module, optimizer)["param_groups"]
+    whole = whole_groups or [list(g["params"]) for g in names]
     saved = state["optimizer"]
-    if [len(g["params"]) for g in names] != [len(g["params"]) for g in saved["param_groups"]]:
+    if [len(g) for g in whole] != [len(g["params"]) for g in saved["param_groups"]]:
         raise ValueError("the checkpoint's optimizer groups do not match the configured ones")
     by_name: dict[str, Any] = {}
-    groups = []
-    for group, named in zip(saved["param_groups"], names, strict=True):
-        for index, name in zip(group["params"], named["params"], strict=True):
+    settings: dict[str, dict[str, Any]] = {}
+    for group, named in zip(saved["param_groups"], whole, strict=True):
+        for index, name in zip(group["params"], named, strict=True):
+            settings[name] = group
             if index in saved["state"]:
                 by_name[name] = saved["state"][index]
-        groups.append({**group, "params": list(named["params"])})
+    held = {name for g in names for name in g["params"]}
+    groups = [{**settings[g["params"][0]], "params": list(g["params"])} for g in names]
     set_state_dict(
         module,
         optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict={"state": by_name, "param_groups": groups},
+        model_state_dict={k: v for k, v in state["model"].items() if k in module.state_dict()},
+        optim_state_dict={
+            "state": {k: v for k, v in by_name.items() if k in held},
+            "param_groups": groups,
+        },
         options=StateDictOptions(full_state_dict=True),
     )

@@ -38,6 +38,7 @@ from runner.engines.dcp_state import (
     is_dcp_checkpoint,
     load_dcp,
     load_whole,
+    sharded_state,
 )
 from runner.engines.loss_parallel import split_loss
 from runner.engines.precision import DTYPES, grad_scaler
@@ -70,19 +71,22 @@ class FSDPEngine(Engine):
         precision = spec.precision.name
         policy = MixedPrecisionPolicy(param_dtype=DTYPES.get(precision), reduce_dtype=torch.float32)
         offload = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
+        mesh = device_mesh(grid, torch.device(device).type)
         kwargs = {
             "reshard_after_forward": options.reshard_after_forward,
             "mp_policy": policy,
             "offload_policy": offload,
-            "mesh": data_mesh(device_mesh(grid, torch.device(device).type)),
+            "mesh": data_mesh(mesh),
         }
         self.blocks = find_blocks(module, options.wrap)
+        module, roots = self._stages(spec, module, grid, mesh, device)
         for block in self.blocks:
             fully_shard(block, **kwargs)
-        fully_shard(module, **kwargs)
+        for root in roots:
+            fully_shard(root, **kwargs)
         if fill is not None:  # built on the meta device: this rank's shards only, now
             fill(module)
-        for sharded in module.modules():
+        for sharded in {id(m): m for r in roots for m in r.modules()}.values():
             if isinstance(sharded, FSDPModule):
                 sharded.set_force_sum_reduction_for_comms(True)
         self.module = self.model = module
@@ -99,6 +103,21 @@ class FSDPEngine(Engine):
         # fp16: torch's GradScaler works on FSDP2's DTensor gradients, and DTensor reduces its
         # overflow check over the mesh, so every rank steps or skips alike.
         self.scaler = grad_scaler(spec.precision, torch.device(device).type)
+
+    def _stages(
+        self, spec: RunSpec, module: nn.Module, grid: Any, mesh: Any, device: str
+    ) -> tuple[nn.Module, list[nn.Module]]:
+        """What this rank holds and the roots FSDP shards: the model, or under pipeline
+        parallelism its stages (each sharded as a model of its own) under one module."""
+        self.pipeline = None
+        if grid.pipeline == 1:
+            return module, [module]
+        from runner.engines.pipeline import Pipeline
+
+        self.pipeline = Pipeline(spec, module, grid, mesh, device)
+        held = {id(m) for m in self.pipeline.module.modules()}
+        self.blocks = [b for b in self.blocks if id(b) in held]
+        return self.pipeline.module, self.pipeline.parts
 
     @property
     def grad_copies(self) -> int:
@@ -136,8 +155,10 @@ class FSDPEngine(Engine):
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         norm = None
-        if self.grad_clip_norm is not None and self.tensor > 1:  # params on several meshes
-            norm = self.clip_norm = global_grad_norm(self.params)
+        if self.grad_clip_norm is not None and (self.tensor > 1 or self.pipeline):
+            norm = self.clip_norm = global_grad_norm(self.params)  # on several meshes
+            if self.pipeline:  # and the other stages'
+                norm = self.clip_norm = self.pipeline.grad_norm(norm.double().square()).float()
             clip_to(self.params, self.grad_clip_norm, norm)
         elif self.grad_clip_norm is not None:  # the global norm (a collective): clipping needs it
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
@@ -151,10 +172,11 @@ class FSDPEngine(Engine):
         whole when its turn comes."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return [
+        local = [
             FinalTensor(name, value.shape, value.dtype, partial(gathered, value))
             for name, value in get_model_state_dict(self.module).items()
         ]
+        return self.pipeline.final_tensors(local) if self.pipeline else local
 
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp
@@ -200,10 +222,7 @@ class FSDPEngine(Engine):
         return (DigestingFileSystemWriter if self.digest else FileSystemWriter)(str(path))
 
     def _sharded_state(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
-        return {"model": model_state, "optimizer": optimizer_state}
+        return sharded_state(self.module, self.optimizer)
 
     def _save_extra(self, directory: Path, client_state: dict[str, Any]) -> None:
         """Rank 0: the schedule, the loss scaler and the client state (small; at once)."""
@@ -221,7 +240,8 @@ class FSDPEngine(Engine):
             extra = load_dcp(directory, self.module, self.optimizer)
         else:
             extra = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
-            load_whole(extra, self.module, self.optimizer)
+            whole = self.pipeline.whole_groups if self.pipeline else None
+            load_whole(extra, self.module, self.optimizer, whole)
         self.scheduler.load_state_dict(extra["scheduler"])
         if self.scaler and extra.get("scaler"):
             self.scaler.load_state_dict(extra["scaler"])

@@ -77,8 +77,10 @@ def component_problems(spec: RunSpec) -> list[str]:
     for name, metric in spec.metrics.items():
         found += components.problems(f"metrics.{name}", metric.node, provided)
     wrap = getattr(spec.parallelism, "wrap", ())
-    tensor = getattr(spec.parallelism, "tensor", 1)
-    if (spec.checkpoint_every or wrap or tensor > 1) and not found:
+    split = (
+        getattr(spec.parallelism, "tensor", 1) > 1 or getattr(spec.parallelism, "pipeline", 1) > 1
+    )
+    if (spec.checkpoint_every or wrap or split) and not found:
         found += _block_problems(spec, provided())
     if (spec.optimizer.lr_multipliers or spec.optimizer.no_weight_decay) and not found:
         found += _pattern_problems(spec, provided())
@@ -223,9 +225,15 @@ def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
     from runner.models.tensor_plans import plan_problems
     from runner.spec.mesh import layout
 
-    tensor = layout(spec).tensor
-    if tensor > 1:
-        found += plan_problems(model, tensor, getattr(spec.parallelism, "tp_plan", None))
+    grid = layout(spec)
+    if grid.tensor > 1:
+        found += plan_problems(model, grid.tensor, getattr(spec.parallelism, "tp_plan", None))
+    if grid.pipeline > 1:
+        from runner.models.pipeline_stages import stage_problems
+
+        options = spec.parallelism
+        stages = grid.pipeline * options.stages_each
+        found += stage_problems(model, stages, options.pipeline_split)
     if spec.checkpoint_every and not find_blocks(model):
         found.append(
             f"activation_checkpointing={spec.activation_checkpointing}: {type(model).__name__} "

@@ -1,12 +1,14 @@
 """The ranks as a device mesh, in one place: what the engines shard over, what the sampler
 splits the data by, and what the checkpoint and logging code count.
 
-A run's ranks form a (replicate, shard, tensor) grid, the tensor dimension innermost: a
-tensor-parallel group is `tensor` consecutive ranks (on one node), which split each layer
-between them and read the same batch. The data ranks are the product of the data
-dimensions, replicate x shard: each reads its own part of the global batch. Without
-tensor parallelism every rank is a data rank (ddp, ZeRO, FSDP: shard; HSDP: replicate x
-shard).
+A run's ranks form a (pipeline, replicate, shard, tensor) grid, the tensor dimension
+innermost: a tensor-parallel group is `tensor` consecutive ranks (on one node), which split
+each layer between them and read the same batch. The pipeline dimension is outermost: stage
+group p is the p-th block of world / pipeline consecutive ranks, holding its stage(s) of
+the layers; the ranks of one pipeline (the same place in every stage group) read the same
+batch. The data ranks are the product of the data dimensions, replicate x shard: each reads
+its own part of the global batch. Without tensor or pipeline parallelism every rank is a
+data rank (ddp, ZeRO, FSDP: shard; HSDP: replicate x shard).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-REPLICATE, SHARD, TENSOR = "replicate", "shard", "tensor"
+PIPELINE, REPLICATE, SHARD, TENSOR = "pipeline", "replicate", "shard", "tensor"
 
 
 @dataclass(frozen=True)
@@ -22,10 +24,21 @@ class Layout:
     replicate: int = 1
     shard: int = 1
     tensor: int = 1
+    pipeline: int = 1
 
     @property
     def world(self) -> int:
+        return self.pipeline * self.stage_world
+
+    @property
+    def stage_world(self) -> int:
+        """Ranks of one pipeline stage group (every rank without pipeline parallelism)."""
         return self.replicate * self.shard * self.tensor
+
+    @property
+    def copies(self) -> int:
+        """Ranks that read each part of a batch: a tensor group, in every stage."""
+        return self.pipeline * self.tensor
 
     @property
     def data_world(self) -> int:
@@ -34,7 +47,16 @@ class Layout:
 
     def data_rank(self, rank: int) -> int:
         """Which part of the batch `rank` reads: its tensor group's."""
-        return rank // self.tensor
+        return (rank % self.stage_world) // self.tensor
+
+    def pipeline_rank(self, rank: int) -> int:
+        """Which stage group `rank` is in (0: it holds the first stage)."""
+        return rank // self.stage_world
+
+    def counts_items(self, rank: int) -> bool:
+        """Whether `rank` counts its batch's samples and tokens for the throughput: one rank
+        of each tensor group, in the first stage group."""
+        return self.tensor_rank(rank) == 0 and self.pipeline_rank(rank) == 0
 
     def tensor_rank(self, rank: int) -> int:
         """Where `rank` sits in its tensor-parallel group."""
@@ -48,19 +70,22 @@ class Layout:
 
     def loss_share(self, loss_sum: Any) -> Any:
         """This rank's part of a step's loss sum, the parts summed over every rank: the
-        ranks of a tensor group each hold their group's whole sum."""
+        ranks of a tensor group each hold their group's whole sum (under pipeline
+        parallelism only the last stage's hold one; the others' is zero)."""
         return loss_sum / self.tensor if self.tensor > 1 else loss_sum
 
 
 def layout(spec: Any, world: int | None = None) -> Layout:
     """The run's grid: the world size (the spec's, or the running group's `world`) split by
-    parallelism.replicate and .tensor (fsdp's; every other parallelism is data-parallel
+    parallelism.pipeline, .replicate and .tensor (fsdp's; every other parallelism is data-parallel
     over every rank)."""
     world = spec.world_size if world is None else world
     options = spec.parallelism
     replicate = getattr(options, "replicas", 1)
     tensor = getattr(options, "tensor", 1)
-    return Layout(replicate, max(1, world // (replicate * tensor)), tensor)  # checked: spec
+    pipeline = getattr(options, "pipeline", 1)
+    shard = max(1, world // (pipeline * replicate * tensor))  # checked: spec
+    return Layout(replicate, shard, tensor, pipeline)
 
 
 _MESHES: dict[tuple[str, Layout], Any] = {}
@@ -73,7 +98,12 @@ def device_mesh(grid: Layout, device_type: str) -> Any:
     if key not in _MESHES:
         from torch.distributed.device_mesh import init_device_mesh
 
-        dims = [(REPLICATE, grid.replicate), (SHARD, grid.shard), (TENSOR, grid.tensor)]
+        dims = [
+            (PIPELINE, grid.pipeline),
+            (REPLICATE, grid.replicate),
+            (SHARD, grid.shard),
+            (TENSOR, grid.tensor),
+        ]
         kept = [(name, size) for name, size in dims if size > 1 or name == SHARD]
         _MESHES[key] = init_device_mesh(
             device_type,
@@ -94,3 +124,8 @@ def data_mesh(mesh: Any) -> Any:
 def tensor_mesh(mesh: Any) -> Any | None:
     """The tensor dimension of the run's mesh; None without tensor parallelism."""
     return mesh[TENSOR] if TENSOR in mesh.mesh_dim_names else None
+
+
+def pipeline_mesh(mesh: Any) -> Any | None:
+    """The pipeline dimension of the run's mesh; None without pipeline parallelism."""
+    return mesh[PIPELINE] if PIPELINE in mesh.mesh_dim_names else None

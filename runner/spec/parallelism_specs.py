@@ -69,6 +69,10 @@ DeepSpeedSpec = ZeroSpec | Zero3Spec
 DEEPSPEED_SPECS = (ZeroSpec, Zero3Spec)
 
 
+ONE_STAGE_PER_RANK = ("gpipe", "1f1b")  # pipeline schedules of one stage per rank
+V_SHAPED = ("zbv_zero_bubble",)  # rank r holds stages r and 2P-1-r
+
+
 @dataclass(frozen=True)
 class FSDPSpec:
     """PyTorch FSDP2: parameters, gradients and optimizer state sharded, block by block."""
@@ -87,6 +91,27 @@ class FSDPSpec:
     # a plan of the user's: {_target_: pkg.module.fn}, fn(model, mesh) splitting the model;
     # null: the model's own (runner's gpt, a Hugging Face model's base_model_tp_plan)
     tp_plan: dict[str, Any] | None = None
+    # pipeline parallelism: the layers cut into stages over `pipeline` groups of ranks, the
+    # mesh's outermost dimension; the schedule runs the step's grad_accum microbatches
+    pipeline: int = _bound(1, min=1)
+    pipeline_schedule: Literal[
+        "gpipe",
+        "1f1b",
+        "interleaved_1f1b",
+        "looped_bfs",
+        "interleaved_zero_bubble",
+        "zbv_zero_bubble",
+    ] = "1f1b"
+    stages_per_rank: int | None = _bound(None, min=1)  # null: 1, or 2 for the multi-stage ones
+    pipeline_split: tuple[int, ...] = ()  # blocks per stage; () = as many each
+
+    @property
+    def stages_each(self) -> int:
+        """Pipeline stages per rank: stages_per_rank, or 1 for the schedules of one stage per
+        rank and 2 for the others."""
+        if self.stages_per_rank is not None:
+            return self.stages_per_rank
+        return 1 if self.pipeline_schedule in ONE_STAGE_PER_RANK else 2
 
     @property
     def replicas(self) -> int:

@@ -149,15 +149,21 @@ def _resolve_replicate(spec: RunSpec, problems: list[str]) -> RunSpec:
     if not isinstance(options, FSDPSpec):
         return spec
     replicate = spec.nodes if options.replicate is None else options.replicate
-    world, tensor = spec.world_size, options.tensor
-    if spec.nproc % tensor:
+    world, tensor, pipeline = spec.world_size, options.tensor, options.pipeline
+    if world % pipeline:
+        valid = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
+        problems.append(
+            f"parallelism.pipeline={pipeline}: stage groups of equal size must divide the "
+            f"world size nproc x nodes = {world}; valid: {valid}"
+        )
+    elif spec.nproc % tensor:
         valid = ", ".join(str(d) for d in range(1, spec.nproc + 1) if spec.nproc % d == 0)
         problems.append(
             f"parallelism.tensor={tensor}: a tensor-parallel group is ranks of one node, so it "
             f"must divide nproc={spec.nproc}; valid: {valid}"
         )
-    elif world % (replicate * tensor):
-        rest = world // tensor
+    elif world % (pipeline * replicate * tensor):
+        rest = world // (pipeline * tensor)
         divisors = ", ".join(str(d) for d in range(1, rest + 1) if rest % d == 0)
         problems.append(
             f"parallelism.replicate={replicate}: replicate x shard x tensor must be the world "

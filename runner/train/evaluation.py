@@ -61,7 +61,7 @@ class Evaluator:
             for batch, real in pieces(whole, whole_real):
                 self.heart.beat(Phase.EVAL)
                 logits, targets = self.passes.forward(batch, module)
-                if not real:  # a placeholder: the forward's collectives, nothing counted
+                if not real or logits is None:  # a placeholder, or not the last stage
                     continue
                 loss, count = loss_of(self.passes.loss_fn, logits, targets)
                 totals[0] += loss.double()

@@ -95,7 +95,7 @@ class Trainer:
         if self.is_main:  # this attempt in the run's history
             record_attempt(run_dir, self.attempt, start.from_step)
         figures = StepFigures(
-            spec, device, start.samples, flops, self.world, self.grid.tensor_rank(self.rank) == 0
+            spec, device, start.samples, flops, self.world, self.grid.counts_items(self.rank)
         )
         self.step_log = StepLog(  # metrics.jsonl, trackers, progress, on_step_end, spikes
             spec, run_dir, self.guard, self.spikes, self.callbacks, self.item_check, figures,
@@ -242,7 +242,7 @@ class Trainer:
         if step in self.spikes.skipped:  # after a loss spike's rollback: not trained on
             self.engine.skip_step()
             return Trained()
-        items = global_items(self.loss_fn, microbatches, n_global, self.device, self.grid.tensor)
+        items = global_items(self.loss_fn, microbatches, n_global, self.device, self.grid.copies)
         weight = self.grid.gradient_weight(items)  # the step's loss: a mean over its items
         loss_sum, tokens = None, 0
         for piece in accumulate(self.microbatching, self.passes, microbatches, step, weight):

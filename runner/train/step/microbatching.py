@@ -41,6 +41,7 @@ from runner.errors import first_line
 from runner.spec import RunSpec
 from runner.train.step.batch_parts import batch_size
 from runner.train.step.loss_pass import LossPass
+from runner.train.step.pipelined import pipelined_passes
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,10 @@ def accumulate(
     starts the step again from its first. Before this start's first step, the engine's
     warm-up pass (`passes.warm_up(first microbatch)`; DDP's) where it needs one."""
     engine = passes.engine
+    if engine.pipeline is not None:  # the schedule runs every microbatch at once
+        size = strategy.micro_batch_size
+        ran = pipelined_passes(engine.pipeline, passes, microbatches, weight, size)
+        return [Pass(loss, count, targets, real) for loss, count, targets, real in ran]
 
     def backward(loss: torch.Tensor) -> None:
         engine.backward(loss * weight)

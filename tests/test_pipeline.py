@@ -1,0 +1,228 @@
+"""Pipeline parallelism (parallelism.pipeline): the gpt cut into stages over groups of ranks
+trains the weights ddp trains, under every schedule runner offers, beside FSDP's sharding
+and HSDP's copies; its checkpoints resume at another pipeline degree and under ddp, and
+theirs under it; what cannot run is refused before any rank starts.
+
+One epoch of 260 samples in global batches of 12: its last batch holds 8, so the pipeline's
+padded microbatches are tried too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from runner.models.pipeline_stages import layer_ranges, stage_problems
+from runner.spec.mesh import Layout
+from tests.helpers.cli import MATRIX, CliResult, run_cli
+from tests.helpers.config import compose_config
+from tests.helpers.equivalence import relative_error
+
+RTOL = 1e-5
+
+
+def pp_args(root: Path) -> list[str]:
+    return [
+        "model=gpt",
+        "model.n_layer=4",
+        "model.n_head=2",
+        "model.n_embd=32",
+        "model.bias=false",
+        "data=text",
+        f"data.root={root}",
+        "data.block_size=24",
+        "loss=causal_lm",
+        "metrics=language_model",
+        "precision=fp32",
+        "progress_bar=false",
+        "scheduler=constant",
+        "global_batch_size=12",
+        "max_epochs=1",
+        "log_interval=2",
+        "grad_clip_norm=0.5",  # clipping reads the norm across the stages
+        "checkpoint.interval=10",
+    ]
+
+
+@pytest.fixture(scope="module")
+def pp_run(tmp_path_factory, corpus: Path):
+    """`pp_run(*overrides)`: one run of the module's gpt with these overrides, made once."""
+    root = tmp_path_factory.mktemp("pipeline_runs")
+    runs: dict[tuple[str, ...], CliResult] = {}
+
+    def run(*overrides: str) -> CliResult:
+        if overrides not in runs:
+            runs[overrides] = run_cli(root, *pp_args(corpus), *overrides, name=f"run{len(runs)}")
+            assert runs[overrides].returncode == 0, runs[overrides].output
+        return runs[overrides]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def ddp(pp_run) -> CliResult:
+    return pp_run("nproc=1", "parallelism=ddp", "grad_accum=4")
+
+
+def assert_same_training(result: CliResult, reference: CliResult) -> None:
+    """The same weights, validation loss and, at every log step, loss and gradient norm."""
+    weights = torch.load(result.run_dir / "model.pt", weights_only=True)
+    expected = torch.load(reference.run_dir / "model.pt", weights_only=True)
+    assert list(weights) == list(expected)  # model.pt: every stage's, in the model's order
+    assert relative_error(weights, expected) <= RTOL
+    final, reference_final = result.summary()["final"], reference.summary()["final"]
+    assert final["val/loss"] == pytest.approx(reference_final["val/loss"], rel=RTOL)
+    records, others = result.metrics(), reference.metrics()
+    assert [r["step"] for r in records] == [r["step"] for r in others]
+    for mine, theirs in zip(records, others, strict=True):
+        assert mine["train/loss"] == pytest.approx(theirs["train/loss"], rel=RTOL)
+        assert mine["train/grad_norm"] == pytest.approx(theirs["train/grad_norm"], rel=1e-4)
+        assert mine["throughput/tokens_per_sec"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        "1f1b",
+        "interleaved_1f1b",
+        pytest.param("gpipe", marks=MATRIX),
+        pytest.param("looped_bfs", marks=MATRIX),
+    ],
+)
+def test_every_schedule_trains_what_ddp_trains(pp_run, ddp, schedule: str) -> None:
+    """pipeline=2 on 2 ranks: 2 stages of 2 blocks (1f1b, gpipe), or 4 stages of one, two a
+    rank (interleaved_1f1b, looped_bfs)."""
+    result = pp_run(
+        "nproc=2",
+        "parallelism=fsdp",
+        "parallelism.pipeline=2",
+        f"parallelism.pipeline_schedule={schedule}",
+        "grad_accum=4",
+    )
+    assert result.summary()["world_size"] == 2
+    assert_same_training(result, ddp)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param(("parallelism.replicate=1",), id="pipeline2-shard2"),
+        pytest.param(("parallelism.replicate=2",), id="pipeline2-hsdp2", marks=MATRIX),
+    ],
+)
+def test_pipeline_beside_sharding_trains_what_ddp_trains(pp_run, ddp, layout) -> None:
+    """4 ranks: two stage groups, each sharding (or replicating) its stage over 2 ranks that
+    read their own halves of the batch."""
+    result = pp_run(
+        "nproc=4", "parallelism=fsdp", "parallelism.pipeline=2", *layout, "grad_accum=2"
+    )
+    assert_same_training(result, ddp)
+
+
+@pytest.mark.slow
+def test_checkpoints_resume_across_pipeline_degrees_and_engines(pp_run, ddp) -> None:
+    """A pipeline=2 checkpoint goes on at pipeline=1 and under ddp; a ddp checkpoint goes on
+    under pipeline=2 x shard=2 (DCP by name; ddp's whole state, stage by stage)."""
+    pipelined = pp_run("nproc=2", "parallelism=fsdp", "parallelism.pipeline=2", "grad_accum=4")
+    for source, targets in (
+        (
+            pipelined,
+            [
+                ("nproc=1", "parallelism=fsdp", "grad_accum=4"),
+                ("nproc=2", "parallelism=ddp", "grad_accum=2"),
+            ],
+        ),
+        (ddp, [("nproc=4", "parallelism=fsdp", "parallelism.pipeline=2", "grad_accum=2")]),
+    ):
+        checkpoint = sorted((source.run_dir / "checkpoints").glob("step_*"))[0]
+        for target in targets:
+            resumed = pp_run(*target, f"resume={checkpoint}")
+            assert resumed.summary()["resumed_from"] == int(checkpoint.name.split("_")[1])
+            weights = torch.load(resumed.run_dir / "model.pt", weights_only=True)
+            expected = torch.load(ddp.run_dir / "model.pt", weights_only=True)
+            assert relative_error(weights, expected) <= RTOL, target
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        (
+            ("nproc=3", "parallelism.pipeline=2"),
+            "parallelism.pipeline=2: stage groups of equal size must divide the world size",
+        ),
+        (
+            ("nproc=2", "parallelism.pipeline=2", "grad_accum=auto"),
+            "grad_accum=auto: not with parallelism.pipeline",
+        ),
+        (
+            ("nproc=2", "parallelism.pipeline=2", "grad_accum=1"),
+            "grad_accum=1: parallelism.pipeline_schedule=1f1b needs at least 2 (one per stage)",
+        ),
+        (
+            (
+                "nproc=2",
+                "parallelism.pipeline=2",
+                "parallelism.pipeline_schedule=zbv_zero_bubble",
+                "grad_accum=4",
+            ),
+            "parallelism.pipeline_schedule=zbv_zero_bubble: its backward pass",
+        ),
+        (
+            ("nproc=2", "parallelism.pipeline=2", "parallelism.stages_per_rank=2", "grad_accum=2"),
+            "parallelism.stages_per_rank=2: parallelism.pipeline_schedule=1f1b runs one stage",
+        ),
+        (
+            ("nproc=2", "parallelism.pipeline=2", "compile=true", "grad_accum=2"),
+            "compile: not with parallelism.pipeline",
+        ),
+    ],
+)
+def test_a_pipeline_that_cannot_run_is_refused(overrides, problem: str) -> None:
+    from runner.spec import resolve_spec
+    from runner.spec.convert import SpecError
+
+    config = compose_config(["parallelism=fsdp", "model=gpt", "device=cpu", *overrides])
+    with pytest.raises(SpecError) as refused:
+        resolve_spec(config)
+    assert problem in str(refused.value)
+
+
+@pytest.mark.slow
+def test_pipeline_under_ddp_or_zero_is_refused_naming_why(cli) -> None:
+    result = cli("nproc=2", "parallelism=zero2", "parallelism.pipeline=2")
+    assert result.returncode == 2
+    assert "not a key of the chosen parallelism option; only of parallelism=fsdp" in result.stderr
+    assert "DeepSpeed's ZeRO partitions the whole model" in result.stderr
+
+
+def test_stage_splits_and_what_cannot_be_split() -> None:
+    from runner.models.gpt import GPT
+
+    with torch.device("meta"):
+        gpt = GPT(vocab_size=10, block_size=8, n_layer=6, n_head=2, n_embd=8)
+    assert layer_ranges(6, 3) == [range(0, 2), range(2, 4), range(4, 6)]
+    assert layer_ranges(6, 2, (1, 5)) == [range(0, 1), range(1, 6)]
+    assert stage_problems(gpt, 3, ()) == []
+    assert (
+        "do not divide GPT's 6 blocks; stages that do: [1, 2, 3, 6]"
+        in stage_problems(gpt, 4, ())[0]
+    )
+    assert "needs 2 counts" in stage_problems(gpt, 2, (3, 2, 1))[0]
+    assert (
+        "has no stage split" in stage_problems(torch.nn.Sequential(torch.nn.Linear(2, 2)), 2, ())[0]
+    )
+
+
+def test_the_mesh_puts_the_pipeline_outermost() -> None:
+    """8 ranks as pipeline 2 x shard 2 x tensor 2: ranks 0-3 hold the first stage; ranks 0
+    and 4 read the same part of the batch; one rank of each tensor group of the first stage
+    counts the tokens."""
+    grid = Layout(replicate=1, shard=2, tensor=2, pipeline=2)
+    assert grid.world == 8 and grid.stage_world == 4 and grid.copies == 4
+    assert [grid.pipeline_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [grid.data_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [r for r in range(8) if grid.counts_items(r)] == [0, 2]
