@@ -31,6 +31,8 @@ from suites_memory import (
     capacity_table,
     memory_gpt_suite,
     memory_suite,
+    pipeline_notes,
+    pipeline_suite,
     tensor_parallel_notes,
     tensor_parallel_suite,
 )
@@ -227,6 +229,13 @@ SUITES["tensor_parallel"] = Suite(
     "FSDP2 x TP2 against ddp's whole state (16 bytes a parameter), fp32, AdamW",
     tensor_parallel_suite,
     notes=tensor_parallel_notes,
+)
+SUITES["pipeline"] = Suite(
+    "B3 pipeline parallelism: step time and state per rank of one gpt (4 layers, 512 wide, "
+    "64-token blocks, global batch 8 in 4 microbatches, fp32, AdamW) at fixed work: one rank, "
+    "and 2 pipeline stages on 2 ranks under each schedule",
+    pipeline_suite,
+    notes=pipeline_notes,
 )
 SUITES["activation_checkpointing"] = Suite(
     "B3 activation checkpointing: gpt (4 layers, 128 wide), 1024-token blocks, nproc=2, "

@@ -13,6 +13,7 @@ from harness import (
     MB,
     RESNET,
     STATE,
+    STEP,
     Config,
     machine,
     plain_resnet,
@@ -296,3 +297,57 @@ def capacity_table(_reps: int, _steps: int) -> str:
             f"| {beyond} |"
         )
     return "\n".join(lines) + "\n"
+
+
+# Pipeline parallelism at fixed work: one gpt, one global batch in 4 microbatches, on 1 rank
+# (no pipeline) and on 2 ranks as 2 pipeline stages under each schedule.
+GPT_PIPELINE = [*GPT_WIDE, "model.n_layer=4", "grad_accum=4", "parallelism=fsdp"]
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs")
+PIPELINE_MICROBATCHES = 4
+
+
+def pipeline_suite(steps: int) -> list[Config]:
+    """Step time and state per rank against P at fixed work (the bubble): pipeline=1 on one
+    rank, then pipeline=2 on two under each schedule."""
+    alone = Config(
+        "runner gpt pipeline=1, 1 rank",
+        partial(run_runner, *GPT_PIPELINE, nproc=1, steps=steps),
+    )
+    return [alone] + [
+        Config(
+            f"runner gpt pipeline=2 {schedule}, 2 ranks",
+            partial(
+                run_runner,
+                *GPT_PIPELINE,
+                "parallelism.pipeline=2",
+                f"parallelism.pipeline_schedule={schedule}",
+                nproc=2,
+                steps=steps,
+            ),
+        )
+        for schedule in PIPELINE_SCHEDULES
+    ]
+
+
+def pipeline_notes(medians: dict[str, dict[str, float]]) -> list[str]:
+    """Each schedule's step time against the ideal of P stages with its bubble."""
+    alone = medians["runner gpt pipeline=1, 1 rank"][STEP]
+    p, m = 2, PIPELINE_MICROBATCHES
+    lines = [
+        "| schedule | s/step ratio to 1 rank | ideal with its bubble | bubble share (theory) |",
+        "|---|---|---|---|",
+    ]
+    for schedule in PIPELINE_SCHEDULES:
+        virtual = 1 if schedule in ("gpipe", "1f1b") else 2
+        bubble = (p - 1) / (virtual * m + p - 1)
+        ideal = 1 / (p * (1 - bubble))
+        ratio = medians[f"runner gpt pipeline=2 {schedule}, 2 ranks"][STEP] / alone
+        lines.append(f"| {schedule} | {ratio:.3f} | {ideal:.3f} | {bubble:.3f} |")
+    lines += [
+        "",
+        f"P={p} stages of the gpt, m={m} microbatches; the bubble is (P-1)/(v·m+P-1) of a step "
+        "for v stages per rank, so the ideal ratio is 1/(P(1-bubble)). On this machine's CPU "
+        "ranks the stages also share its cores and memory bandwidth: read the ratios between "
+        "schedules, not as a GPU's.",
+    ]
+    return lines

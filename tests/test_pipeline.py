@@ -152,7 +152,7 @@ def test_checkpoints_resume_across_pipeline_degrees_and_engines(pp_run, ddp) -> 
     [
         (
             ("nproc=3", "parallelism.pipeline=2"),
-            "parallelism.pipeline=2: stage groups of equal size must divide the world size",
+            "parallelism.pipeline=2: groups of equal size must divide the world size",
         ),
         (
             ("nproc=2", "parallelism.pipeline=2", "grad_accum=auto"),
@@ -178,6 +178,10 @@ def test_checkpoints_resume_across_pipeline_degrees_and_engines(pp_run, ddp) -> 
         (
             ("nproc=2", "parallelism.pipeline=2", "compile=true", "grad_accum=2"),
             "compile: not with parallelism.pipeline",
+        ),
+        (
+            ("nproc=4", "parallelism.pipeline=2", "parallelism.tensor=2", "grad_accum=2"),
+            "parallelism.tensor=2: not with parallelism.pipeline yet",
         ),
     ],
 )

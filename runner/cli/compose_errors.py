@@ -45,6 +45,10 @@ WHY_ONLY = {
         )
         for key in ("pipeline", "pipeline_schedule", "stages_per_rank", "pipeline_split")
     },
+    "parallelism.context": (
+        " (context ranks hold parts of FSDP2's shards, which the gradients of their parts "
+        "of the sequence are reduced into; ddp and ZeRO have no such mesh dimension)"
+    ),
 }
 
 

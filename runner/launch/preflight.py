@@ -29,6 +29,7 @@ from runner.errors import describe, first_line
 from runner.models.blocks import find_blocks
 from runner.models.builders import build_model
 from runner.spec import RunSpec
+from runner.spec.mesh import layout
 
 log = logging.getLogger("runner")
 INVALID = 2  # the exit code of an invalid configuration, as in the parent
@@ -77,9 +78,8 @@ def component_problems(spec: RunSpec) -> list[str]:
     for name, metric in spec.metrics.items():
         found += components.problems(f"metrics.{name}", metric.node, provided)
     wrap = getattr(spec.parallelism, "wrap", ())
-    split = (
-        getattr(spec.parallelism, "tensor", 1) > 1 or getattr(spec.parallelism, "pipeline", 1) > 1
-    )
+    grid = layout(spec)
+    split = max(grid.tensor, grid.pipeline, grid.context) > 1
     if (spec.checkpoint_every or wrap or split) and not found:
         found += _block_problems(spec, provided())
     if (spec.optimizer.lr_multipliers or spec.optimizer.no_weight_decay) and not found:
@@ -223,7 +223,6 @@ def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
             f"it has {', '.join(classes)}"
         )
     from runner.models.tensor_plans import plan_problems
-    from runner.spec.mesh import layout
 
     grid = layout(spec)
     if grid.tensor > 1:
@@ -234,6 +233,10 @@ def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
         options = spec.parallelism
         stages = grid.pipeline * options.stages_each
         found += stage_problems(model, stages, options.pipeline_split)
+    if grid.context > 1:
+        from runner.models.context_split import context_problems
+
+        found += context_problems(model, grid.context)
     if spec.checkpoint_every and not find_blocks(model):
         found.append(
             f"activation_checkpointing={spec.activation_checkpointing}: {type(model).__name__} "

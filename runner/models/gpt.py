@@ -9,6 +9,7 @@ activation checkpointing and sharding work on.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,12 +31,16 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.dropout = dropout
+        self.context: Any = None  # context parallelism's split (runner.models.context_split)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         batch, time = x.shape[:2]
         qkv = self.qkv(x).view(batch, time, -1, 3, self.head_size)  # this rank's heads
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))
         dropout = self.dropout if self.training else 0.0
+        if self.context is not None:  # every position's keys and values, this rank's queries
+            k, v = self.context.gather(k, v)
+            key_mask = self.context.mask
         if key_mask is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         else:
@@ -78,6 +83,8 @@ class GPT(nn.Module):
         self.block_size = block_size
         # a tensor-parallel plan splits the sequence across its group: padded to a multiple
         self.sequence_multiple = 1
+        # context parallelism splits the sequence across ranks (runner.models.context_split)
+        self.context: Any = None
         self.n_layer, self.n_embd = n_layer, n_embd
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
@@ -118,19 +125,25 @@ class GPT(nn.Module):
             raise ValueError(
                 f"a sequence of {time} tokens is longer than block_size={self.block_size}"
             )
-        pad = -time % self.sequence_multiple
+        multiple = self.sequence_multiple * (2 * self.context.size if self.context else 1)
+        pad = -time % multiple
         if pad:  # at the end, where causal attention keeps every real position from seeing it
             input_ids = F.pad(input_ids, (0, pad))
             if attention_mask is not None:
                 attention_mask = F.pad(attention_mask, (0, pad))
         length = time + pad
-        positions = torch.arange(length, device=input_ids.device).clamp(max=self.block_size - 1)
+        if self.context is not None:  # this rank's positions; the mask is the true positions'
+            positions = self.context.prepare(length, input_ids.device)
+            input_ids, key_mask = input_ids[:, positions], None
+        else:
+            positions = torch.arange(length, device=input_ids.device)
+            key_mask = _key_mask(attention_mask, length) if attention_mask is not None else None
+        positions = positions.clamp(max=self.block_size - 1)
         x = self.drop(self.wte(input_ids) + self.wpe(positions))
-        key_mask = _key_mask(attention_mask, length) if attention_mask is not None else None
         for block in self.blocks:
             x = block(x, key_mask)
         logits = self.lm_head(self.ln_f(x))
-        return logits[:, :time] if pad else logits
+        return logits[:, :time] if pad and self.context is None else logits
 
 
 def _key_mask(attention_mask: torch.Tensor, time: int) -> torch.Tensor:

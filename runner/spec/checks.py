@@ -29,6 +29,7 @@ def check_spec(spec: RunSpec, problems: list[str], run_dir: Path | None) -> None
     _check_shm_allreduce(spec, problems)
     _check_auto_microbatching(spec, problems)
     _check_pipeline(spec, problems)
+    _check_context(spec, problems)
     _check_compile(spec, problems)
     _check_deepspeed(spec, problems)
     _check_trackers(spec, problems)
@@ -148,11 +149,33 @@ def _check_pipeline(spec: RunSpec, problems: list[str]) -> None:
             "sharded gradients wrong (measured on torch 2.15: off by 1e-2 where the other "
             "schedules match to 1e-8); use gpipe, 1f1b, interleaved_1f1b or looped_bfs"
         )
+    if options.tensor > 1:
+        problems.append(
+            f"parallelism.tensor={options.tensor}: not with parallelism.pipeline yet (a stage "
+            "would send DTensor activations, whose mesh torch's pipeline stages cannot find); "
+            "use one of them"
+        )
     if spec.compile is not None:
         problems.append(
             "compile: not with parallelism.pipeline yet (a stage is its own module); "
             "use compile=false"
         )
+
+
+def _check_context(spec: RunSpec, problems: list[str]) -> None:
+    """Context parallelism gives each rank the loss of its positions: a next-token loss."""
+    context = getattr(spec.parallelism, "context", 1)
+    if context == 1:
+        return
+    if not spec.loss.target.endswith("CausalLM"):
+        problems.append(
+            f"parallelism.context={context}: loss._target_={spec.loss.target} cannot be split "
+            "by position; context parallelism needs loss=causal_lm"
+        )
+    if spec.parallelism.pipeline > 1:
+        problems.append(f"parallelism.context={context}: not with parallelism.pipeline yet")
+    if spec.compile is not None:
+        problems.append(f"parallelism.context={context}: not with compile yet; compile=false")
 
 
 def _check_compile(spec: RunSpec, problems: list[str]) -> None:

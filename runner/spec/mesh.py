@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-PIPELINE, REPLICATE, SHARD, TENSOR = "pipeline", "replicate", "shard", "tensor"
+PIPELINE, REPLICATE, SHARD, CONTEXT, TENSOR = "pipeline", "replicate", "shard", "context", "tensor"
+SHARD_CONTEXT = "shard_context"  # FSDP shards over both: context ranks hold parts of one batch
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Layout:
     shard: int = 1
     tensor: int = 1
     pipeline: int = 1
+    context: int = 1
 
     @property
     def world(self) -> int:
@@ -33,12 +35,13 @@ class Layout:
     @property
     def stage_world(self) -> int:
         """Ranks of one pipeline stage group (every rank without pipeline parallelism)."""
-        return self.replicate * self.shard * self.tensor
+        return self.replicate * self.shard * self.context * self.tensor
 
     @property
     def copies(self) -> int:
-        """Ranks that read each part of a batch: a tensor group, in every stage."""
-        return self.pipeline * self.tensor
+        """Ranks that read each part of a batch: a context group of tensor groups, in every
+        stage."""
+        return self.pipeline * self.context * self.tensor
 
     @property
     def data_world(self) -> int:
@@ -47,7 +50,11 @@ class Layout:
 
     def data_rank(self, rank: int) -> int:
         """Which part of the batch `rank` reads: its tensor group's."""
-        return (rank % self.stage_world) // self.tensor
+        return (rank % self.stage_world) // (self.context * self.tensor)
+
+    def context_rank(self, rank: int) -> int:
+        """Which part of the sequence `rank` computes in its context group."""
+        return (rank // self.tensor) % self.context
 
     def pipeline_rank(self, rank: int) -> int:
         """Which stage group `rank` is in (0: it holds the first stage)."""
@@ -55,7 +62,8 @@ class Layout:
 
     def counts_items(self, rank: int) -> bool:
         """Whether `rank` counts its batch's samples and tokens for the throughput: one rank
-        of each tensor group, in the first stage group."""
+        of each tensor group, in the first stage group (each rank of a context group counts
+        its part of the sequence)."""
         return self.tensor_rank(rank) == 0 and self.pipeline_rank(rank) == 0
 
     def tensor_rank(self, rank: int) -> int:
@@ -65,8 +73,9 @@ class Layout:
     def gradient_weight(self, items: Any) -> Any:
         """What a rank's loss sum is multiplied by before its backward pass: the engines
         average the gradients over the data ranks, and this makes that a mean over the
-        `items` of the whole global batch."""
-        return self.data_world / items
+        `items` of the whole global batch. FSDP reduces over the context ranks too, whose
+        losses are parts of one batch's."""
+        return self.data_world * self.context / items
 
     def loss_share(self, loss_sum: Any) -> Any:
         """This rank's part of a step's loss sum, the parts summed over every rank: the
@@ -84,8 +93,9 @@ def layout(spec: Any, world: int | None = None) -> Layout:
     replicate = getattr(options, "replicas", 1)
     tensor = getattr(options, "tensor", 1)
     pipeline = getattr(options, "pipeline", 1)
-    shard = max(1, world // (pipeline * replicate * tensor))  # checked: spec
-    return Layout(replicate, shard, tensor, pipeline)
+    context = getattr(options, "context", 1)
+    shard = max(1, world // (pipeline * replicate * context * tensor))  # checked: spec
+    return Layout(replicate, shard, tensor, pipeline, context)
 
 
 _MESHES: dict[tuple[str, Layout], Any] = {}
@@ -102,6 +112,7 @@ def device_mesh(grid: Layout, device_type: str) -> Any:
             (PIPELINE, grid.pipeline),
             (REPLICATE, grid.replicate),
             (SHARD, grid.shard),
+            (CONTEXT, grid.context),
             (TENSOR, grid.tensor),
         ]
         kept = [(name, size) for name, size in dims if size > 1 or name == SHARD]
@@ -114,7 +125,11 @@ def device_mesh(grid: Layout, device_type: str) -> Any:
 
 
 def data_mesh(mesh: Any) -> Any:
-    """The data dimensions of the run's mesh: what FSDP shards (and HSDP replicates) over."""
+    """The data dimensions of the run's mesh: what FSDP shards (and HSDP replicates) over;
+    with context parallelism, shard and context as one dimension."""
+    if CONTEXT in mesh.mesh_dim_names:
+        flat = mesh[(SHARD, CONTEXT)]._flatten(SHARD_CONTEXT)
+        return mesh[(REPLICATE, SHARD_CONTEXT)] if REPLICATE in mesh.mesh_dim_names else flat
     names = [n for n in mesh.mesh_dim_names if n in (REPLICATE, SHARD)]
     if tuple(names) == tuple(mesh.mesh_dim_names):
         return mesh
@@ -129,3 +144,8 @@ def tensor_mesh(mesh: Any) -> Any | None:
 def pipeline_mesh(mesh: Any) -> Any | None:
     """The pipeline dimension of the run's mesh; None without pipeline parallelism."""
     return mesh[PIPELINE] if PIPELINE in mesh.mesh_dim_names else None
+
+
+def context_mesh(mesh: Any) -> Any | None:
+    """The context dimension of the run's mesh; None without context parallelism."""
+    return mesh[CONTEXT] if CONTEXT in mesh.mesh_dim_names else None

@@ -104,6 +104,8 @@ class FSDPSpec:
     ] = "1f1b"
     stages_per_rank: int | None = _bound(None, min=1)  # null: 1, or 2 for the multi-stage ones
     pipeline_split: tuple[int, ...] = ()  # blocks per stage; () = as many each
+    # context parallelism: groups of `context` ranks split each sequence for attention
+    context: int = _bound(1, min=1)
 
     @property
     def stages_each(self) -> int:

@@ -149,12 +149,15 @@ def _resolve_replicate(spec: RunSpec, problems: list[str]) -> RunSpec:
     if not isinstance(options, FSDPSpec):
         return spec
     replicate = spec.nodes if options.replicate is None else options.replicate
-    world, tensor, pipeline = spec.world_size, options.tensor, options.pipeline
+    world, tensor = spec.world_size, options.tensor
+    pipeline = options.pipeline * options.context  # the dimensions beside replicate x shard
     if world % pipeline:
         valid = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
+        groups = {"pipeline": options.pipeline, "context": options.context}
+        given = " x ".join(f"parallelism.{k}={v}" for k, v in groups.items() if v > 1)
         problems.append(
-            f"parallelism.pipeline={pipeline}: stage groups of equal size must divide the "
-            f"world size nproc x nodes = {world}; valid: {valid}"
+            f"{given}: groups of equal size must divide the world size nproc x nodes = "
+            f"{world}; valid: {valid}"
         )
     elif spec.nproc % tensor:
         valid = ", ".join(str(d) for d in range(1, spec.nproc + 1) if spec.nproc % d == 0)

@@ -249,7 +249,7 @@ class Trainer:
             loss_sum = piece.loss if loss_sum is None else loss_sum + piece.loss
             if piece.real:
                 self.item_check.note(piece.count, piece.targets)
-                tokens += piece.targets.numel() if isinstance(piece.targets, torch.Tensor) else 0
+                tokens += self.passes.tokens(piece.targets)
         self.item_check.step_done()
         grad_norm = self.engine.prepare_step(norm_wanted=self.guard.mode == "skip")
         measured = logged and self.spec.log_grad_norm  # DeepSpeed stepped in backward already

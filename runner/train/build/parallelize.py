@@ -26,7 +26,7 @@ from runner.engines.base import Engine, Fill
 from runner.models.blocks import apply_activation_checkpointing
 from runner.models.tensor_plans import apply_plan
 from runner.spec import RunSpec
-from runner.spec.mesh import device_mesh, layout, tensor_mesh
+from runner.spec.mesh import context_mesh, device_mesh, layout, tensor_mesh
 from runner.train.build.compiling import CompileClock, compile_model
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,14 @@ def parallelize(
         plan = getattr(spec.parallelism, "tp_plan", None)
         apply_plan(module, tensor_mesh(mesh), plan, split_logits)
         log.info("tensor parallelism: groups of %d ranks split each layer", grid.tensor)
+    if grid.context > 1:
+        from runner.models.context_split import apply_context
+
+        group = context_mesh(device_mesh(grid, torch.device(device).type)).get_group()
+        rank = grid.context_rank(rdist.get_global_rank())
+        ignore = spec.loss.args.get("ignore_index", -100)
+        apply_context(module, group, rank, grid.context, ignore)
+        log.info("context parallelism: groups of %d ranks split each sequence", grid.context)
     if spec.checkpoint_every:
         selective = spec.activation_checkpointing == "selective"
         apply_activation_checkpointing(module, spec.checkpoint_every, selective)

@@ -36,6 +36,7 @@ class LossPass:
         self.spec, self.engine, self.loss_fn, self.faults = spec, engine, loss_fn, faults
         self.device, self.channels_last = device, channels_last
         self.device_type = torch.device(device).type
+        self.context = getattr(engine.module, "context", None)  # a context group's split
 
     def train(self, batch: Any, real: bool) -> tuple[torch.Tensor, Any, Any]:
         """A training microbatch: (loss, items, targets)."""
@@ -50,11 +51,20 @@ class LossPass:
 
     def forward(self, batch: Any, model: Any = None) -> tuple[Any, Any]:
         """(logits, targets) of one microbatch: through the engine's model, or `model` (an
-        evaluation's: the bare module)."""
+        evaluation's: the bare module). Under context parallelism, this rank's positions'
+        (runner.models.context_split)."""
         args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
         with autocast(self.spec.precision, self.device_type):
             outputs = (self.engine.model if model is None else model)(*args, **kwargs)
+        if self.context is not None and outputs is not None:
+            return self.context.local(logits_of(outputs), targets)
         return logits_of(outputs), targets
+
+    def tokens(self, targets: Any) -> int:
+        """The tokens of a microbatch's `targets` (as forward returned them) this rank ran."""
+        if not isinstance(targets, torch.Tensor):
+            return 0
+        return self.context.tokens(targets) if self.context is not None else targets.numel()
 
     def warm_up(self, microbatch: tuple[Any, bool]) -> None:
         """A forward and backward pass whose gradients are discarded (Engine.warm_up)."""
