@@ -10,6 +10,12 @@ takes it off when the storage is freed. Its peak is the step's activations and
 temporaries (the weights, their gradients and the optimizer state were there before it
 began), exactly and the same every time: what checkpointing changes, without the
 allocator's slack that peak RSS also counts. Prints one JSON line.
+
+    torchrun --nproc-per-node C benchmarks/activation_probe.py --ranks 1 --context C ...
+
+splits the sequence across the C processes as parallelism.context does
+(runner.models.context_split: each its head and tail of the sequence, every position's keys
+and values gathered) and prints rank 0's peak.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ class LiveBytes(TorchDispatchMode):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ranks", type=int, required=True)
+    parser.add_argument("--context", type=int, default=1, help="processes splitting a sequence")
     parser.add_argument("overrides", nargs="*")
     options = parser.parse_args()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -79,11 +86,23 @@ def main() -> None:
         apply_activation_checkpointing(model, spec.checkpoint_every, selective)
     sequences = spec.global_batch_size // options.ranks // int(spec.grad_accum)
     tokens = torch.randint(0, info["vocab_size"], (sequences, info["block_size"]))
+    split = None
+    if options.context > 1:
+        import torch.distributed as dist
+
+        from runner.models.context_split import apply_context
+
+        dist.init_process_group("gloo")
+        apply_context(model, dist.group.WORLD, dist.get_rank(), options.context, -100)
+        split = model.context
 
     def step() -> None:
         logits = model(tokens)
+        targets = tokens
+        if split is not None:  # this rank's positions, each with the token after it
+            logits, targets = split.local(logits, tokens)
         loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
+            logits[:, :-1].reshape(-1, logits.shape[-1]), targets[:, 1:].reshape(-1)
         )
         loss.backward()
 
@@ -91,7 +110,8 @@ def main() -> None:
     watch = LiveBytes()
     with watch:
         step()
-    print(json.dumps({"peak activations MB/rank": watch.peak / 2**20}))
+    if split is None or torch.distributed.get_rank() == 0:
+        print(json.dumps({"peak activations MB/rank": watch.peak / 2**20}))
 
 
 if __name__ == "__main__":

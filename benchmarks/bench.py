@@ -29,6 +29,8 @@ from suites_memory import (
     activation_notes,
     activation_suite,
     capacity_table,
+    context_notes,
+    context_suite,
     memory_gpt_suite,
     memory_suite,
     pipeline_notes,
@@ -236,6 +238,13 @@ SUITES["pipeline"] = Suite(
     "and 2 pipeline stages on 2 ranks under each schedule",
     pipeline_suite,
     notes=pipeline_notes,
+)
+SUITES["context_parallel"] = Suite(
+    "B3 context parallelism: peak activations per rank of one gpt training step (gpt_text's "
+    "model, 2 sequences of 2048 tokens, fp32), the sequence split over 1, 2 and 4 ranks",
+    context_suite,
+    how="each rank's activations counted tensor by tensor (activation_probe.py --context)",
+    notes=context_notes,
 )
 SUITES["activation_checkpointing"] = Suite(
     "B3 activation checkpointing: gpt (4 layers, 128 wide), 1024-token blocks, nproc=2, "

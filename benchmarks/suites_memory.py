@@ -64,6 +64,9 @@ def memory_gpt_suite(steps: int) -> list[Config]:
     return configs
 
 
+# Context parallelism's sequence: 2048 tokens, 2 sequences.
+GPT_CONTEXT = ["+recipe=gpt_text", "data.block_size=2048", "global_batch_size=2", "grad_accum=1"]
+
 # A sequence length where activations dominate: 1024 tokens, 8 sequences per rank.
 GPT_LONG = [
     "+recipe=gpt_text",
@@ -349,5 +352,42 @@ def pipeline_notes(medians: dict[str, dict[str, float]]) -> list[str]:
         "for v stages per rank, so the ideal ratio is 1/(P(1-bubble)). On this machine's CPU "
         "ranks the stages also share its cores and memory bandwidth: read the ratios between "
         "schedules, not as a GPU's.",
+    ]
+    return lines
+
+
+CONTEXTS = (1, 2, 4)
+
+
+def context_suite(steps: int) -> list[Config]:
+    """Peak activation bytes per rank of one gpt step at a long sequence, the sequence split
+    over C = 1, 2, 4 ranks (activation_probe.py --context: runner's own split)."""
+    return [Config(f"runner gpt context={c}", partial(context_row, c)) for c in CONTEXTS]
+
+
+def context_row(context: int) -> dict[str, float]:
+    probe = [str(Path(__file__).parent / "activation_probe.py"), "--ranks=1"]
+    if context > 1:
+        launch = [venv_tool("torchrun"), f"--nproc-per-node={context}"]
+        command = [*launch, *probe, f"--context={context}"]
+    else:
+        command = [sys.executable, *probe]
+    counted = json.loads(
+        run([*command, *GPT_CONTEXT], thread_env(context)).strip().splitlines()[-1]
+    )
+    return {ACTIVATIONS: counted[ACTIVATIONS]}
+
+
+def context_notes(medians: dict[str, dict[str, float]]) -> list[str]:
+    whole = medians["runner gpt context=1"][ACTIVATIONS]
+    lines = ["| context | activations MB/rank | share of context=1's |", "|---|---|---|"]
+    for c in CONTEXTS:
+        measured = medians[f"runner gpt context={c}"][ACTIVATIONS]
+        lines.append(f"| {c} | {measured:.1f} | {measured / whole:.3f} |")
+    lines += [
+        "",
+        "Counted tensor by tensor during one training step of the same sequences (not RSS). "
+        "Each rank keeps its positions' activations, plus every position's keys and values "
+        "while a block's attention runs (the all-gather), and its positions' logits.",
     ]
     return lines
