@@ -75,9 +75,8 @@ def test_each_rank_takes_a_head_and_a_tail_of_the_sequence() -> None:
     assert split.owned(0, 8, "cpu").tolist() == [0, 1, 6, 7]
     assert split.owned(1, 8, "cpu").tolist() == [2, 3, 4, 5]
     assert split.padding(10) == 2
-    split.prepare(8, "cpu")
-    assert split.mask.shape == (4, 8)
-    assert split.mask[0].tolist() == [True, False, False, False, False, False, False, False]
+    split.prepare(8, "cpu")  # gathered as rank 0's [0, 1, 6, 7], rank 1's [2, 3, 4, 5]
+    assert split.inverse.tolist() == [0, 1, 4, 5, 6, 7, 2, 3]
     targets = torch.arange(10, 17)[None]  # 7 tokens: padded to 8 with the ignore index
     logits, laid_out = split.local(torch.zeros(1, 4, 3), targets)
     assert logits.shape == (1, 5, 3)

@@ -19,6 +19,7 @@ from runner.spec.mesh import Layout
 from tests.helpers.cli import MATRIX, CliResult, run_cli
 from tests.helpers.config import compose_config
 from tests.helpers.equivalence import relative_error
+from tests.helpers.hugging_face import llama_args, text_corpus
 
 RTOL = 1e-5
 
@@ -147,6 +148,62 @@ def test_checkpoints_resume_across_pipeline_degrees_and_engines(pp_run, ddp) -> 
             assert relative_error(weights, expected) <= RTOL, target
 
 
+@pytest.mark.slow
+def test_a_hugging_face_decoder_is_cut_by_its_layer_list(cli, tmp_path: Path) -> None:
+    """A transformers Llama (built from its config, no download): embeddings with the first
+    stage, norm and head with the last, the rotary embedding on both; the weights FSDP alone
+    trains, and model.pt under the model's own names."""
+    corpus = text_corpus(tmp_path)
+    args = [a for a in llama_args(corpus) if not a.startswith("data.min_length")]
+    common = [*args, "precision=fp32", "max_epochs=null", "max_steps=4", "log_interval=2"]
+    common += ["nproc=2", "parallelism=fsdp", "grad_accum=2"]
+    plain = cli(*common, name="fsdp2")
+    assert plain.returncode == 0, plain.output
+    staged = cli(*common, "parallelism.pipeline=2", name="pipeline2")
+    assert staged.returncode == 0, staged.output
+    weights = torch.load(staged.run_dir / "model.pt", weights_only=True)
+    expected = torch.load(plain.run_dir / "model.pt", weights_only=True)
+    assert list(weights) == list(expected)
+    assert relative_error(weights, expected) <= RTOL
+
+
+USER_CUT = '''
+from torch import nn
+
+
+def cut(model, stage, stages):
+    """runner's mlp (Flatten, Linear, ReLU, Linear, ReLU, Linear) in two stages."""
+    layers = list(model.children())
+    return nn.Sequential(*(layers[:3] if stage == 0 else layers[3:]))
+'''
+
+
+@pytest.mark.slow
+def test_a_cut_of_the_users_pipelines_their_model(cli, tmp_path: Path) -> None:
+    """parallelism.pp_plan names a function of the user's that returns each stage: runner's
+    mlp in two stages trains ddp's weights, and model.pt keeps the model's names; a cut that
+    cannot be imported is refused before any rank starts."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "mycuts.py").write_text(USER_CUT)
+    common = ["model=mlp", "data=digits", "precision=fp32", "progress_bar=false", "max_epochs=1"]
+    common += ["grad_accum=2", "global_batch_size=32", f"code_dir=[{tmp_path / 'lib'}]"]
+    plain = cli(*common, "nproc=1", "parallelism=ddp", name="ddp")
+    assert plain.returncode == 0, plain.output
+    cut = "parallelism.pp_plan={_target_:mycuts.cut}"
+    staged = cli(*common, "nproc=2", "parallelism=fsdp", "parallelism.pipeline=2", cut, name="pp")
+    assert staged.returncode == 0, staged.output
+    weights = torch.load(staged.run_dir / "model.pt", weights_only=True)
+    expected = torch.load(plain.run_dir / "model.pt", weights_only=True)
+    assert list(weights) == list(expected)
+    assert relative_error(weights, expected) <= RTOL
+    missing = cli(*common, "nproc=2", "parallelism=fsdp", "parallelism.pipeline=2",
+                  "parallelism.pp_plan={_target_:mycuts.cutt}", name="missing")  # fmt: skip
+    assert missing.returncode == 2, missing.output
+    assert "parallelism.pp_plan._target_=mycuts.cutt: mycuts has no attribute 'cutt'" in (
+        missing.output
+    )
+
+
 @pytest.mark.parametrize(
     ("overrides", "problem"),
     [
@@ -212,7 +269,7 @@ def test_stage_splits_and_what_cannot_be_split() -> None:
     assert layer_ranges(6, 2, (1, 5)) == [range(0, 1), range(1, 6)]
     assert stage_problems(gpt, 3, ()) == []
     assert (
-        "do not divide GPT's 6 blocks; stages that do: [1, 2, 3, 6]"
+        "do not divide GPT's 6 layers; stages that do: [1, 2, 3, 6]"
         in stage_problems(gpt, 4, ())[0]
     )
     assert "needs 2 counts" in stage_problems(gpt, 2, (3, 2, 1))[0]

@@ -43,7 +43,7 @@ WHY_ONLY = {
             "replicates the whole model on every rank and DeepSpeed's ZeRO partitions the whole "
             "model's flat parameters, so neither can hold one stage per group of ranks)"
         )
-        for key in ("pipeline", "pipeline_schedule", "stages_per_rank", "pipeline_split")
+        for key in ("pipeline", "pipeline_schedule", "stages_per_rank", "pipeline_split", "pp_plan")
     },
     "parallelism.context": (
         " (context ranks hold parts of FSDP2's shards, which the gradients of their parts "

@@ -71,7 +71,8 @@ class Pipeline:
             for s in stage_indices(r, grid.pipeline, self.per_rank, self.schedule_name)
         }
         self.indices = sorted(s for s, r in self.owner.items() if r == self.pp_rank)
-        self.parts = cut_stages(model, self.indices, self.count, options.pipeline_split)
+        split, plan = options.pipeline_split, options.pp_plan
+        self.parts = cut_stages(model, self.indices, self.count, split, plan)
         self.has_first, self.has_last = 0 in self.indices, self.count - 1 in self.indices
         self.module = StagedModel(model, self.parts, self.relay)
         names = [n for n, _ in (*model.named_parameters(), *model.named_buffers())]

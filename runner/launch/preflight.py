@@ -232,7 +232,7 @@ def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
 
         options = spec.parallelism
         stages = grid.pipeline * options.stages_each
-        found += stage_problems(model, stages, options.pipeline_split)
+        found += stage_problems(model, stages, options.pipeline_split, options.pp_plan)
     if grid.context > 1:
         from runner.models.context_split import context_problems
 

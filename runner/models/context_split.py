@@ -33,8 +33,7 @@ class ContextSplit:
     def __init__(self, group: Any, rank: int, size: int, ignore_index: int = -100):
         self.group, self.rank, self.size, self.ignore_index = group, rank, size, ignore_index
         self.positions: torch.Tensor | None = None  # this rank's, set per forward pass
-        self.mask: torch.Tensor | None = None  # [own positions, all positions]: may attend
-        self.order: torch.Tensor | None = None  # gathered keys back into sequence order
+        self.inverse: torch.Tensor | None = None  # gathered keys back into sequence order
         self.length = 0  # of the padded sequence
 
     def owned(self, rank: int, length: int, device: Any) -> torch.Tensor:
@@ -52,16 +51,38 @@ class ContextSplit:
         self.length = length
         self.positions = self.owned(self.rank, length, device)
         every = torch.cat([self.owned(r, length, device) for r in range(self.size)])
-        self.mask = self.positions[:, None] >= every[None, :]
-        self.order = every
+        self.inverse = torch.argsort(every)  # gathered (rank by rank) -> sequence order
         return self.positions
 
     def gather(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every rank's keys and values [batch, heads, positions, size], as gathered (their
-        mask says which each query may see: the order does not matter to attention)."""
+        """Every position's keys and values [batch, heads, positions, size], in sequence
+        order."""
         both = torch.stack([k, v])  # one collective for both
         gathered = GatherPositions.apply(both, self.group, self.rank, self.size)
-        return gathered[0], gathered[1]
+        in_order = gathered[:, :, :, self.inverse]
+        return in_order[0], in_order[1]
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float
+    ) -> torch.Tensor:
+        """This rank's queries (its head chunk, then its tail chunk) attended to every
+        position's keys and values: each chunk sees the sequence up to itself, causally at
+        its own end (a lower-right causal mask, which fused attention kernels take without a
+        mask tensor)."""
+        from torch.nn.attention.bias import causal_lower_right
+
+        keys, values = self.gather(k, v)
+        chunk = self.length // (2 * self.size)
+        ends = ((self.rank + 1) * chunk, (2 * self.size - self.rank) * chunk)
+        parts = []
+        for queries, end in zip(q.split(chunk, dim=2), ends, strict=True):
+            mask = causal_lower_right(chunk, end)
+            parts.append(
+                F.scaled_dot_product_attention(
+                    queries, keys[:, :, :end], values[:, :, :end], attn_mask=mask, dropout_p=dropout
+                )
+            )
+        return torch.cat(parts, dim=2)
 
     def local(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """(logits, targets) as a next-token loss reads them for this rank's positions: the

@@ -39,9 +39,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))
         dropout = self.dropout if self.training else 0.0
         if self.context is not None:  # every position's keys and values, this rank's queries
-            k, v = self.context.gather(k, v)
-            key_mask = self.context.mask
-        if key_mask is None:
+            y = self.context.attend(q, k, v, dropout)
+        elif key_mask is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout)

@@ -2,101 +2,250 @@
 whole model, so that checkpoints, model.pt and init_from read and write the same keys at
 every pipeline degree.
 
-runner's gpt is cut by its blocks: the token and position embeddings go with the first
-stage, the final norm and the head with the last, and the blocks evenly between the stages
-(or `parallelism.pipeline_split` blocks each). A stage passes one tensor to the next: the
-activations of its last block.
+A model is cut by its layer list, and a cut says which of its other modules go with the
+first stage (the embeddings), which with the last (the final norm and the head), and which
+every stage needs (a rotary embedding, no weights). Two cuts are known:
+
+- runner's gpt: `wte`, `wpe`, `drop` | `blocks` | `ln_f`, `lm_head`;
+- a Hugging Face decoder (Llama, Mistral, Qwen and most causal LMs): `model.embed_tokens` |
+  `model.layers` | `model.norm`, `lm_head`, with `model.rotary_emb` on every stage.
+
+The layers go evenly between the stages, or `parallelism.pipeline_split` layers each. Any
+other model is cut by a function of the user's (`parallelism.pp_plan`: fn(model, stage,
+stages) -> the stage's module, made of the model's own modules). A stage passes one tensor to
+the next: the activations of its last layer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-EMBEDDINGS = ("wte", "wpe", "drop")
-HEAD = ("ln_f", "lm_head")
+
+@dataclass(frozen=True)
+class Cut:
+    """How one kind of model is cut: its layer list and the modules beside it."""
+
+    layers: str
+    first: tuple[str, ...]
+    last: tuple[str, ...]
+    every: tuple[str, ...]
+    forward: Callable[[StageModule, torch.Tensor], torch.Tensor]
 
 
-def splits_by_blocks(model: nn.Module) -> bool:
-    """Whether `model` has the parts a stage is cut from (runner's gpt)."""
-    return all(hasattr(model, name) for name in (*EMBEDDINGS, *HEAD, "blocks"))
+def _gpt_forward(stage: StageModule, x: torch.Tensor) -> torch.Tensor:
+    if stage.first:
+        time = x.shape[1]
+        if time > stage.block_size:
+            raise ValueError(
+                f"a sequence of {time} tokens is longer than block_size={stage.block_size}"
+            )
+        positions = torch.arange(time, device=x.device)
+        x = stage.drop(stage.wte(x) + stage.wpe(positions))
+    for block in stage.blocks.values():
+        x = block(x)
+    return stage.lm_head(stage.ln_f(x)) if stage.last else x
+
+
+def _decoder_forward(stage: StageModule, x: torch.Tensor) -> torch.Tensor:
+    """A Hugging Face decoder's stage: causal attention from its implementation (sdpa, flash)
+    with no mask; every stage computes the rotary embedding of the positions itself."""
+    body = stage.model
+    if stage.first:
+        x = body.embed_tokens(x)
+    positions = torch.arange(x.shape[1], device=x.device)[None]
+    rotary = body.rotary_emb(x, positions)
+    for layer in body.layers.values():
+        x = layer(x, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+        x = x[0] if isinstance(x, tuple) else x
+    return stage.lm_head(body.norm(x)) if stage.last else x
+
+
+GPT = Cut("blocks", ("wte", "wpe", "drop"), ("ln_f", "lm_head"), (), _gpt_forward)
+DECODER = Cut(
+    "model.layers",
+    ("model.embed_tokens",),
+    ("model.norm", "lm_head"),
+    ("model.rotary_emb",),
+    _decoder_forward,
+)
+
+
+def _has(model: nn.Module, path: str) -> bool:
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def cut_of(model: nn.Module) -> Cut | None:
+    """The cut that fits `model`, if any."""
+    for cut in (GPT, DECODER):
+        if all(_has(model, p) for p in (cut.layers, *cut.first, *cut.last, *cut.every)):
+            return cut
+    return None
 
 
 def layer_ranges(layers: int, stages: int, split: Sequence[int] = ()) -> list[range]:
-    """The blocks of each stage: `split` blocks each, or as many each."""
+    """The layers of each stage: `split` layers each, or as many each."""
     counts = list(split) or [layers // stages] * stages
     starts = [sum(counts[:i]) for i in range(stages)]
     return [range(start, start + count) for start, count in zip(starts, counts, strict=True)]
 
 
-def stage_problems(model: nn.Module, stages: int, split: Sequence[int]) -> list[str]:
-    """Why `model` cannot be cut into `stages` stages (`split`: blocks per stage)."""
-    name = type(model).__name__
-    if not splits_by_blocks(model):
+PLAN_KEY = "parallelism.pp_plan"
+
+
+def _plan(node: dict[str, Any]) -> Callable[..., nn.Module]:
+    import functools
+
+    from runner.components import TARGET, locate
+
+    options = {k: v for k, v in node.items() if not k.startswith("_")}
+    return functools.partial(locate(str(node[TARGET])), **options)
+
+
+def stage_problems(
+    model: nn.Module, stages: int, split: Sequence[int], plan: dict[str, Any] | None = None
+) -> list[str]:
+    """Why `model` cannot be cut into `stages` stages (`split`: layers per stage; `plan`: the
+    user's cut, parallelism.pp_plan)."""
+    if plan:  # importable, and taking the model, the stage and the stage count
+        from runner import components
+
+        return components.problems(PLAN_KEY, plan, {"model": model, "stage": 0, "stages": stages})
+    name, cut = type(model).__name__, cut_of(model)
+    if cut is None:
         return [
-            f"parallelism.pipeline: {name} has no stage split (runner's gpt is cut by its "
-            "blocks: wte/wpe/drop, blocks, ln_f/lm_head); train it with pipeline=1"
+            f"parallelism.pipeline: {name} has no stage split (runner cuts its gpt by blocks "
+            "and a Hugging Face decoder by model.layers); give your own in "
+            f"{PLAN_KEY}={{_target_: pkg.module.fn}}, fn(model, stage, stages), or pipeline=1"
         ]
-    layers = len(model.blocks)
+    config = getattr(model, "config", None)
+    if getattr(config, "tie_word_embeddings", False):
+        return [
+            f"parallelism.pipeline: {name} ties its head to its embeddings, which go to the "
+            "first and the last stage; untie them (model.config.tie_word_embeddings=false)"
+        ]
+    if getattr(config, "_attn_implementation", None) == "eager":
+        return [
+            f"parallelism.pipeline: {name} runs eager attention, which takes its causal mask "
+            "from the model's forward; use its sdpa or flash attention"
+        ]
+    layers = len(model.get_submodule(cut.layers))
     if split:
         if len(split) != stages or sum(split) != layers or min(split) < 1:
             return [
                 f"parallelism.pipeline_split={list(split)}: needs {stages} counts (pipeline x "
-                f"stages_per_rank), each at least 1, that add up to {name}'s {layers} blocks"
+                f"stages_per_rank), each at least 1, that add up to {name}'s {layers} layers"
             ]
         return []
     if layers % stages:
         valid = [d for d in range(1, layers + 1) if layers % d == 0]
         return [
             f"parallelism.pipeline: {stages} stages (pipeline x stages_per_rank) do not divide "
-            f"{name}'s {layers} blocks; stages that do: {valid}, or give "
-            "parallelism.pipeline_split (blocks per stage)"
+            f"{name}'s {layers} layers; stages that do: {valid}, or give "
+            "parallelism.pipeline_split (layers per stage)"
         ]
     return []
 
 
-class GPTStage(nn.Module):
-    """Stage `index` of `count` of runner's gpt: its blocks, and the embeddings (first stage)
-    or the final norm and head (last stage). The parts are the gpt's own modules."""
+def _place(root: nn.Module, path: str, module: nn.Module) -> None:
+    """Set `module` at `path` under `root`, making the containers on the way."""
+    *parents, leaf = path.split(".")
+    for name in parents:
+        if not hasattr(root, name):
+            root.add_module(name, nn.Module())
+        root = getattr(root, name)
+    root.add_module(leaf, module)
 
-    def __init__(self, gpt: nn.Module, index: int, count: int, blocks: range):
+
+def _hold(root: nn.Module, model: nn.Module, cut: Cut, layers: Sequence[int], paths: Any) -> None:
+    for path in paths:
+        _place(root, path, model.get_submodule(path))
+    whole = model.get_submodule(cut.layers)
+    _place(root, cut.layers, nn.ModuleDict({str(i): whole[i] for i in layers}))
+
+
+class StageModule(nn.Module):
+    """Stage `index` of `count`: its layers, and the modules of its place in the model, each
+    the model's own module under its own name."""
+
+    def __init__(self, model: nn.Module, cut: Cut, index: int, count: int, layers: range):
         super().__init__()
         self.first, self.last = index == 0, index == count - 1
-        if self.first:
-            for name in EMBEDDINGS:
-                setattr(self, name, getattr(gpt, name))
-        self.blocks = nn.ModuleDict({str(i): gpt.blocks[i] for i in blocks})
-        if self.last:
-            for name in HEAD:
-                setattr(self, name, getattr(gpt, name))
-        self.block_size = gpt.block_size
+        paths = (*cut.first,) * self.first + cut.every + (*cut.last,) * self.last
+        _hold(self, model, cut, layers, paths)
+        self.cut = cut
+        self.block_size = getattr(model, "block_size", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.first:
-            time = x.shape[1]
-            if time > self.block_size:
-                raise ValueError(
-                    f"a sequence of {time} tokens is longer than block_size={self.block_size}"
-                )
-            positions = torch.arange(time, device=x.device)
-            x = self.drop(self.wte(x) + self.wpe(positions))
-        for block in self.blocks.values():
-            x = block(x)
-        return self.lm_head(self.ln_f(x)) if self.last else x
+        return self.cut.forward(self, x)
+
+
+class PlannedStage(nn.Module):
+    """A stage the user's pp_plan returned."""
+
+    def __init__(self, inner: nn.Module, index: int, count: int):
+        super().__init__()
+        self.inner = inner
+        self.first, self.last = index == 0, index == count - 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
 
 
 def cut_stages(
-    model: nn.Module, indices: Sequence[int], count: int, split: Sequence[int] = ()
-) -> list[GPTStage]:
-    """The stages `indices` (of `count`) of `model`."""
-    problems = stage_problems(model, count, split)
+    model: nn.Module,
+    indices: Sequence[int],
+    count: int,
+    split: Sequence[int] = (),
+    plan: dict[str, Any] | None = None,
+) -> list[nn.Module]:
+    """The stages `indices` (of `count`) of `model`, by its cut or the user's `plan`."""
+    problems = stage_problems(model, count, split, plan)
     if problems:
         raise ValueError(problems[0])
-    ranges = layer_ranges(len(model.blocks), count, split)
-    return [GPTStage(model, i, count, ranges[i]) for i in indices]
+    if plan:
+        stages = []
+        for index in indices:
+            built = _plan(plan)(model, index, count)
+            if not isinstance(built, nn.Module):
+                raise ValueError(
+                    f"{PLAN_KEY}: returned a {type(built).__name__} for stage {index}, not a "
+                    "torch.nn.Module"
+                )
+            stages.append(PlannedStage(built, index, count))
+        return stages
+    cut = cut_of(model)
+    assert cut is not None
+    ranges = layer_ranges(len(model.get_submodule(cut.layers)), count, split)
+    return [StageModule(model, cut, i, count, ranges[i]) for i in indices]
+
+
+def _owners(model: nn.Module, stages: list[nn.Module]) -> list[tuple[str, nn.Module]]:
+    """The largest modules of `model` whose tensors `stages` hold, by their names in `model`,
+    in its order."""
+    held = {id(t) for s in stages for t in [*s.parameters(), *s.buffers()]}
+    owners: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if not name or any(name.startswith(f"{o}.") for o, _ in owners):
+            continue
+        tensors = [*module.parameters(), *module.buffers()]
+        if tensors and all(id(t) in held for t in tensors):
+            owners.append((name, module))
+    placed = {id(t) for _, m in owners for t in [*m.parameters(), *m.buffers()]}
+    if held - placed:
+        raise ValueError(
+            f"{PLAN_KEY}: a stage holds tensors that are not its model's own ({len(held - placed)}"
+            " of them); cut the model's modules"
+        )
+    return owners
 
 
 class StagedModel(nn.Module):
@@ -105,22 +254,17 @@ class StagedModel(nn.Module):
     in order across the pipeline's ranks, forward only, and returns the logits on the ranks
     of the last stage, None on the others."""
 
-    def __init__(self, model: nn.Module, stages: list[GPTStage], relay: Any):
+    def __init__(self, model: nn.Module, stages: list[nn.Module], relay: Any):
         super().__init__()
-        for name in (*EMBEDDINGS, "blocks", *HEAD):
-            parts = [getattr(s, name) for s in stages if hasattr(s, name)]
-            if name == "blocks":
-                setattr(self, name, nn.ModuleDict({k: b for p in parts for k, b in p.items()}))
-            elif parts:
-                setattr(self, name, parts[0])
+        for path, module in _owners(model, stages):
+            _place(self, path, module)
         self.__dict__["stages"] = stages  # not submodules: the parts above are
         self.__dict__["relay"] = relay
-        self.block_size = model.block_size
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor | None:
-        """Forward only. A padded batch is run whole: the gpt pads at the end, where causal
-        attention keeps every real position from seeing the padding, so a real position's
-        logits do not depend on the mask (a padded one's are ignored by the loss)."""
+        """Forward only. A padded batch is run whole: padding sits at the end, where causal
+        attention keeps every real position from seeing it, so a real position's logits do
+        not depend on the mask (a padded one's are ignored by the loss)."""
         return self.relay(self.stages, input_ids)

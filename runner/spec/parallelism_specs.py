@@ -104,6 +104,9 @@ class FSDPSpec:
     ] = "1f1b"
     stages_per_rank: int | None = _bound(None, min=1)  # null: 1, or 2 for the multi-stage ones
     pipeline_split: tuple[int, ...] = ()  # blocks per stage; () = as many each
+    # a cut of the user's: {_target_: pkg.module.fn}, fn(model, stage, stages) -> the stage's
+    # module; null: the model's own (runner's gpt, a Hugging Face decoder)
+    pp_plan: dict[str, Any] | None = None
     # context parallelism: groups of `context` ranks split each sequence for attention
     context: int = _bound(1, min=1)
 
