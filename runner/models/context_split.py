@@ -35,6 +35,7 @@ class ContextSplit:
         self.positions: torch.Tensor | None = None  # this rank's, set per forward pass
         self.inverse: torch.Tensor | None = None  # gathered keys back into sequence order
         self.length = 0  # of the padded sequence
+        self._masks: dict[tuple[int, int], Any] = {}
 
     def owned(self, rank: int, length: int, device: Any) -> torch.Tensor:
         """The positions `rank` computes in a sequence of `length` (2C divides it)."""
@@ -54,6 +55,14 @@ class ContextSplit:
         self.inverse = torch.argsort(every)  # gathered (rank by rank) -> sequence order
         return self.positions
 
+    def _lower_right(self, queries: int, keys: int) -> Any:
+        """torch's lower-right causal bias, made once per shape (every layer and step reuse it)."""
+        if (queries, keys) not in self._masks:
+            from torch.nn.attention.bias import causal_lower_right
+
+            self._masks[queries, keys] = causal_lower_right(queries, keys)
+        return self._masks[queries, keys]
+
     def gather(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every position's keys and values [batch, heads, positions, size], in sequence
         order."""
@@ -69,14 +78,12 @@ class ContextSplit:
         position's keys and values: each chunk sees the sequence up to itself, causally at
         its own end (a lower-right causal mask, which fused attention kernels take without a
         mask tensor)."""
-        from torch.nn.attention.bias import causal_lower_right
-
         keys, values = self.gather(k, v)
         chunk = self.length // (2 * self.size)
         ends = ((self.rank + 1) * chunk, (2 * self.size - self.rank) * chunk)
         parts = []
         for queries, end in zip(q.split(chunk, dim=2), ends, strict=True):
-            mask = causal_lower_right(chunk, end)
+            mask = self._lower_right(chunk, end)
             parts.append(
                 F.scaled_dot_product_attention(
                     queries, keys[:, :, :end], values[:, :, :end], attn_mask=mask, dropout_p=dropout
