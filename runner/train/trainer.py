@@ -119,7 +119,8 @@ class Trainer:
         cuda = torch.device(device).type == "cuda"
         self.data = build_rank_data(spec, data, self.data_rank, self.grid.data_world, cuda)
         with_warmup = with_warmup_steps(spec, self.data.steps_per_epoch)
-        split_logits = getattr(self.loss_fn, "splits_classes", False)  # loss parallel
+        # loss parallel; not under context parallelism (torch 2.11 refuses its padded logits)
+        split_logits = getattr(self.loss_fn, "splits_classes", False) and self.grid.context == 1
         parallel = parallelize(
             module, with_warmup, device, self.data.total_steps, fill, split_logits
         )
