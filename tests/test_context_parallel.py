@@ -42,6 +42,12 @@ def cp_run(tmp_path_factory, corpus: Path):
         pytest.param(("nproc=2", "grad_accum=2"), 1, id="context2"),
         pytest.param(("nproc=4", "grad_accum=2", "parallelism.tensor=2"), 1, id="context2-tensor2"),
         pytest.param(("nproc=4", "grad_accum=1"), 2, id="shard2-context2", marks=MATRIX),
+        pytest.param(
+            ("nproc=4", "grad_accum=1", "parallelism.replicate=2"),
+            2,
+            id="hsdp2-context2",
+            marks=MATRIX,
+        ),
     ],
 )
 def test_context_parallelism_trains_what_ddp_trains(cp_run, layout, data_ranks: int) -> None:

@@ -129,10 +129,11 @@ class FSDPEngine(Engine):
         mesh (a collective: log steps only), shared evenly."""
         if self.tensor == 1 or self.clip_norm is not None:
             return super().grad_norm_share()
-        world = rdist.get_world_size()
+        world = rdist.get_world_size()  # a stage's ranks share its norm (every stage's, summed)
+        ranks = world // self.pipeline.grid.pipeline if self.pipeline else world
         if not any(p.grad is not None for p in self.params):
             return -1.0 / world
-        return global_grad_norm(self.params).double().square() / world
+        return global_grad_norm(self.params).double().square() / ranks
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
         """Gradients sync at the last microbatch. Under tensor parallelism the pass runs in

@@ -24,7 +24,7 @@ from torch import nn
 from runner.engines.base import FinalTensor
 from runner.models.pipeline_stages import StagedModel, cut_stages
 from runner.models.pretrained import unwrapped_name
-from runner.spec.mesh import Layout, pipeline_mesh
+from runner.spec.mesh import Layout, pipeline_mesh, tensor_mesh
 from runner.spec.parallelism_specs import ONE_STAGE_PER_RANK, V_SHAPED
 
 # parallelism.pipeline_schedule -> torch's schedule class (torch.distributed.pipelining)
@@ -56,6 +56,15 @@ def whole_groups(spec: Any, model: nn.Module) -> list[list[str]]:
     return [[names[id(p)] for p in g["params"]] for g in parameter_groups(spec.optimizer, model)]
 
 
+def cropped(output: Any, time: int) -> Any:
+    """A last stage's output at the inputs' length `time`: a first stage padded the
+    sequence to a multiple of the tensor group (the padding at the end, where causal
+    attention keeps every real position from seeing it)."""
+    if time and isinstance(output, torch.Tensor) and output.dim() > 2 and output.shape[1] > time:
+        return output[:, :time]
+    return output
+
+
 class Pipeline:
     def __init__(self, spec: Any, model: nn.Module, grid: Layout, mesh: Any, device: str):
         options = spec.parallelism
@@ -72,7 +81,8 @@ class Pipeline:
         }
         self.indices = sorted(s for s, r in self.owner.items() if r == self.pp_rank)
         split, plan = options.pipeline_split, options.pp_plan
-        self.parts = cut_stages(model, self.indices, self.count, split, plan)
+        tensors = tensor_mesh(mesh) if grid.tensor > 1 else None
+        self.parts = cut_stages(model, self.indices, self.count, split, plan, tensors)
         self.has_first, self.has_last = 0 in self.indices, self.count - 1 in self.indices
         self.module = StagedModel(model, self.parts, self.relay)
         names = [n for n, _ in (*model.named_parameters(), *model.named_buffers())]
@@ -81,6 +91,7 @@ class Pipeline:
         self.whole_groups = whole_groups(spec, model)
         self._schedule: Any = None
         self._shape: tuple[Any, ...] = ()
+        self._time = 0  # the inputs' length (a first stage may pad them)
         self._loss: Callable[[Any, Any], torch.Tensor] | None = None
 
     # ---------------------------------------------------------------- training
@@ -92,13 +103,13 @@ class Pipeline:
         shape = (tuple(inputs.shape), inputs.dtype)
         if self._schedule is None or shape != self._shape:  # built for one shape of input
             self._schedule, self._shape = self._build(), shape
-        self._loss = loss
+        self._loss, self._time = loss, inputs.shape[1] if inputs.dim() > 1 else 0
         args = (inputs,) if self.has_first else ()
         self._schedule.step(*args, target=targets if self.has_last else None)
 
     def _call_loss(self, output: Any, target: Any) -> torch.Tensor:
         assert self._loss is not None
-        return self._loss(output, target)
+        return self._loss(cropped(output, self._time), target)
 
     def _build(self) -> Any:
         from torch.distributed.pipelining import PipelineStage
@@ -134,6 +145,7 @@ class Pipeline:
         """The stages forward in order, activations sent to the next stage's rank; the
         logits on the last stage's ranks, None elsewhere."""
         mine = dict(zip(self.indices, parts, strict=True))
+        time = x.shape[1] if x.dim() > 1 else 0
         for index in range(self.count):
             if index not in mine:
                 continue
@@ -142,7 +154,7 @@ class Pipeline:
             x = mine[index](x)
             if index < self.count - 1 and index + 1 not in mine:
                 self._send(x, self.owner[index + 1])
-        return x if self.has_last else None
+        return cropped(x, time) if self.has_last else None
 
     def _peer(self, pp_rank: int) -> int:
         """The global rank at `pp_rank` in this rank's pipeline."""

@@ -13,7 +13,10 @@ every stage needs (a rotary embedding, no weights). Two cuts are known:
 The layers go evenly between the stages, or `parallelism.pipeline_split` layers each. Any
 other model is cut by a function of the user's (`parallelism.pp_plan`: fn(model, stage,
 stages) -> the stage's module, made of the model's own modules). A stage passes one tensor to
-the next: the activations of its last layer.
+the next: the activations of its last layer, a plain tensor. Under tensor parallelism a
+rank sends its part of them to the rank at its place in the next stage's tensor group: the
+gpt's are split along the sequence (its plan's layout between blocks), and the first stage
+pads the sequence to a multiple of the group as the whole gpt does.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Cut:
     last: tuple[str, ...]
     every: tuple[str, ...]
     forward: Callable[[StageModule, torch.Tensor], torch.Tensor]
+    by_sequence: bool = False  # under tensor parallelism, activations split along dim 1
 
 
 def _gpt_forward(stage: StageModule, x: torch.Tensor) -> torch.Tensor:
@@ -44,7 +48,9 @@ def _gpt_forward(stage: StageModule, x: torch.Tensor) -> torch.Tensor:
             raise ValueError(
                 f"a sequence of {time} tokens is longer than block_size={stage.block_size}"
             )
-        positions = torch.arange(time, device=x.device)
+        pad = -time % stage.multiple  # the tensor group's equal parts; Pipeline crops it
+        x = torch.nn.functional.pad(x, (0, pad)) if pad else x
+        positions = torch.arange(time + pad, device=x.device)
         x = stage.drop(stage.wte(x) + stage.wpe(positions))
     for block in stage.blocks.values():
         x = block(x)
@@ -65,7 +71,7 @@ def _decoder_forward(stage: StageModule, x: torch.Tensor) -> torch.Tensor:
     return stage.lm_head(body.norm(x)) if stage.last else x
 
 
-GPT = Cut("blocks", ("wte", "wpe", "drop"), ("ln_f", "lm_head"), (), _gpt_forward)
+GPT = Cut("blocks", ("wte", "wpe", "drop"), ("ln_f", "lm_head"), (), _gpt_forward, True)
 DECODER = Cut(
     "model.layers",
     ("model.embed_tokens",),
@@ -176,16 +182,48 @@ class StageModule(nn.Module):
     """Stage `index` of `count`: its layers, and the modules of its place in the model, each
     the model's own module under its own name."""
 
-    def __init__(self, model: nn.Module, cut: Cut, index: int, count: int, layers: range):
+    def __init__(
+        self,
+        model: nn.Module,
+        cut: Cut,
+        index: int,
+        count: int,
+        layers: range,
+        tensor_mesh: Any = None,
+    ):
         super().__init__()
-        self.first, self.last = index == 0, index == count - 1
+        self.index, self.first, self.last = index, index == 0, index == count - 1
         paths = (*cut.first,) * self.first + cut.every + (*cut.last,) * self.last
         _hold(self, model, cut, layers, paths)
         self.cut = cut
         self.block_size = getattr(model, "block_size", None)
+        self.multiple = getattr(model, "sequence_multiple", 1)
+        split = tensor_mesh is not None and cut.by_sequence and not self.first
+        self.__dict__["arrives"] = tensor_mesh if split else None  # not a submodule
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.cut.forward(self, x)
+        if self.arrives is not None:  # this rank's part of the sequence
+            from torch.distributed.tensor import DTensor, Shard
+
+            x = DTensor.from_local(x, self.arrives, [Shard(1)], run_check=False)
+        return sent(self.cut.forward(self, x), self, self.cut.by_sequence)
+
+
+def sent(y: Any, stage: StageModule | PlannedStage, by_sequence: bool) -> Any:
+    """What `stage` passes on: the last stage's output as it is (the loss takes it);
+    another's as a plain tensor, this rank's part where they are split along the sequence
+    (`by_sequence`: the next stage puts them back so)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if stage.last or not isinstance(y, DTensor):
+        return y
+    if not by_sequence or list(y.placements) != [Shard(1)]:
+        raise ValueError(
+            f"parallelism.pipeline: stage {stage.index} sends a DTensor laid out as "
+            f"{list(y.placements)} across the tensor group; between stages activations are "
+            "plain tensors (or, in a cut runner knows, split along the sequence)"
+        )
+    return y.to_local()
 
 
 class PlannedStage(nn.Module):
@@ -194,10 +232,10 @@ class PlannedStage(nn.Module):
     def __init__(self, inner: nn.Module, index: int, count: int):
         super().__init__()
         self.inner = inner
-        self.first, self.last = index == 0, index == count - 1
+        self.index, self.first, self.last = index, index == 0, index == count - 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x)
+        return sent(self.inner(x), self, by_sequence=False)
 
 
 def cut_stages(
@@ -206,8 +244,10 @@ def cut_stages(
     count: int,
     split: Sequence[int] = (),
     plan: dict[str, Any] | None = None,
+    tensor_mesh: Any = None,
 ) -> list[nn.Module]:
-    """The stages `indices` (of `count`) of `model`, by its cut or the user's `plan`."""
+    """The stages `indices` (of `count`) of `model`, by its cut or the user's `plan`;
+    `tensor_mesh`: the tensor group a tensor-parallel model is split across."""
     problems = stage_problems(model, count, split, plan)
     if problems:
         raise ValueError(problems[0])
@@ -225,7 +265,7 @@ def cut_stages(
     cut = cut_of(model)
     assert cut is not None
     ranges = layer_ranges(len(model.get_submodule(cut.layers)), count, split)
-    return [StageModule(model, cut, i, count, ranges[i]) for i in indices]
+    return [StageModule(model, cut, i, count, ranges[i], tensor_mesh) for i in indices]
 
 
 def _owners(model: nn.Module, stages: list[nn.Module]) -> list[tuple[str, nn.Module]]:

@@ -149,12 +149,6 @@ def _check_pipeline(spec: RunSpec, problems: list[str]) -> None:
             "sharded gradients wrong (measured on torch 2.15: off by 1e-2 where the other "
             "schedules match to 1e-8); use gpipe, 1f1b, interleaved_1f1b or looped_bfs"
         )
-    if options.tensor > 1:
-        problems.append(
-            f"parallelism.tensor={options.tensor}: not with parallelism.pipeline yet (a stage "
-            "would send DTensor activations, whose mesh torch's pipeline stages cannot find); "
-            "use one of them"
-        )
     if spec.compile is not None:
         problems.append(
             "compile: not with parallelism.pipeline yet (a stage is its own module); "
