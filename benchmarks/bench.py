@@ -23,6 +23,7 @@ from suites_gpu import (
     compile_suite,
     cuda_devices,
     gpu_gpt_suite,
+    gpu_speed_suite,
     gpu_suite,
 )
 from suites_memory import (
@@ -223,6 +224,15 @@ SUITES = {
         "and 32, eager and compiled, bf16; ratios against nanoGPT's way (plain_gpt.py: tokens on "
         "the device, fused AdamW, TF32), fsdp's against runner ddp on the same GPUs",
         gpu_gpt_suite,
+    ),
+    "gpu_speed": (
+        "GPU past a plain script: gpt 12x768 (1024-token blocks) at global batch 16 and 32, "
+        "runner eager, compiled, compile.mode=reduce-overhead and precision=float8 with "
+        "compile; gpt 24x2048 at batch 8, compiled and float8; ratios against nanoGPT's way "
+        "(plain_gpt.py) eager or compiled, float8 rows against compiled bf16; MFU against the "
+        "GPU's bf16 peak. resnet50 at 224 px, channels_last, bf16, global batch 128, against "
+        "a plain script in NVIDIA DeepLearningExamples' way (one synthetic batch on the device)",
+        gpu_speed_suite,
     ),
 }
 SUITES: dict[str, Suite] = {name: Suite(*entry) for name, entry in SUITES.items()}

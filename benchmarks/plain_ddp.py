@@ -82,6 +82,8 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--channels-last", action="store_true")
+    # NVIDIA DeepLearningExamples' synthetic input: one random batch made on the device once
+    parser.add_argument("--data-on-device", action="store_true")
     parser.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--block-size", type=int, default=1024)  # gpt
@@ -122,6 +124,11 @@ def main() -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     params, grad_bytes = list(model.parameters()), 0
 
+    if args.data_on_device and inputs.dim() == 4:  # images: one batch, every step, no copy
+        shape = (per_rank, *inputs.shape[1:])
+        fixed = torch.randn(shape, device=device).contiguous(memory_format=memory_format)
+        targets = torch.randint(0, int(labels.max()) + 1, (per_rank,), device=device)
+        loader = [(fixed, targets)] * len(loader)
     step, epoch, started, first_step_at = 0, 0, time.perf_counter(), None
     while step < args.steps:
         sampler.set_epoch(epoch)
@@ -167,6 +174,7 @@ def main() -> None:
             "first_step_at": first_step_at,
             "optimizer_state_bytes": state_bytes,
             "state_bytes": param_bytes + grad_bytes + state_bytes,
+            "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
         }
         print(json.dumps({**result, "peak_rss_bytes": peak_rss, "loss": loss.item()}), flush=True)
     dist.destroy_process_group()

@@ -2,7 +2,7 @@
 gpt is measured against on a GPU.
 
     torchrun --standalone --nproc-per-node 1 benchmarks/plain_gpt.py --device cuda \
-        --global-batch-size 16 --block-size 1024 [--compile]
+        --global-batch-size 16 --block-size 1024 [--compile] [--float8 tensorwise]
 
 The tokens live on the device already and each batch is cut from them there (random windows,
 as nanoGPT's get_batch cuts its memmap); runner's gpt (the same module), bf16 autocast, fused
@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--n-embd", type=int, default=768)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--float8", choices=["tensorwise", "rowwise"], default=None)
     args = parser.parse_args()
 
     cuda = args.device == "cuda"
@@ -66,6 +67,18 @@ def main() -> None:
         return tokens[starts + offsets]
 
     module = GPT(VOCAB, args.block_size, args.n_layer, args.n_head, args.n_embd).to(device)
+    if args.float8:  # torchao's float8 training as its README shows, the head left in bf16
+        from torchao.float8 import (
+            Float8LinearConfig,
+            _auto_filter_for_recipe,
+            convert_to_float8_training,
+        )
+
+        convert_to_float8_training(
+            module,
+            config=Float8LinearConfig.from_recipe_name(args.float8),
+            module_filter_fn=_auto_filter_for_recipe(args.float8, ["lm_head"]),
+        )
     model = DistributedDataParallel(module, device_ids=[device.index] if cuda else None)
     if args.compile:
         model = torch.compile(model)
@@ -101,6 +114,7 @@ def main() -> None:
             "optimizer_state_bytes": state_bytes,
             "state_bytes": 2 * params + state_bytes,  # weights, gradients, AdamW's state
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
             "loss": loss.item(),
         }
         print(json.dumps(result), flush=True)

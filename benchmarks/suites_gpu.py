@@ -11,16 +11,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
 from harness import (
     FIRST,
     GPU_NAME,
     ITEMS,
+    MB,
     RESNET,
     SPS,
     STATE,
     STEP,
     WARMUP,
     Config,
+    plain_command,
     run,
     run_plain,
     run_runner,
@@ -221,3 +224,145 @@ def auto_microbatch_suite(steps: int) -> list[Config]:
             baseline="runner fsdp gpt, grad_accum=1",
         ),
     ]
+
+
+# --- issue 61: past a plain script on one GPU ------------------------------------------------
+
+WIDE_SHAPE = {"block_size": 1024, "n_layer": 24, "n_head": 16, "n_embd": 2048}
+MFU, GPU_MB = "MFU", "peak GPU MB"
+
+
+def _gpt_flops(shape: dict[str, int]) -> float:
+    """Training FLOPs per token of runner's gpt of `shape` (its own count, attention in)."""
+    import torch
+
+    from runner.models.gpt import GPT
+
+    with torch.device("meta"):
+        model = GPT(256, shape["block_size"], shape["n_layer"], shape["n_head"], shape["n_embd"])
+    return float(model.flops_per_token())
+
+
+def _with_mfu(result: dict[str, float], tokens: int, flops: float) -> dict[str, float]:
+    """A row's figures: s/step, tokens/s, MFU against the GPU's bf16 peak (float8 rows too,
+    torchtitan's convention), peak GPU memory."""
+    from runner.hardware import peak_tflops
+
+    items = result[SPS] * tokens
+    peak = peak_tflops(GPU_NAME[0] if GPU_NAME else "", "bf16")
+    mfu = items * flops / (peak * 1e12) if peak else float("nan")
+    return {STEP: result[STEP], ITEMS: items, MFU: mfu, GPU_MB: result[GPU_MB]}
+
+
+def runner_gpu(*overrides: str, steps: int) -> dict[str, float]:
+    """One runner run on every GPU: s/step and samples/s after the warmup (its records),
+    and the largest peak of GPU memory a record gave."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        command = [venv_tool("runner"), *overrides, f"nproc={cuda_devices()}", f"max_steps={steps}"]
+        command += ["max_epochs=null", f"log_interval={WARMUP}", "progress_bar=false"]
+        run([*command, f"hydra.run.dir={run_dir}"], thread_env(cuda_devices()), cwd=tmp)
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+        batch = yaml.safe_load((run_dir / "config.yaml").read_text())["global_batch_size"]
+    later = [r for r in records if r["step"] > WARMUP]
+    sps = statistics.fmean(r["throughput/samples_per_sec"] for r in later)
+    peak = max(r.get("memory/peak_mb", 0.0) for r in records)
+    return {STEP: batch / sps, SPS: sps, GPU_MB: peak}
+
+
+def plain_gpu(*args: str, steps: int, script: str) -> dict[str, float]:
+    """One plain script on every GPU, with its peak of GPU memory."""
+    command = plain_command(*args, nproc=cuda_devices(), steps=steps, script=script)
+    result = json.loads(run(command, thread_env(cuda_devices())).strip().splitlines()[-1])
+    batch = int(next(a.split("=")[1] for a in args if a.startswith("--global-batch-size")))
+    seconds = result["sec_per_step"]
+    return {STEP: seconds, SPS: batch / seconds, GPU_MB: result["peak_gpu_bytes"] / MB}
+
+
+def speed_gpt_rows(
+    steps: int, corpus: Path, shape: dict[str, int], batch: int, ways: tuple[str, ...]
+) -> list[Config]:
+    """The gpt of `shape` at global `batch`, bf16: nanoGPT's way eager and compiled, and
+    runner each of `ways` (eager, compiled, reduce-overhead, float8: tensorwise with
+    compile), each against the plain script of its kind (compiled for all but eager)."""
+    tokens, flops = shape["block_size"], _gpt_flops(shape)
+    size = f"gpt {shape['n_layer']}x{shape['n_embd']}, batch {batch}"
+    plain_args = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
+    plain_args += ["--device=cuda", f"--global-batch-size={batch}"]
+    ours = ["model=gpt", "data=text", f"data.root={corpus}", "loss=causal_lm"]
+    ours += ["metrics=language_model", f"data.block_size={tokens}", "device=cuda"]
+    ours += [f"model.{k}={v}" for k, v in shape.items() if k != "block_size"]
+    ours += [f"global_batch_size={batch}", *QUIET]
+    kinds = {
+        "eager": ["precision=bf16"],
+        "compiled": ["precision=bf16", "compile=true"],
+        "reduce-overhead": ["precision=bf16", "compile={mode:reduce-overhead}"],
+        "float8": ["precision=float8", "compile=true"],
+    }
+
+    def plain(*extra: str) -> Config:
+        name = f"plain {size}" + "".join(f" {e.lstrip('-')}" for e in extra)
+        return Config(
+            name,
+            lambda: _with_mfu(
+                plain_gpu(*plain_args, *extra, steps=steps, script="plain_gpt.py"), tokens, flops
+            ),
+        )
+
+    eager, compiled = plain(), plain("--compile")
+    eager.baseline, compiled.baseline = eager.name, compiled.name
+    rows = [eager, compiled]
+    if "float8" in ways:
+        rows.append(plain("--compile", "--float8=tensorwise"))
+        rows[-1].baseline = compiled.name
+    for way in ways:
+        overrides = [*ours, *kinds[way]]
+        rows.append(
+            Config(
+                f"runner {size}, {way}",
+                lambda overrides=overrides: _with_mfu(
+                    runner_gpu(*overrides, steps=steps), tokens, flops
+                ),
+                baseline=eager.name if way == "eager" else compiled.name,
+            )
+        )
+    return rows
+
+
+def dle_resnet_rows(steps: int) -> list[Config]:
+    """resnet50 at 224 px, channels_last, bf16: a plain script in the style of NVIDIA's
+    DeepLearningExamples (one synthetic batch made on the device) against runner."""
+    gpus = cuda_devices()
+    plain_args = ["--model=resnet50", "--image-size=224", "--channels-last", "--device=cuda"]
+    plain_args += ["--precision=bf16", f"--global-batch-size={RESNET_BATCH}", "--data-on-device"]
+    ours = ["model=resnet50", "data=synthetic", "data.image_size=224", "device=cuda"]
+    ours += ["model.channels_last=true", "precision=bf16", f"global_batch_size={RESNET_BATCH}"]
+
+    def images(result: dict[str, float]) -> dict[str, float]:
+        return {STEP: result[STEP], ITEMS: result[SPS], MFU: float("nan"), GPU_MB: result[GPU_MB]}
+
+    plain = Config(
+        f"plain resnet50, DeepLearningExamples' way ({gpus} GPU)",
+        lambda: images(plain_gpu(*plain_args, steps=steps, script="plain_ddp.py")),
+    )
+    plain.baseline = plain.name
+    runner = Config(
+        "runner resnet50",
+        lambda: images(runner_gpu(*ours, *QUIET, steps=steps)),
+        baseline=plain.name,
+    )
+    return [plain, runner]
+
+
+def gpu_speed_suite(steps: int) -> list[Config]:
+    """Issue 61's one run: the gpt 12x768 at batch 16 and 32 (eager, compiled,
+    reduce-overhead, float8 with compile), a 24x2048 gpt at batch 8 (compiled, float8), and
+    resnet50 against DeepLearningExamples' way."""
+    _need_cuda()
+    corpus = random_corpus(2_500_000)
+    every = ("eager", "compiled", "reduce-overhead", "float8")
+    rows: list[Config] = []
+    for batch in (16, 32):
+        rows += speed_gpt_rows(steps, corpus, GPT_SHAPE, batch, every)
+    rows += speed_gpt_rows(steps, corpus, WIDE_SHAPE, 8, ("compiled", "float8"))
+    return [*rows, *dle_resnet_rows(steps)]

@@ -91,6 +91,22 @@ def auto_precision(device: str, capabilities: list[float], cpu_bf16: bool = Fals
     return "bf16" if capabilities and min(capabilities) >= 8.0 else "fp16"
 
 
+FLOAT8_CAPABILITY = 8.9  # float8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.0)
+FLOAT8_INSTALL = "pip install 'runner[float8]'"
+
+
+def float8_problem(capabilities: list[float]) -> str | None:
+    """Why precision=float8 cannot run on GPUs of these compute capabilities (None: it
+    can, or they are unknown)."""
+    if capabilities and min(capabilities) < FLOAT8_CAPABILITY:
+        return (
+            f"precision=float8: float8 matmuls need a GPU of compute capability "
+            f"{FLOAT8_CAPABILITY} or newer (Ada, Hopper, Blackwell); this machine's is "
+            f"{min(capabilities):g}; use precision=bf16"
+        )
+    return None
+
+
 SHARED_MEMORY_DIR = "/dev/shm"
 
 
@@ -135,6 +151,13 @@ def gpu_row(name: str) -> str | None:
         if set(row.upper().split()) <= words:
             return row
     return None
+
+
+def mfu_dtype(precision: str) -> str:
+    """The peak MFU is taken against at `precision`: float8 training's against bf16's, as
+    torchtitan reports it (only its converted layers' matmuls run in float8), so its MFU
+    compares with a bf16 run's."""
+    return "bf16" if precision == "float8" else precision
 
 
 def peak_tflops(name: str, dtype: str) -> float | None:

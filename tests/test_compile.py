@@ -73,3 +73,33 @@ def test_per_block_is_the_default_where_the_blocks_hold_most_weights():
     assert len(blocks_to_compile(wide_head, on)) == 2
     with pytest.raises(ValueError, match="compile.per_block=true: Sequential has no blocks"):
         blocks_to_compile(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), on)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ((), None),
+        (("grad_accum=auto",), "grad_accum=auto recuts microbatches"),
+        (("parallelism=fsdp",), "not under parallelism=fsdp"),
+        (("parallelism=zero2",), "not under parallelism=zero2"),
+        (("data=text", "data.root=/tmp", "data.min_length=16"), "data.min_length=16 makes"),
+        (("nonfinite=skip",), "nonfinite=skip reads every step's verdict on the host"),
+    ],
+)
+def test_what_cuda_graphs_cannot_capture_is_refused(overrides, problem) -> None:
+    """compile.mode=reduce-overhead as preflight checks it where one GPU is visible, and on
+    this CPU."""
+    from runner.spec import resolve_spec
+    from runner.spec.convert import SpecError
+    from tests.helpers.config import compose_config
+
+    graphs = ["model=gpt", "compile={mode:reduce-overhead}", *overrides]
+    gpu = compose_config(["device=cuda", "nproc=1", *graphs])
+    if problem is None:
+        assert resolve_spec(gpu, cuda_devices=1).compile.captures_graphs
+    else:
+        with pytest.raises(SpecError, match=problem):
+            resolve_spec(gpu, cuda_devices=1)
+    with pytest.raises(SpecError, match="captures CUDA graphs, which need device=cuda"):
+        resolve_spec(compose_config(["device=cpu", *graphs]))
+    assert not CompileSpec(mode="max-autotune-no-cudagraphs").captures_graphs

@@ -60,7 +60,7 @@ def test_every_group_has_options() -> None:
         "multi_auto_sync",
         "single_auto_sync",
     ]
-    assert options("precision") == ["auto", "bf16", "fp16", "fp32"]
+    assert options("precision") == ["auto", "bf16", "float8", "fp16", "fp32"]
 
 
 @pytest.mark.parametrize("group", GROUPS)

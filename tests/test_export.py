@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from runner.export.command import shard_bytes
 from runner.models.checkpoint_weights import NoWeights, find_weights
 from runner.models.safetensors_out import OutTensor, write_safetensors
-from tests.helpers.cli import FAST, HANG, child_env, runner_command
+from tests.helpers.cli import FAST, HANG, MATRIX, child_env, runner_command
 from tests.helpers.hugging_face import GPT2, gpt2_args, text_corpus
 
 TENSORS = {
@@ -89,7 +89,9 @@ def _export(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallelism", ["ddp", "zero3", "fsdp"])
+@pytest.mark.parametrize(
+    "parallelism", ["ddp", pytest.param("zero3", marks=MATRIX), "fsdp"]
+)  # fmt: skip
 def test_every_checkpoint_exports_the_weights_of_model_pt(
     cli, tmp_path: Path, parallelism: str
 ) -> None:

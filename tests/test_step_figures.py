@@ -78,3 +78,23 @@ def test_mfu_is_tokens_per_second_times_flops_over_the_peak_of_every_rank() -> N
     record = {}
     samples_only.complete(record, elapsed=2.0, sums=(0.0, -1.0), peak_mb=100.0)
     assert record == {"memory/peak_mb": 100.0}  # no tokens, no norm measured
+
+
+def test_the_first_step_is_left_out_of_the_throughput_unless_it_is_logged() -> None:
+    """The first step compiles and warms up: the first record counts the steps after it."""
+    import time
+
+    spec = resolve_spec(compose_config(["device=cpu"]))
+    figures = StepFigures(spec, "cpu", samples=0, flops=1.0, world=1)
+    figures.add_tokens(100)
+    time.sleep(0.2)  # a slow first step
+    figures.step_done(samples=8, logged=False)
+    figures.add_tokens(100)
+    figures.step_done(samples=16, logged=False)
+    fields, elapsed, tokens = figures.take(samples=16)
+    assert tokens == 100 and elapsed < 0.2
+    assert fields["throughput/samples_per_sec"] == pytest.approx(8 / elapsed)
+    logged_first = StepFigures(spec, "cpu", samples=0, flops=1.0, world=1)
+    logged_first.add_tokens(100)
+    logged_first.step_done(samples=8, logged=True)  # log_interval=1: the only span there is
+    assert logged_first.take(samples=8)[2] == 100

@@ -21,7 +21,7 @@ from tests.helpers.config import compose_config
 from tests.helpers.equivalence import ARGS, relative_error
 from tests.helpers.hugging_face import llama_args, text_corpus
 from tests.helpers.language_model import lm_args, train_plain
-from tests.helpers.weights import max_relative_difference
+from tests.helpers.weights import assert_exports_model_pt, max_relative_difference
 
 RTOL = 1e-5
 # Four heads, split four ways. At four heads some of the last MLP's gradients are so near
@@ -250,12 +250,6 @@ def test_a_tensor_parallel_run_starts_from_weights_saves_async_and_exports(
     """init_from under FSDP2 x TP2 (each rank cuts its part of every tensor) trains the
     weights FSDP4 trains from them; its checkpoints, written in the background, export
     (runner export, each tensor whole) to its model.pt."""
-    import subprocess
-
-    from safetensors.torch import load_file
-
-    from tests.helpers.cli import HANG, child_env, runner_command
-
     start = fsdp4_and_tp["fsdp4"].run_dir / "model.pt"
     common = [*lm_args(corpus), *FOUR_HEADS, "nproc=4", "parallelism=fsdp", "max_steps=4",
               f"init_from={start}", "checkpoint.interval=2"]  # fmt: skip
@@ -268,14 +262,7 @@ def test_a_tensor_parallel_run_starts_from_weights_saves_async_and_exports(
     assert not torch.equal(final["lm_head.weight"], torch.load(start)["lm_head.weight"])
     checkpoint = max((split.run_dir / "checkpoints").glob("step_*"))
     assert checkpoint.name.endswith("4")
-    done = subprocess.run(
-        runner_command("export", str(checkpoint), "--to", str(tmp_path / "out")),
-        capture_output=True, text=True, timeout=HANG, env=child_env(),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    exported = load_file(tmp_path / "out" / "model.safetensors")
-    assert exported.keys() == final.keys()
-    assert all(torch.equal(exported[k], v) for k, v in final.items())
+    assert_exports_model_pt(checkpoint, final, tmp_path / "out")
 
 
 @pytest.mark.slow
@@ -315,6 +302,7 @@ def test_a_transformers_without_tensor_parallel_styles_is_refused(monkeypatch) -
     assert "upgrade transformers, or use parallelism.tensor=1" in problem
 
 
+@MATRIX
 @pytest.mark.slow
 def test_a_hugging_face_llama_trains_under_its_own_plan(cli, tmp_path: Path) -> None:
     """A transformers Llama (built from its config, no download) split by its config's

@@ -218,3 +218,14 @@ def test_a_loss_whose_items_disagree_with_its_count_is_named(
     with pytest.raises(ValueError, match=r"returned 65 items for a microbatch of 64 \(its count"):
         trainer.fit(time.time())
     assert steps_started == [1, 2, 3]
+
+
+def test_batches_are_copied_ahead_on_a_gpu_for_a_training_set_of_known_length() -> None:
+    """input_prefetch: CUDA only; never for an iterable training set, whose position a
+    checkpoint keeps (drawing ahead would move it past batches not yet trained on)."""
+    from runner.train.step.device_feed import wanted
+
+    assert wanted(True, "cuda:0", streaming=False)
+    assert not wanted(True, "cuda:0", streaming=True)
+    assert not wanted(True, "cpu", streaming=False)
+    assert not wanted(False, "cuda", streaming=False)

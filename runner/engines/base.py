@@ -260,10 +260,19 @@ def storage_bytes(tensors: list[torch.Tensor]) -> int:
     storage counted once however many views of it there are."""
     storages = {}
     for tensor in tensors:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        storage = local.untyped_storage()
-        storages[(storage.data_ptr(), local.device)] = storage.nbytes()
+        for local in _plain_parts(tensor.to_local() if hasattr(tensor, "to_local") else tensor):
+            storage = local.untyped_storage()
+            storages[(storage.data_ptr(), local.device)] = storage.nbytes()
     return sum(storages.values())
+
+
+def _plain_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors a wrapper subclass holds (torchao's float8 weights), else itself."""
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is None:
+        return [tensor]
+    names, _ = flatten()
+    return [part for name in names for part in _plain_parts(getattr(tensor, name))]
 
 
 def local_grad_norm(params: list[torch.Tensor]) -> torch.Tensor | None:

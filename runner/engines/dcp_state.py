@@ -30,10 +30,32 @@ def sharded_state(module: nn.Module, optimizer: torch.optim.Optimizer, flat: boo
     (pipeline stages) write different keys. Unflattened, each rank's groups are one list
     under the same keys, of which DCP keeps one rank's."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.utils._pytree import tree_map
 
     options = StateDictOptions(flatten_optimizer_state_dict=flat)
     model_state, optimizer_state = get_state_dict(module, optimizer, options=options)
-    return {"model": model_state, "optimizer": optimizer_state}
+    return tree_map(plain_tensor, {"model": model_state, "optimizer": optimizer_state})
+
+
+def plain_tensor(value: Any) -> Any:
+    """A DTensor whose local part wraps a plain tensor in a subclass (torchao's float8
+    weights, which FSDP gathers in float8) as a DTensor of that plain tensor, sharing its
+    storage: a checkpoint holds plain tensors, which any process reads back, and loading
+    one writes through to the wrapped weight."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(value, DTensor):
+        return value
+    local = value._local_tensor
+    flatten = getattr(local, "__tensor_flatten__", None)
+    if flatten is None or type(local) is torch.Tensor:
+        return value
+    names, _ = flatten()
+    inner = getattr(local, names[0])
+    return DTensor.from_local(
+        inner, value.device_mesh, value.placements, run_check=False,
+        shape=value.shape, stride=value.stride(),
+    )  # fmt: skip
 
 
 def is_flat(directory: Path) -> bool:

@@ -40,6 +40,7 @@ from runner.engines.dcp_state import (
     load_whole,
     sharded_state,
 )
+from runner.engines.float8 import gathers_in_float8
 from runner.engines.loss_parallel import split_loss
 from runner.engines.precision import DTYPES, grad_scaler
 from runner.models.blocks import find_blocks
@@ -103,6 +104,14 @@ class FSDPEngine(Engine):
         # fp16: torch's GradScaler works on FSDP2's DTensor gradients, and DTensor reduces its
         # overflow check over the mesh, so every rank steps or skips alike.
         self.scaler = grad_scaler(spec.precision, torch.device(device).type)
+        self.float8_scales = gathers_in_float8(module)
+
+    def step(self) -> None:
+        super().step()
+        if self.float8_scales:  # the weights FSDP gathers in float8: every scale at once
+            from runner.engines.float8 import precompute_scales
+
+            precompute_scales(self.module)
 
     def _stages(
         self, spec: RunSpec, module: nn.Module, grid: Any, mesh: Any, device: str

@@ -10,7 +10,11 @@ import torch
 from runner.spec.schema import Precision, PrecisionSpec
 
 # The dtype each reduced precision computes in (autocast here, FSDP2's parameters in fsdp.py).
-DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+DTYPES = {
+    Precision.BF16: torch.bfloat16,
+    Precision.FP16: torch.float16,
+    Precision.FLOAT8: torch.bfloat16,  # float8 only in the converted layers' matmuls
+}
 
 
 def autocast(spec: PrecisionSpec, device_type: str) -> Any:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 from pathlib import Path
 
 from runner import hardware
+from runner.spec.device_checks import check_compile, check_float8
 from runner.spec.parallelism_specs import ONE_STAGE_PER_RANK, V_SHAPED
 from runner.spec.schema import (
     DEEPSPEED_SPECS,
@@ -30,7 +30,8 @@ def check_spec(spec: RunSpec, problems: list[str], run_dir: Path | None) -> None
     _check_auto_microbatching(spec, problems)
     _check_pipeline(spec, problems)
     _check_context(spec, problems)
-    _check_compile(spec, problems)
+    check_compile(spec, problems)
+    check_float8(spec, problems)
     _check_deepspeed(spec, problems)
     _check_trackers(spec, problems)
     _check_mfu(spec, problems)
@@ -172,46 +173,6 @@ def _check_context(spec: RunSpec, problems: list[str]) -> None:
         problems.append(f"parallelism.context={context}: not with compile yet; compile=false")
 
 
-def _check_compile(spec: RunSpec, problems: list[str]) -> None:
-    options = spec.compile
-    _check_memory_budget(spec, problems)
-    if options is None:
-        return
-    bucket_mb = getattr(spec.parallelism, "bucket_cap_mb", None)
-    if bucket_mb is not None and bucket_mb < 1:
-        problems.append(
-            f"parallelism.bucket_cap_mb={bucket_mb:g}: with compile, dynamo's DDP optimizer "
-            "needs buckets of at least DDP's first one (1 MB); use bucket_cap_mb>=1, or "
-            "compile=false"
-        )
-    if spec.device == "cpu" and options.backend == "inductor":
-        compiler = os.environ.get("CXX") or "g++"  # what inductor's CPU backend runs
-        if shutil.which(compiler) is None:
-            problems.append(
-                f"compile.backend=inductor: on CPU it builds C++ kernels with {compiler}, "
-                "which is not on PATH; install a C++ compiler (Debian/Ubuntu: apt-get install "
-                "g++; or set CXX), or use compile.backend=aot_eager"
-            )
-
-
-def _check_memory_budget(spec: RunSpec, problems: list[str]) -> None:
-    budget = spec.activation_memory_budget
-    if budget is None:
-        return
-    key = f"activation_memory_budget={budget:g}"
-    if spec.compile is None or spec.compile.backend == "eager":
-        problems.append(
-            f"{key}: the compiler's partitioner (AOTAutograd's, under compile with the inductor "
-            "or aot_eager backend) chooses what to recompute within the budget, and without it "
-            "nothing does; set compile=true, or use activation_checkpointing=selective"
-        )
-    if spec.activation_checkpointing != "none":
-        problems.append(
-            f"{key} with activation_checkpointing={spec.activation_checkpointing}: choose one "
-            "(the budget lets the compiler decide what every block recomputes)"
-        )
-
-
 def _check_deepspeed(spec: RunSpec, problems: list[str]) -> None:
     if not isinstance(spec.parallelism, DEEPSPEED_SPECS):
         return
@@ -254,7 +215,7 @@ def _check_mfu(spec: RunSpec, problems: list[str]) -> None:
                 f"mfu.gpu={gpu!r}: not a GPU runner knows the peak of; known: "
                 f"{', '.join(hardware.PEAK_TFLOPS)} (or set mfu.peak_tflops)"
             )
-        elif spec.precision.name.value not in hardware.PEAK_TFLOPS[row]:
+        elif hardware.mfu_dtype(spec.precision.name.value) not in hardware.PEAK_TFLOPS[row]:
             problems.append(
                 f"mfu.gpu={gpu!r}: {row} has no {spec.precision.name.value} peak in runner's "
                 f"table; set mfu.peak_tflops"

@@ -55,6 +55,9 @@ class Precision(str, Enum):
     """float16 autocast with a dynamic GradScaler. CUDA only."""
     AUTO = "auto"
     """Pick for the device: bf16 on CPU and on GPUs that support it (Ampere+), else fp16."""
+    FLOAT8 = "float8"
+    """float8 matmuls in the linear layers that gain (torchao), bf16 autocast for the rest.
+    GPUs of compute capability 8.9+ (Ada, Hopper, Blackwell); emulated on CPU."""
 
 
 # ------------------------------------------------------------------------ components
@@ -200,6 +203,11 @@ class PrecisionSpec:
     name: Precision = Precision.FP32
     init_scale: float = _bound(2.0**16, gt=0.0)
     growth_interval: int = _bound(2000, min=1)
+    # precision=float8 (runner.engines.float8)
+    recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
+    filter_fqns: tuple[str, ...] = ()  # linear layers whose names hold one of these stay bf16
+    auto_filter: bool = True  # torchao's size rule: layers too small to gain stay bf16
+    fsdp_float8_all_gather: bool = True  # tensorwise under fsdp: weights gathered in float8
 
 
 @dataclass(frozen=True)
@@ -224,6 +232,12 @@ class CompileSpec:
     backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
     per_block: bool | None = None
     fullgraph: bool = False
+
+    @property
+    def captures_graphs(self) -> bool:
+        """Whether inductor captures CUDA graphs in this mode (reduce-overhead and
+        max-autotune do; max-autotune-no-cudagraphs does not)."""
+        return self.backend == "inductor" and self.mode in ("reduce-overhead", "max-autotune")
 
 
 @dataclass(frozen=True)
@@ -320,6 +334,8 @@ class RunSpec:
     # under compile: the share of the activations the compiler's partitioner may keep (it
     # recomputes the cheapest rest); null: what it keeps by itself
     activation_memory_budget: float | None = _bound(None, gt=0.0, max=1.0)
+    # CUDA: the next step's batches copied to the device on a side stream as this one trains
+    input_prefetch: bool = True
 
     log_interval: int = _bound(10, min=1)
     eval_interval: int | None = _bound(None, min=1)

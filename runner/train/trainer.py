@@ -87,8 +87,9 @@ class Trainer:
         self.endings = endings_of(spec, self.heart)  # how a run may end before its last step
         self.sync_debug = SyncDebug(spec.sync_debug, device)  # sync_debug: quiet steps' waits
         self.passes = LossPass(
-            spec, self.engine, self.loss_fn, device, self.channels_last, self.faults
-        )
+            spec, self.engine, self.loss_fn, device, self.channels_last, self.faults,
+            self.data.streaming,
+        )  # fmt: skip
         self.evaluator = Evaluator(self.passes, self.metrics, self.data.val_loader, self.heart)
         start = self.start
         self.heart.beat(Phase.START, start.step)  # where this attempt starts (a stop needs it)
@@ -171,7 +172,7 @@ class Trainer:
         while step < self.data.total_steps:
             epoch, offset = divmod(step, self.data.steps_per_epoch)
             self.data.sampler.set_epoch(epoch, offset)
-            microbatches = iter(self.data.train_loader)
+            microbatches = self.passes.feed(iter(self.data.train_loader))
             for step_in_epoch in range(offset, self.data.steps_per_epoch):
                 step += 1
                 last = step == self.data.total_steps

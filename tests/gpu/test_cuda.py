@@ -146,3 +146,56 @@ def test_no_host_sync_on_a_step_that_logs_nothing(cli, tmp_path, parallelism):
     run = cli(*gpt_args(tmp_path / "corpus"), *GPU, f"parallelism={parallelism}",
               "precision=bf16", "sync_debug=error", "grad_clip_norm=1.0")  # fmt: skip
     check_trained(run)
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "recipe"), [("ddp", "tensorwise"), ("fsdp", "tensorwise"), ("ddp", "rowwise")]
+)
+def test_float8_trains_on_the_gpu_close_to_bf16(cli, tmp_path, parallelism, recipe):
+    """precision=float8 with compile on a GPU of compute capability 8.9+ (refused below,
+    which the second half checks where the GPU is older): real float8 matmuls, the losses
+    close to bf16's, model.pt plain fp32 tensors."""
+    common = [*gpt_args(tmp_path / "corpus"), *GPU, f"parallelism={parallelism}",
+              "model.n_embd=128", "compile=true"]  # fmt: skip
+    float8 = cli(*common, "precision=float8", "precision.auto_filter=false",
+                 f"precision.recipe={recipe}", name="float8", timeout=600)  # fmt: skip
+    if torch.cuda.get_device_capability() < (8, 9):
+        assert float8.returncode == 2, float8.output
+        assert "compute capability 8.9 or newer" in float8.output
+        return
+    check_trained(float8)
+    assert "linear layers converted" in float8.rank_log(0)
+    bf16 = cli(*common, "precision=bf16", name="bf16", timeout=600)
+    check_trained(bf16)
+    a = [r["train/loss"] for r in float8.metrics()]
+    b = [r["train/loss"] for r in bf16.metrics()]
+    assert a == pytest.approx(b, rel=0.05)
+    weights = torch.load(float8.run_dir / "model.pt", weights_only=True)
+    assert all(w.dtype == torch.float32 for w in weights.values())
+
+
+def test_cuda_graphs_train_what_the_default_mode_trains(cli, tmp_path):
+    """compile.mode=reduce-overhead under ddp (the forward and backward replayed as CUDA
+    graphs, with gradient accumulation and evaluation between): the losses of the default
+    mode, no host sync on a quiet step."""
+    common = [*gpt_args(tmp_path / "corpus"), *GPU, "precision=bf16", "grad_accum=2",
+              "eval_interval=10", "sync_debug=error"]  # fmt: skip
+    graphs = cli(*common, "compile={mode:reduce-overhead}", name="graphs", timeout=600)
+    check_trained(graphs)
+    default = cli(*common, "compile=true", name="default", timeout=600)
+    check_trained(default)
+    a = [r["train/loss"] for r in graphs.metrics() if "train/loss" in r]
+    b = [r["train/loss"] for r in default.metrics() if "train/loss" in r]
+    assert a == pytest.approx(b, rel=1e-2)
+
+
+def test_batches_copied_ahead_train_what_batches_copied_in_step_train(cli, tmp_path):
+    """input_prefetch (the next step's batches copied on a side stream) against copies in
+    the step: the same weights, bit for bit; no host sync on a quiet step."""
+    common = [*gpt_args(tmp_path / "corpus"), *GPU, "precision=bf16", "grad_accum=2",
+              "sync_debug=error"]  # fmt: skip
+    ahead = cli(*common, "input_prefetch=true", name="ahead")
+    check_trained(ahead)
+    inline = cli(*common, "input_prefetch=false", name="inline")
+    check_trained(inline)
+    assert same_weights(ahead.run_dir, inline.run_dir)

@@ -18,3 +18,21 @@ def max_relative_difference(a: Path, b: Path) -> float:
     x = torch.load(a / "model.pt", weights_only=True)
     y = torch.load(b / "model.pt", weights_only=True)
     return max(((x[k] - y[k]).norm() / y[k].norm()).item() for k in y)
+
+
+def assert_exports_model_pt(checkpoint: Path, final: dict[str, torch.Tensor], to: Path) -> None:
+    """`runner export CHECKPOINT --to TO` gives the tensors of model.pt (`final`), by name."""
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    from tests.helpers.cli import HANG, child_env, runner_command
+
+    done = subprocess.run(
+        runner_command("export", str(checkpoint), "--to", str(to)),
+        capture_output=True, text=True, timeout=HANG, env=child_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    exported = load_file(to / "model.safetensors")
+    assert exported.keys() == final.keys()
+    assert all(torch.equal(exported[k], v) for k, v in final.items())

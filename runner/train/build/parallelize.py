@@ -1,5 +1,6 @@
 """One place turns a model into its distributed form, in torchtitan's order.
 
+0. float8 training's linear layers (precision=float8, runner.engines.float8);
 1. tensor parallelism, by the model's plan, over the mesh's tensor dimension (runner.spec.mesh);
 2. activation checkpointing, per block (before anything wraps a block);
 3. memory format (channels_last, on CUDA);
@@ -27,6 +28,7 @@ from runner.models.blocks import apply_activation_checkpointing
 from runner.models.tensor_plans import apply_plan
 from runner.spec import RunSpec
 from runner.spec.mesh import context_mesh, device_mesh, layout, tensor_mesh
+from runner.spec.schema import Precision
 from runner.train.build.compiling import CompileClock, compile_model
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,11 @@ def parallelize(
     train for `total_steps` optimizer steps. `split_logits`: the loss runs on logits split
     across a tensor group by vocabulary (loss parallel)."""
     grid = layout(spec, rdist.get_world_size())  # the running group's
+    if spec.precision.name is Precision.FLOAT8:
+        from runner.engines import float8
+
+        sharded = spec.parallelism.name == "fsdp"
+        float8.convert(module, spec.precision, torch.device(device).type, sharded)
     if grid.tensor > 1:
         mesh = device_mesh(grid, torch.device(device).type)
         plan = getattr(spec.parallelism, "tp_plan", None)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner.hardware import peak_rss_bytes, peak_tflops
+from runner.hardware import mfu_dtype, peak_rss_bytes, peak_tflops
 from runner.models.shapes import multiplying_parameters
 from runner.spec import RunSpec
 
@@ -49,7 +49,7 @@ def device_peak_flops(spec: RunSpec, device: str) -> float | None:
     if torch.device(device).type != "cuda":
         return None
     name = spec.mfu.gpu or torch.cuda.get_device_name(torch.device(device))
-    dtype = spec.precision.name.value
+    dtype = mfu_dtype(spec.precision.name.value)
     peak = peak_tflops(name, dtype)
     if peak is None:
         log.info("MFU: no peak FLOP/s known for %r at %s; set mfu.peak_tflops", name, dtype)
@@ -106,6 +106,15 @@ class StepFigures:
         self._samples0 = samples
         self._waited = 0.0
         self._tokens = 0  # this rank's, of its real microbatches
+        self._first = True  # no step done yet by this process
+
+    def step_done(self, samples: int, logged: bool) -> None:
+        """After each step: the first one this process runs (compiling, warming up, the
+        allocator's first requests) is left out of the figures, unless it is logged
+        itself (log_interval=1)."""
+        if self._first and not logged:
+            self._t0, self._samples0, self._waited, self._tokens = self.clock.now(), samples, 0, 0
+        self._first = False
 
     def waited(self, seconds: float) -> None:
         """Time the loop spent waiting for its next batch."""

@@ -120,6 +120,7 @@ class StepLog:
         self.figures.waited(done.waited)
         trained = done.trained
         self.figures.add_tokens(trained.tokens)
+        self.figures.step_done(done.samples, logged)
         self.progress.advance()
         if trained.loss_sum is None:  # a batch skipped after a rollback: no loss to record
             if evaluation is None:

@@ -4,6 +4,7 @@ autocast, with the fault-injection hooks of chaos.* (training only)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
@@ -13,6 +14,7 @@ from runner.engines.loss_parallel import loss_of
 from runner.engines.precision import autocast
 from runner.spec import RunSpec
 from runner.train.step.batch_parts import logits_of, split, to_device
+from runner.train.step.device_feed import DeviceFeed, wanted
 
 
 class FaultHooks(Protocol):
@@ -32,11 +34,28 @@ class LossPass:
         device: str,
         channels_last: bool,
         faults: FaultHooks,
+        streaming: bool = False,
     ):
+        """`streaming`: the training set is an iterable one (see runner.train.step.device_feed)."""
         self.spec, self.engine, self.loss_fn, self.faults = spec, engine, loss_fn, faults
         self.device, self.channels_last = device, channels_last
         self.device_type = torch.device(device).type
         self.context = getattr(engine.module, "context", None)  # a context group's split
+        # CUDA graphs (compile.mode=reduce-overhead): each pass starts a new replay, so the
+        # outputs of the one before may be overwritten (none is read after its pass)
+        graphs = spec.compile is not None and spec.compile.captures_graphs
+        self.new_replay = graphs and self.device_type == "cuda"
+        prefetch = wanted(spec.input_prefetch, device, streaming) and spec.grad_accum != "auto"
+        self.prefetch, self._feed = prefetch, None
+
+    def feed(self, items: Iterator[Any]) -> Iterator[Any]:
+        """The training loader's `items`, their batches copied to the device ahead where
+        input_prefetch applies (runner.train.step.device_feed)."""
+        if not self.prefetch:
+            return items
+        ahead = self.spec.accum_steps  # the next step's microbatches
+        self._feed = DeviceFeed(items, self.device, self.channels_last, ahead)
+        return self._feed
 
     def train(self, batch: Any, real: bool) -> tuple[torch.Tensor, Any, Any]:
         """A training microbatch: (loss, items, targets)."""
@@ -53,7 +72,12 @@ class LossPass:
         """(logits, targets) of one microbatch: through the engine's model, or `model` (an
         evaluation's: the bare module). Under context parallelism, this rank's positions'
         (runner.models.context_split)."""
-        args, kwargs, targets = split(to_device(batch, self.device, self.channels_last))
+        moved = self._feed.moved(batch) if self._feed is not None else None
+        if moved is None:
+            moved = to_device(batch, self.device, self.channels_last)
+        args, kwargs, targets = split(moved)
+        if self.new_replay:
+            torch.compiler.cudagraph_mark_step_begin()
         with autocast(self.spec.precision, self.device_type):
             outputs = (self.engine.model if model is None else model)(*args, **kwargs)
         if self.context is not None and outputs is not None:
