@@ -360,9 +360,14 @@ def gpu_speed_suite(steps: int) -> list[Config]:
     resnet50 against DeepLearningExamples' way."""
     _need_cuda()
     corpus = random_corpus(2_500_000)
-    every = ("eager", "compiled", "reduce-overhead", "float8")
+    import importlib.util
+
+    float8 = ("float8",) if importlib.util.find_spec("torchao") else ()
+    if not float8:
+        print("gpu_speed: torchao is not installed: no float8 rows", file=sys.stderr)
+    every = ("eager", "compiled", "reduce-overhead", *float8)
     rows: list[Config] = []
     for batch in (16, 32):
         rows += speed_gpt_rows(steps, corpus, GPT_SHAPE, batch, every)
-    rows += speed_gpt_rows(steps, corpus, WIDE_SHAPE, 8, ("compiled", "float8"))
+    rows += speed_gpt_rows(steps, corpus, WIDE_SHAPE, 8, ("compiled", *float8))
     return [*rows, *dle_resnet_rows(steps)]

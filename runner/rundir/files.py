@@ -136,11 +136,20 @@ def file_lock(path: Path, on_wait: Callable[[str], None] | None = None) -> Itera
         lock.release()
 
 
-def _holder(path: Path) -> str:
-    try:
-        return path.read_text().strip() or "another process"
-    except OSError:  # released (and removed) in between
-        return "another process"
+def _holder(path: Path, patience: float = 1.0) -> str:
+    """Who holds the lock at `path`, as the holder wrote it. One that took the lock a moment
+    ago may not have written yet: read again for up to `patience` seconds."""
+    import time
+
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            text = path.read_text().strip()
+        except OSError:  # released (and removed) in between
+            return "another process"
+        if text or time.monotonic() > deadline:
+            return text or "another process"
+        time.sleep(0.02)
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -155,6 +155,7 @@ def test_float8_trains_on_the_gpu_close_to_bf16(cli, tmp_path, parallelism, reci
     """precision=float8 with compile on a GPU of compute capability 8.9+ (refused below,
     which the second half checks where the GPU is older): real float8 matmuls, the losses
     close to bf16's, model.pt plain fp32 tensors."""
+    pytest.importorskip("torchao", reason="precision=float8 needs torchao ('runner[float8]')")
     common = [*gpt_args(tmp_path / "corpus"), *GPU, f"parallelism={parallelism}",
               "model.n_embd=128", "compile=true"]  # fmt: skip
     float8 = cli(*common, "precision=float8", "precision.auto_filter=false",
