@@ -36,6 +36,7 @@ LONGEST_FIRST = (
     "test_compile.py",
     "test_pipeline.py",
     "test_context_parallel.py",
+    "test_float8.py",
     "test_equivalence.py",
     "test_bad_input.py",
     "test_terminal.py",
