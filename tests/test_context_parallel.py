@@ -40,6 +40,12 @@ def cp_run(tmp_path_factory, corpus: Path):
     ("layout", "data_ranks"),
     [
         pytest.param(("nproc=2", "grad_accum=2"), 1, id="context2"),
+        pytest.param(
+            ("nproc=2", "grad_accum=2", "compile={backend:aot_eager}"), 1, id="context2-compiled"
+        ),
+        pytest.param(
+            ("nproc=2", "grad_accum=2", "compile=true"), 1, id="context2-inductor", marks=MATRIX
+        ),
         pytest.param(("nproc=4", "grad_accum=2", "parallelism.tensor=2"), 1, id="context2-tensor2"),
         pytest.param(("nproc=4", "grad_accum=1"), 2, id="shard2-context2", marks=MATRIX),
         pytest.param(
@@ -104,10 +110,6 @@ def test_each_rank_takes_a_head_and_a_tail_of_the_sequence() -> None:
         (
             ("nproc=4", "parallelism.context=2", "parallelism.pipeline=2", "grad_accum=2"),
             "parallelism.context=2: not with parallelism.pipeline yet",
-        ),
-        (
-            ("nproc=2", "parallelism.context=2", "compile=true"),
-            "parallelism.context=2: not with compile yet",
         ),
     ],
 )

@@ -126,6 +126,24 @@ def test_pipeline_beside_sharding_trains_what_ddp_trains(pp_run, ddp, layout) ->
     assert_same_training(result, ddp)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "backend", ["aot_eager", pytest.param("inductor", marks=MATRIX)]
+)  # fmt: skip
+def test_blocks_compiled_one_by_one_train_what_ddp_trains(pp_run, ddp, backend: str) -> None:
+    """compile per block before the stages are cut: each stage runs its compiled blocks."""
+    result = pp_run(
+        "nproc=2",
+        "parallelism=fsdp",
+        "parallelism.pipeline=2",
+        "grad_accum=4",
+        f"compile={{backend:{backend}}}",
+    )
+    assert result.summary()["compile_s"] > 0
+    assert "blocks (Block) compiled one by one" in result.rank_log(0)
+    assert_same_training(result, ddp)
+
+
 @MATRIX
 @pytest.mark.slow
 def test_the_logged_gradient_norm_adds_every_stages_without_clipping(tmp_path, corpus) -> None:
@@ -210,7 +228,8 @@ def cut(model, stage, stages):
 def test_a_cut_of_the_users_pipelines_their_model(cli, tmp_path: Path) -> None:
     """parallelism.pp_plan names a function of the user's that returns each stage: runner's
     mlp in two stages trains ddp's weights, and model.pt keeps the model's names; a cut that
-    cannot be imported is refused before any rank starts."""
+    cannot be imported, and compile (the mlp has no blocks to compile one by one), are
+    refused before any rank starts."""
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "mycuts.py").write_text(USER_CUT)
     common = ["model=mlp", "data=digits", "precision=fp32", "progress_bar=false", "max_epochs=1"]
@@ -229,6 +248,12 @@ def test_a_cut_of_the_users_pipelines_their_model(cli, tmp_path: Path) -> None:
     assert missing.returncode == 2, missing.output
     assert "parallelism.pp_plan._target_=mycuts.cutt: mycuts has no attribute 'cutt'" in (
         missing.output
+    )
+    compiled = cli(*common, "nproc=2", "parallelism=fsdp", "parallelism.pipeline=2", cut,
+                   "compile=true", name="compiled")  # fmt: skip
+    assert compiled.returncode == 2, compiled.output
+    assert "compile: under parallelism.pipeline runner compiles the model's blocks" in (
+        compiled.output
     )
 
 
@@ -261,8 +286,8 @@ def test_a_cut_of_the_users_pipelines_their_model(cli, tmp_path: Path) -> None:
             "parallelism.stages_per_rank=2: parallelism.pipeline_schedule=1f1b runs one stage",
         ),
         (
-            ("nproc=2", "parallelism.pipeline=2", "compile=true", "grad_accum=2"),
-            "compile: not with parallelism.pipeline",
+            ("nproc=2", "parallelism.pipeline=2", "compile={per_block:false}", "grad_accum=2"),
+            "compile.per_block=false: under parallelism.pipeline each stage runs its own",
         ),
     ],
 )

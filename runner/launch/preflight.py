@@ -233,6 +233,12 @@ def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
         options = spec.parallelism
         stages = grid.pipeline * options.stages_each
         found += stage_problems(model, stages, options.pipeline_split, options.pp_plan)
+        if spec.compile is not None and not find_blocks(model):
+            found.append(
+                f"compile: under parallelism.pipeline runner compiles the model's blocks one "
+                f"by one (a stage never runs the whole forward), and {type(model).__name__} "
+                "has none (a ModuleList of modules of one class); use compile=false"
+            )
     if grid.context > 1:
         from runner.models.context_split import context_problems
 

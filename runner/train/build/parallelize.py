@@ -15,6 +15,7 @@ the config builds, so checkpoints and model.pt do not depend on the path taken h
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -81,7 +82,10 @@ def parallelize(
     clock = None
     if spec.compile is not None:
         clock = CompileClock()
-        compiled = compile_model(module, spec.compile, spec.activation_memory_budget)
+        options = spec.compile
+        if grid.pipeline > 1:  # a stage runs its blocks, never the whole model's forward
+            options = dataclasses.replace(options, per_block=True)
+        compiled = compile_model(module, options, spec.activation_memory_budget)
         log.info("compile: %s", compiled)
     engine = build_engine(spec, module, device, total_steps, fill)
     return Parallelized(engine, channels_last, clock)
