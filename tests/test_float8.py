@@ -153,3 +153,21 @@ def test_float8_without_torchao_says_how_to_install(monkeypatch) -> None:
     assert "needs torchao, which is not installed; pip install 'runner[float8]'" in str(
         refused.value
     )
+
+
+def test_a_model_with_nothing_to_convert_is_told_so() -> None:
+    """A model whose layers are all too small for torchao's rule trains in bf16: said on
+    the terminal, with the key that converts them anyway."""
+    from torch import nn
+
+    from runner.engines.float8 import convert
+
+    said: list[str] = []
+    small = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
+    assert convert(small, PrecisionSpec(name="float8"), "cpu", False, said.append) == 0
+    assert said and "none of the model's 2 linear layers converts" in said[0]
+    assert "precision.auto_filter=false" in said[0]
+    said.clear()
+    every = PrecisionSpec(name="float8", auto_filter=False)
+    assert convert(small, every, "cpu", False, said.append) == 2 and not said
+    assert type(small[0]).__name__ == "Float8Linear"

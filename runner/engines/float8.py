@@ -60,10 +60,16 @@ def layer_filter(spec: PrecisionSpec) -> Callable[[nn.Module, str], bool]:
     return converts
 
 
-def convert(module: nn.Module, spec: PrecisionSpec, device_type: str, sharded: bool) -> int:
+def convert(
+    module: nn.Module,
+    spec: PrecisionSpec,
+    device_type: str,
+    sharded: bool,
+    say: Callable[[str], None] = log.warning,
+) -> int:
     """Swap `module`'s convertible nn.Linear layers for torchao's Float8Linear, in place;
     the number converted. `sharded`: FSDP will shard the model (the tensorwise recipe then
-    gathers the weights in float8)."""
+    gathers the weights in float8). `say`: how a run that converts nothing tells the user."""
     import dataclasses
 
     with _quiet_import():
@@ -86,6 +92,13 @@ def convert(module: nn.Module, spec: PrecisionSpec, device_type: str, sharded: b
     chosen = [name for name, m in module.named_modules() if converts(m, name)]
     convert_to_float8_training(module, module_filter_fn=converts, config=config)
     kept = len(linears) - len(chosen)
+    if not chosen:
+        too_small = ", or too small to gain" if spec.auto_filter else ""
+        say(
+            f"precision=float8: none of the model's {len(linears)} linear layers converts "
+            f"(filter_fqns={list(spec.filter_fqns)}{too_small}): this run computes in bf16; "
+            "precision.auto_filter=false converts every layer whose sizes are multiples of 16"
+        )
     log.info(
         "float8 (%s%s): %d of %d linear layers converted; %d stay bf16 (filter_fqns=%s%s)",
         spec.recipe,

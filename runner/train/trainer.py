@@ -123,8 +123,9 @@ class Trainer:
         # loss parallel; not under context parallelism (torch 2.11 refuses its padded logits)
         split_logits = getattr(self.loss_fn, "splits_classes", False) and self.grid.context == 1
         parallel = parallelize(
-            module, with_warmup, device, self.data.total_steps, fill, split_logits
-        )
+            module, with_warmup, device, self.data.total_steps, fill, split_logits,
+            notices(self.terminal),
+        )  # fmt: skip
         self.engine, self.channels_last = parallel.engine, parallel.channels_last
         give_back_freed_memory()  # and what sharding freed, before the first step
         self.compile_clock = parallel.compile_clock

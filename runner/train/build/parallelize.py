@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -49,17 +50,19 @@ def parallelize(
     total_steps: int,
     fill: Fill | None = None,
     split_logits: bool = False,
+    say: Callable[[str], None] = log.warning,
 ) -> Parallelized:
     """`module` (built on `device` from the spec, or without its weights: then `fill` fills
     in this rank's shards once the engine sharded it) in its distributed form, ready to
     train for `total_steps` optimizer steps. `split_logits`: the loss runs on logits split
-    across a tensor group by vocabulary (loss parallel)."""
+    across a tensor group by vocabulary (loss parallel). `say`: a line for the user (rank
+    0's terminal too)."""
     grid = layout(spec, rdist.get_world_size())  # the running group's
     if spec.precision.name is Precision.FLOAT8:
         from runner.engines import float8
 
         sharded = spec.parallelism.name == "fsdp"
-        float8.convert(module, spec.precision, torch.device(device).type, sharded)
+        float8.convert(module, spec.precision, torch.device(device).type, sharded, say)
     if grid.tensor > 1:
         mesh = device_mesh(grid, torch.device(device).type)
         plan = getattr(spec.parallelism, "tp_plan", None)
