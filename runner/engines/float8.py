@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from torch import nn
 
@@ -127,10 +126,3 @@ def precompute_scales(module: nn.Module) -> None:
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
     precompute_float8_dynamic_scale_for_fsdp(module)
-
-
-def plain_weights(tensor: Any) -> Any:
-    """A weight as a plain tensor: torchao wraps the weights it gathers in float8 in a
-    tensor subclass, which model.pt and safetensors should not hold."""
-    inner = getattr(tensor, "_tensor", None)
-    return inner if inner is not None else tensor
