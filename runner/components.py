@@ -156,9 +156,10 @@ def _check_arguments(
         for name in args:
             if name not in params or params[name].kind is params[name].POSITIONAL_ONLY:
                 hint = difflib.get_close_matches(name, named, n=1)
+                takes = f"; it takes {', '.join(named)} (~{key}.{name} drops it)"
                 found.append(
                     f"{key}.{name}: unexpected argument of {path}"
-                    + (f"; did you mean {hint[0]}?" if hint else f"; it takes {', '.join(named)}")
+                    + (f"; did you mean {hint[0]}?" if hint else takes)
                 )
     hints = _type_hints(target)
     for name, value in args.items():

@@ -168,6 +168,17 @@ def stopped(path: Path, slots: int) -> bool:
     return any(beat.phase == Phase.STOPPED for beat in read(path, slots))
 
 
+def finished_step(path: Path, slots: int) -> int | None:
+    """The last step every started rank of this node has finished (None: none started):
+    where a run stopped by a signal stands, whatever its last logged step."""
+    done = [
+        beat.step - 1 if beat.phase == Phase.BATCH else beat.step
+        for beat in read(path, slots)
+        if beat.pid != 0
+    ]
+    return min(done) if done else None
+
+
 def reachable_step(path: Path, slots: int) -> int:
     """After request_stop: the last step a rank of this node can finish before it sees the
     request and pauses. A rank checks at the end of every step, so it is the step it is in,

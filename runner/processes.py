@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -22,6 +23,9 @@ _PR_SET_PDEATHSIG = 1
 START_METHOD_ENV = "RUNNER_START_METHOD"  # start_method as the command line set it (agent)
 RANK_PARENT_ENV = "RUNNER_RANK_PARENT_PID"  # the process a rank dies with (PR_SET_PDEATHSIG)
 FORKED_ENV = "RUNNER_FORKED"  # set in a forked rank (its log's first line says so)
+# set for a sweep's jobs that share a terminal side by side: their bars would share its line,
+# so rank 0 draws none (plain lines where it would print them); the job's config is untouched
+NO_BAR_ENV = "RUNNER_NO_PROGRESS_BAR"
 EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"  # where torch builds C++ extensions (DeepSpeed's ops)
 
 
@@ -152,3 +156,17 @@ def without_mlflow() -> Iterator[None]:
     finally:
         if sys.modules.get("mlflow", False) is None:
             del sys.modules["mlflow"]
+
+
+class _KnownNoise(logging.Filter):
+    """Library messages about the libraries themselves, which a user can do nothing about."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # torchao (imported by transformers) registers enums with torch's pytree, which torch
+        # 2.15 warns is deprecated: two lines on every run of a Hugging Face model
+        return "is an Enum subclass and is now natively supported" not in str(record.msg)
+
+
+def quiet_library_noise() -> None:
+    """Leave out of every process's output what only the libraries' authors can act on."""
+    logging.getLogger("torch.utils._pytree").addFilter(_KnownNoise())

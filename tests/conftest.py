@@ -28,6 +28,7 @@ atexit.register(shutil.rmtree, os.environ["RUNNER_CACHE_DIR"], True)
 # instead of one of them running a long module alone at the end. Measured in `make test`:
 # 5.4 minutes of a worker down to 20 s, in that order; the rest take less, as collected.
 LONGEST_FIRST = (
+    "test_lifecycle.py",  # make test-matrix's longest: a worker per row, 2-4 minutes each
     "test_tensor_parallel.py",
     "test_resume.py",
     "test_lm_equivalence.py",

@@ -221,6 +221,36 @@ CASES = [
         ["parallelism=zero2", "+parallelism.deepspeed_config.zero_optimization.stage=3"],
         "zero_optimization.stage=3: conflicts with parallelism='zero2'",
     ),
+    (
+        ["eval_batches=2", "eval_samples=100"],
+        "eval_samples=100: eval_batches=2 is set too; set one of them (eval_batches=null)",
+    ),
+    (  # without patience too: the metric is named, so it is checked
+        ["early_stop.metric=val/nonexistent"],
+        "early_stop.metric='val/nonexistent': not a value this run evaluates; valid: auto, "
+        "val/loss, val/accuracy",
+    ),
+    *(
+        (
+            [
+                "model=gpt",
+                "data=text",
+                "data.root=/tmp",
+                "loss=causal_lm",
+                "parallelism=fsdp",
+                "parallelism.pipeline=2",
+                "nproc=2",
+                "grad_accum=2",
+                ragged,
+            ],
+            f"{shown}: samples of many lengths, and a pipeline's stages pass activations of one "
+            "shape (parallelism.pipeline=2); use data.pack=true data.min_length=null",
+        )  # fmt: skip
+        for ragged, shown in [
+            ("data.pack=false", "data.pack=false data.min_length=null"),
+            ("data.min_length=8", "data.pack=true data.min_length=8"),
+        ]
+    ),
 ]
 
 
@@ -287,9 +317,25 @@ def test_compile_on_cpu_without_a_cpp_compiler_says_what_to_install(monkeypatch)
     assert problems("compile=true", "device=cpu") == [
         "compile.backend=inductor: on CPU it builds C++ kernels with /no/such/g++, which is not "
         "on PATH; install a C++ compiler (Debian/Ubuntu: apt-get install g++; or set CXX), or "
-        "use compile.backend=aot_eager"
+        "use compile={backend:aot_eager}"
     ]
     resolve_spec(compose_config(["compile={backend:aot_eager}", "device=cpu"]))  # no C++ needed
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["compile={mode:reduce-overhead}"],
+        ["compile={mode:reduce-overhead,backend:inductor,per_block:true}"],
+        ["compile={mode:max-autotune,fullgraph:true}"],
+    ],
+)
+def test_a_hint_typed_as_shown_is_taken(given: list[str]) -> None:
+    """A refusal's `use KEY=VALUE`, typed in place of the compile overrides, resolves."""
+    found = problems("model=gpt", "device=cpu", *given)
+    hint = found[0].rpartition("use ")[2]
+    assert hint.startswith("compile="), found
+    resolve_spec(compose_config(["model=gpt", "device=cpu", hint]))
 
 
 def test_every_problem_is_reported_at_once() -> None:
@@ -474,6 +520,40 @@ def test_composition_errors_name_the_override_and_what_is_valid(
     with pytest.raises(HydraException) as info:
         compose_config([override])
     assert expected in composition_problem(info.value, [override])
+
+
+def test_a_key_a_recipe_set_says_so() -> None:
+    """A recipe's model keys under model=custom: named with where they came from (the agent
+    reports them; the parent knows the command line)."""
+    from runner.cli.compose_errors import with_origins
+
+    found = [
+        "model.n_layer: unexpected argument of pkg.Net; it takes config (~model.n_layer drops it)",
+        "model.width: unexpected argument of pkg.Net; did you mean widths?",
+    ]
+    typed = ["+recipe=gpt_text", "model=custom", "model._target_=pkg.Net", "+model.width=3"]
+    assert with_origins(found, typed) == [
+        "model.n_layer (set by +recipe=gpt_text): unexpected argument of pkg.Net; it takes "
+        "config (~model.n_layer drops it)",
+        found[1],  # typed on the command line
+    ]
+    assert with_origins(found, typed[1:]) == found  # no recipe
+
+
+def test_every_key_the_chosen_option_lacks_is_named_not_only_the_first() -> None:
+    """Hydra stops at the first; ddp lacks both of fsdp's mesh keys, so both are named (a
+    key ddp has, and a key no option has, are not)."""
+    from hydra.errors import HydraException
+
+    from runner.cli.compose_errors import composition_problems
+
+    given = ["parallelism.pipeline=2", "parallelism.bucket_cap_mb=4", "parallelism.context=2"]
+    with pytest.raises(HydraException) as info:
+        compose_config(given)
+    found = composition_problems(info.value, given)
+    assert [p.partition(":")[0] for p in found] == [given[0], given[2]], found
+    expected = "not a key of the chosen parallelism option; only of parallelism=fsdp"
+    assert all(expected in p for p in found)
 
 
 @pytest.mark.parametrize(

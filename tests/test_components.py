@@ -201,6 +201,10 @@ def test_problems_bind_arguments_without_calling_anything() -> None:
     assert problems("model", node, {}) == [
         f"model.num_classes: missing; {__name__}.FAKE needs it (set +model.num_classes=...)"
     ]
+    assert problems("model", {**node, "n_layer": 4}, {"num_classes": 10}) == [
+        f"model.n_layer: unexpected argument of {__name__}.FAKE; it takes width, depth, "
+        "num_classes (~model.n_layer drops it)"
+    ]
     assert problems("model", {**node, "_partial_": True, "width": 1}, {}) == []
     nested = {"_target_": "collections.OrderedDict", "inner": {"_target_": "math.nope"}}
     assert problems("x", nested) == ["x.inner._target_=math.nope: math has no attribute 'nope'"]

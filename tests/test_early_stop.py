@@ -84,3 +84,33 @@ def test_an_early_stop_metric_the_run_never_evaluates_is_refused(cli) -> None:
     assert run.returncode == 2
     assert "early_stop.metric='train/loss': not a value this run evaluates" in run.output
     assert "valid: auto, val/loss, val/accuracy" in run.output
+
+
+def test_the_count_is_in_the_checkpoint_and_goes_on_from_it() -> None:
+    """After a restart from a checkpoint the rule ends the run where the one that never
+    stopped ends it (58e01cd counted afresh: a restart stopped later, on other weights)."""
+    import json
+
+    from runner.heartbeat import Heartbeat
+    from runner.train.endings import endings_of
+
+    heart = Heartbeat(None, 0, 0, 0)  # no agent: never asked to stop
+    spec = dataclasses.replace(
+        RunSpec(), early_stop=EarlyStopSpec(metric="val/loss", patience=2, mode="min")
+    )
+    running = endings_of(spec, heart)
+    assert running.after_step(2, {"val/loss": 1.0}) is None
+    assert running.after_step(4, {"val/loss": 1.0}) is None  # one without a gain
+    saved = json.loads(json.dumps(running.checkpoint_state()))  # as a checkpoint keeps it
+    assert saved["early_stop"] == {
+        "metric": "val/loss", "mode": "min", "best": 1.0, "best_step": 2, "stale": 1,
+    }  # fmt: skip
+    restarted = endings_of(spec, heart, saved)
+    for rule in (running, restarted):
+        ending = rule.after_step(6, {"val/loss": 1.0})
+        assert ending is not None and ending.details["best_step"] == 2
+    watching_another = dataclasses.replace(
+        spec, early_stop=EarlyStopSpec(metric="val/accuracy", patience=2, mode="max")
+    )
+    afresh = endings_of(watching_another, heart, saved)
+    assert afresh.after_step(6, {"val/accuracy": 0.5}) is None  # a new best, not a stop

@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli.evaluate import batch_overrides
+from runner.cli.evaluate import run_evaluations
 from tests.helpers.cli import FAST
-
-pytestmark = pytest.mark.slow
 
 # the progress bar left on, as a user's run has it: `runner eval` inherits the run's config
 TRAIN = ["model=mlp", "data=digits", "precision=fp32", "max_steps=4", "eval_interval=2"]
@@ -22,6 +20,7 @@ def val_at(metrics: list[dict], step: int) -> float:
     return next(m["val/loss"] for m in metrics if m["step"] == step)
 
 
+@pytest.mark.slow
 def test_eval_of_a_run_and_of_its_checkpoint_at_another_nproc(cli, tmp_path: Path) -> None:
     """A zero2 run (DeepSpeed's partitioned checkpoint; fsdp's DCP is read by the same code,
     tests/test_export.py): its checkpoint on one rank, its final weights on two."""
@@ -57,6 +56,7 @@ def test_eval_of_a_run_and_of_its_checkpoint_at_another_nproc(cli, tmp_path: Pat
         assert all(r["optimizer"] == 0 for r in evaluated.summary()["state_bytes"])
 
 
+@pytest.mark.slow
 def test_eval_refuses_what_it_cannot_read(cli, tmp_path: Path) -> None:
     missing = cli("eval", str(tmp_path / "nowhere"), name="missing")
     assert missing.returncode == 2 and "no such file or directory" in missing.stderr
@@ -66,13 +66,42 @@ def test_eval_refuses_what_it_cannot_read(cli, tmp_path: Path) -> None:
     assert "init_from.path=" in empty.stderr and "Traceback" not in empty.output
 
 
-def test_eval_keeps_the_micro_batch_at_another_world_size(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    run.mkdir()
-    config = {"model": {}, "data": {}, "parallelism": {}, "nproc": 2, "nodes": 1}
-    (run / "config.yaml").write_text(
-        json.dumps({**config, "global_batch_size": 64, "grad_accum": 2})
+def sizing(config: dict, *overrides: str) -> tuple[list[str], list[str]]:
+    base = {"model": {}, "data": {}, "nproc": 2, "nodes": 1, "global_batch_size": 64}
+    sized = run_evaluations({**base, **config}, list(overrides))
+    return sized.before, sized.after
+
+
+def test_eval_scores_the_samples_of_the_runs_evaluations_at_any_world_size() -> None:
+    """eval_batches counts the run's global batches: eval_samples; each rank's batch is as
+    large as in the run's evaluations (its whole share of the global batch)."""
+    ddp = {"parallelism": {"name": "ddp"}, "grad_accum": 4, "eval_batches": 2}
+    assert sizing(ddp, "nproc=4") == (
+        ["global_batch_size=128", "grad_accum=1"],
+        ["eval_samples=128", "eval_batches=null", "eval_ranks=2"],
     )
-    assert batch_overrides(run, ["nproc=4"]) == ["global_batch_size=64", "grad_accum=1"]
-    assert batch_overrides(run, []) == ["global_batch_size=32", "grad_accum=1"]  # 16 x 2
-    assert batch_overrides(run, ["nproc=1", "global_batch_size=8"]) == ["grad_accum=1"]
+    assert sizing(ddp)[0] == ["global_batch_size=64", "grad_accum=1"]
+    assert sizing(ddp, "eval_batches=3")[1][:2] == ["eval_samples=192", "eval_batches=null"]
+    assert sizing(ddp, "nproc=1", "global_batch_size=8") == (
+        ["grad_accum=1"],
+        ["eval_samples=128", "eval_batches=null"],
+    )
+
+
+def test_eval_drops_what_of_the_runs_mesh_does_not_fit() -> None:
+    """A pipeline of 2 on 4 ranks (2 data ranks of 32): at nproc=1 without the pipeline, one
+    data rank of 32; at its own nproc, as it ran."""
+    pipeline = {"parallelism": {"name": "fsdp", "pipeline": 2}, "nproc": 4, "grad_accum": 2}
+    assert sizing(pipeline, "nproc=1")[0] == [
+        "parallelism.pipeline=1",
+        "global_batch_size=32",
+        "grad_accum=1",
+    ]
+    assert sizing(pipeline)[0] == ["global_batch_size=64", "grad_accum=1"]
+    hsdp = {"parallelism": {"name": "fsdp", "context": 2, "replicate": 2}, "nproc": 4}
+    assert sizing(hsdp, "nproc=2")[0] == [
+        "parallelism.replicate=null",
+        "global_batch_size=32",
+        "grad_accum=1",
+    ]
+    assert sizing(hsdp, "nproc=1", "parallelism=ddp")[0] == ["global_batch_size=32", "grad_accum=1"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -224,3 +225,30 @@ def test_the_next_agent_removes_heartbeat_files_of_agents_that_are_gone() -> Non
     finally:
         ours.unlink()
         stale.unlink(missing_ok=True)
+
+
+def test_sigterm_as_a_restarted_run_ends_changes_nothing(tmp_path: Path) -> None:
+    """A rank killed and restarted, then SIGTERM over and over from the moment rank 0 wrote
+    summary.json (`completed`): once to `runner`, which relays it, and to the agent until it
+    exits, so every part of its teardown (closing its fork server, torch elastic's handler
+    still installed) meets one. On
+    58e01cd the agent raised SignalException with a traceback there, and runner printed
+    `completed` and exited non-zero."""
+    run_dir = tmp_path / "run"
+    chaos = ["max_restarts=1", "chaos.kill_rank=1", "chaos.at_step=5"]
+    proc = start_runner(tmp_path, run_dir, *RESTARTABLE, "nproc=2", *chaos)
+    summary = run_dir / "summary.json"
+    wait_until(proc, lambda: summary.exists() and '"completed"' in summary.read_text())
+    agent = next(
+        p for p in psutil.Process(proc.pid).children() if "runner.launch.agent" in p.cmdline()
+    )
+    proc.send_signal(signal.SIGTERM)  # once, as a user or a scheduler does: relayed
+    while proc.poll() is None:
+        with contextlib.suppress(psutil.Error):  # and the agent's every moment after that
+            agent.send_signal(signal.SIGTERM)
+        time.sleep(0.005)
+    out, err = proc.communicate(timeout=30)
+    assert "Traceback" not in out + err and "SignalException" not in out + err, out + err
+    assert proc.returncode == 0, out + err
+    assert err.count("runner: completed 12 steps after 1 restart on 2 rank(s)") == 1, err
+    assert __import__("json").loads(summary.read_text())["status"] == "completed"

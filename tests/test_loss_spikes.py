@@ -26,6 +26,25 @@ def test_a_spike_is_factor_times_the_window_mean_for_patience_steps_in_a_row() -
     assert watch.observe(3, 9.0) is None  # the window is not full again yet
 
 
+def test_a_checkpoint_keeps_the_watch_so_a_restart_sees_the_same_spikes() -> None:
+    """A restart from a checkpoint goes on from the losses it had watched (58e01cd watched
+    afresh: an empty window, so the spike one step after the restart went unseen)."""
+    import json
+
+    from runner.train.guards.loss_spikes import LossSpikes
+
+    spec = LossSpikeSpec(window=3, factor=2.0, patience=2, action="stop")
+    running = LossSpikes(spec)
+    assert running.check([(1, 1.0), (2, 1.1), (3, 0.9), (4, 2.5)]) is None  # one spike so far
+    saved = json.loads(json.dumps(running.checkpoint_state()))  # as a checkpoint keeps it
+    restarted = LossSpikes(spec, saved)
+    for watch in (running, restarted):
+        spike = watch.check([(5, 3.0)])
+        assert spike is not None and spike.steps == [4, 5], spike
+    other = LossSpikes(LossSpikeSpec(window=5, factor=2.0, patience=2, action="stop"), saved)
+    assert other.check([(5, 3.0)]) is None  # another window: watched afresh
+
+
 SPIKED = [
     *FAST,
     "max_epochs=null",

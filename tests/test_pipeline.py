@@ -279,7 +279,8 @@ def test_a_cut_of_the_users_pipelines_their_model(cli, tmp_path: Path) -> None:
                 "parallelism.pipeline_schedule=zbv_zero_bubble",
                 "grad_accum=4",
             ),
-            "parallelism.pipeline_schedule=zbv_zero_bubble: its backward pass",
+            "parallelism.pipeline_schedule='zbv_zero_bubble': expected one of gpipe, 1f1b, "
+            "interleaved_1f1b, looped_bfs",
         ),
         (
             ("nproc=2", "parallelism.pipeline=2", "parallelism.stages_per_rank=2", "grad_accum=2"),

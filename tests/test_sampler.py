@@ -88,6 +88,18 @@ def test_eval_batches_read_the_first_samples_at_any_world_size(world: int) -> No
     assert len({len(rank) for rank in batches}) == 1  # every rank meets every collective
 
 
+@pytest.mark.parametrize(("groups", "world"), [(2, 1), (2, 4), (4, 3), (3, 3), (1, 2)])
+@pytest.mark.parametrize("count", [1, 10, 23, 48])
+def test_another_runs_eval_batches_sample_for_sample(groups: int, world: int, count: int) -> None:
+    """`runner eval` at another world size scores the run's batches (grouped as its
+    `groups` data ranks grouped them), each whole on one rank, each rank as many times."""
+    run = [list(ShardSampler(count, 4, groups, g)) for g in range(groups)]
+    now = [list(ShardSampler(count, 4, world, r, groups=groups)) for r in range(world)]
+    real = [sorted(b) for rank in now for b in rank if b != [PLACEHOLDER]]
+    assert sorted(real) == sorted(sorted(b) for rank in run for b in rank if b != [PLACEHOLDER])
+    assert len({len(rank) for rank in now}) == 1
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 64, 65, 1000, 70_001])
 def test_the_order_is_a_permutation_of_its_own(n: int) -> None:
     order = EpochOrder(n, seed=7, epoch=3)

@@ -5,7 +5,9 @@ job reported as it ends, fail_fast, and bad input refused before the first job."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from runner.sweeps.slots import (
     pool_problems,
     slot_size,
 )
-from tests.helpers.cli import FAST, HANG, run_sweep
+from tests.helpers.cli import FAST, HANG, child_env, run_sweep
 
 LAUNCHER = "hydra/launcher=runner"
 TINY = [*FAST, "max_epochs=null", "max_steps=4", "log_interval=2", "eval_interval=1000"]
@@ -80,18 +82,22 @@ def test_overrides_are_shown_as_typed() -> None:
     assert shown(typed) == "progress_bar=false compile=true resume=null name=False_start x=1"
 
 
-def test_jobs_joblib_runs_side_by_side_draw_no_bar() -> None:
+def test_jobs_joblib_runs_side_by_side_draw_no_bar(monkeypatch) -> None:
+    """Through the environment the ranks inherit: the job's config stays as composed."""
     from omegaconf import OmegaConf
 
+    from runner.processes import NO_BAR_ENV
     from runner.sweeps.job import quiet_beside_others
 
     joblib = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
     basic = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
     for target, n_jobs, bar in ((joblib, 2, False), (joblib, 1, True), (basic, None, True)):
+        monkeypatch.delenv(NO_BAR_ENV, raising=False)
         cfg = OmegaConf.create({"progress_bar": True})
         hydra_cfg = OmegaConf.create({"launcher": {"_target_": target, "n_jobs": n_jobs}})
         quiet_beside_others(cfg, hydra_cfg)
-        assert cfg.progress_bar is bar, target
+        assert cfg == OmegaConf.create({"progress_bar": True}), target
+        assert (NO_BAR_ENV not in os.environ) is bar, target
 
 
 def test_devices_are_gpu_indices_or_uuids() -> None:
@@ -387,3 +393,43 @@ def test_without_a_gpu_driver_the_slots_are_this_process_s_cores() -> None:
     pool = device_pool(None, {"CUDA_VISIBLE_DEVICES": "0,1"})  # no driver: the ids mean nothing
     assert pool.kind == CPU and not pool.declared
     assert pool.devices == tuple(str(c) for c in sorted(os.sched_getaffinity(0)))
+
+
+HYDRA_APP = """
+import json
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+
+
+@hydra.main(version_base="1.3", config_path=None, config_name=None)
+def main(cfg) -> float:
+    out = Path(HydraConfig.get().runtime.output_dir) / "job.json"
+    out.write_text(json.dumps(OmegaConf.to_container(cfg)))
+    return float(cfg.a)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.sweeps
+def test_a_hydra_app_of_its_own_gets_the_config_hydra_composed(tmp_path: Path) -> None:
+    """Not runner's: side by side, each job's config is what Hydra composed (no key of
+    runner's added to quiet the bars), and a job that returned is done, not failed."""
+    (tmp_path / "app.py").write_text(HYDRA_APP)
+    root = tmp_path / "sweep"
+    sweep_args = ["-m", "hydra/launcher=runner", "+a=0,1", f"hydra.sweep.dir={root}"]
+    proc = subprocess.run(
+        [sys.executable, "app.py", *sweep_args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=HANG, env=child_env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "side by side" in proc.stderr
+    assert "sweep: 2 done, 0 running, 0 queued, 0 failed" in proc.stderr, proc.stderr
+    for job in ("0", "1"):
+        assert json.loads((root / job / "job.json").read_text()) == {"a": int(job)}

@@ -122,8 +122,7 @@ class RunnerLauncher(Launcher):
         to_run = [job for job in jobs if job.idx not in returns]
         if len(to_run) > 1 and 2 * min(job.size for job in to_run) <= len(pool.devices):
             for job in to_run:  # side by side, their bars would share one terminal line
-                with open_dict(job.config):
-                    job.config.progress_bar = False
+                job.beside_others = True
         _say(f"{len(to_run)} job(s) on {pool.describe()}, side by side")
         returns.update(_Sweep(self, pool).run(to_run))
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -221,7 +220,9 @@ class _Sweep:
             _say(stopped)
         if self.stopping:  # no queued job starts any more
             self.progress.queued = 0
-        self.progress.ended(job.idx, job.dir)
+        value = result._return_value
+        returned = not (isinstance(value, float) and math.isnan(value))
+        self.progress.ended(job.idx, job.dir, returned)
         _say(self.progress.line())
 
     def _fail_fast(self) -> None:
@@ -245,7 +246,7 @@ def _job_process(
 ) -> None:
     """The job's own process: its devices and the signal handlers a job of Hydra's own
     launcher would have, then the job as Hydra's launcher runs it."""
-    from runner.processes import die_with_parent
+    from runner.processes import NO_BAR_ENV, die_with_parent
     from runner.sweeps.slots import job_environment, pin_to_cores
 
     code = 0
@@ -257,6 +258,8 @@ def _job_process(
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         os.environ.update(job_environment(pool, devices))
+        if job.beside_others:  # the config stays as Hydra composed it
+            os.environ[NO_BAR_ENV] = "1"
         pin_to_cores(pool, devices)
         result = run_job(
             hydra_context=launcher.hydra_context,

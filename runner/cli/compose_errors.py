@@ -52,6 +52,15 @@ WHY_ONLY = {
 }
 
 
+def composition_problems(
+    exc: HydraException, overrides: list[str], conf_dir: str | None = None
+) -> list[str]:
+    """Hydra's error as runner's problems (one, or every override of a key the chosen group
+    option lacks, where Hydra names the first): each a line naming the override, what is
+    wrong with it and what is valid."""
+    return composition_problem(exc, overrides, conf_dir).split("\n")
+
+
 def composition_problem(
     exc: HydraException, overrides: list[str], conf_dir: str | None = None
 ) -> str:
@@ -84,18 +93,33 @@ def composition_problem(
             )
         owners = _options_with(key)
         if owners:  # a key of another option of the group (parallelism=zero2 + a ddp key)
-            group = key.partition(".")[0]
-            why = WHY_ONLY.get(key, "")
-            return (
-                f"{override[1]}: not a key of the chosen {group} option; "
-                f"only of {group}={', '.join(owners)}{why}"
-            )
+            return "\n".join(_not_of_chosen(override[1], key, owners, overrides))
         return f"{override[1]}: unknown key; {_suggestion(key)}"
     merging = re.match(r"Error merging override (\S+)", str(exc))
     reason = _type_mismatch(first_line(getattr(exc.__cause__, "msg", "") or ""))
     if merging and reason:  # a value of the wrong type for a typed key (Hydra's own, too)
         return f"{merging[1]}: {reason}"
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
+def _not_of_chosen(given: str, key: str, owners: list[str], overrides: list[str]) -> list[str]:
+    """`given` names a key of other options of its group than the chosen one; so does every
+    other override of a key only those options have (Hydra stops at the first): each one."""
+    group = key.partition(".")[0]
+    lines, seen = [], set()
+    for override in [given, *overrides]:
+        name = override.partition("=")[0]
+        if name.startswith(("+", "~")) or name in seen:
+            continue
+        seen.add(name)
+        theirs = _options_with(name)
+        if name.startswith(f"{group}.") and theirs and set(theirs) <= set(owners):
+            why = WHY_ONLY.get(name, "")
+            lines.append(
+                f"{override}: not a key of the chosen {group} option; "
+                f"only of {group}={', '.join(theirs)}{why}"
+            )
+    return lines
 
 
 TYPES = {
@@ -171,3 +195,19 @@ def _variants(tp: Any) -> tuple[Any, ...]:
     if typing.get_origin(tp) in (Union, types.UnionType):
         return typing.get_args(tp)
     return (tp,)
+
+
+def with_origins(problems: list[str], argv: list[str]) -> list[str]:
+    """Problems the agent found in a component's arguments, each saying where a key not typed
+    on the command line came from: the recipe given there (`+recipe=gpt_text`)."""
+    recipes = [a.lstrip("+") for a in argv if a.lstrip("+").startswith("recipe=")]
+    if not recipes:
+        return problems
+    typed = {a.lstrip("+~").partition("=")[0] for a in argv}
+    said = []
+    for problem in problems:
+        key = re.match(r"([\w.]+): unexpected argument of ", problem)
+        if key and key[1] not in typed:
+            problem = problem.replace(": ", f" (set by +{recipes[-1]}): ", 1)
+        said.append(problem)
+    return said

@@ -9,14 +9,18 @@ runner's usual config (`model=... data=...`).
 
 It becomes an ordinary launch with `init_from.path=SOURCE` and `eval_only=true`: validated
 the same way before any rank starts, in a run directory of its own, where rank 0 writes
-eval.json. No optimizer state is read. A run's micro-batch is kept at any nproc: the
-global batch is scaled with the world size unless it is given.
+eval.json. No optimizer state is read. At any nproc, it scores the samples the run's
+evaluations scored, each rank a batch as large as theirs (`run_evaluations`), so its
+figures are the run's logged ones.
 """
 
 from __future__ import annotations
 
+import math
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -49,29 +53,86 @@ def eval_argv(argv: list[str], conf_dir: Path) -> list[str]:
     run = next((c for c in (source, source.parent, source.parent.parent) if _run_config(c)), None)
     if run is None:
         return [*overrides, *fixed]
-    return rerun_argv([str(run), *batch_overrides(run, overrides), *overrides, *fixed], conf_dir)
-
-
-def batch_overrides(run: Path, overrides: list[str]) -> list[str]:
-    """The run's micro-batch at the world size asked for: global_batch_size scaled, unless
-    given, with grad_accum=1 (nothing accumulates in an evaluation)."""
-    given = {o.partition("=")[0].lstrip("+") for o in overrides}
-    if "global_batch_size" in given:
-        return ["grad_accum=1"] if "grad_accum" not in given else []
     config = yaml.safe_load((run / "config.yaml").read_text())
-    nproc, nodes = _int(overrides, "nproc", config), _int(overrides, "nodes", config)
-    accum = config.get("grad_accum") if isinstance(config.get("grad_accum"), int) else 1
-    world = config.get("nproc", 1) * config.get("nodes", 1)
-    if not (nproc and nodes and isinstance(world, int) and world > 0):
-        return ["grad_accum=1"]
-    micro = max(1, config["global_batch_size"] // (world * accum))
-    return [f"global_batch_size={micro * nproc * nodes}", "grad_accum=1"]
+    sized = run_evaluations(config, overrides)
+    for line in sized.notes:
+        print(f"runner eval: {line}", file=sys.stderr)
+    argv = [str(run), *sized.before, *overrides, *sized.after, *fixed]
+    return rerun_argv(argv, conf_dir)
 
 
-def _int(overrides: list[str], key: str, config: dict) -> int | None:
-    for override in reversed(overrides):
-        name, _, value = override.partition("=")
-        if name.lstrip("+") == key:
-            return int(value) if value.isdigit() else None
-    value = config.get(key, 1)
-    return value if isinstance(value, int) else None
+@dataclass
+class Sizing:
+    """Overrides put before the user's (theirs win) and after them, and what to tell."""
+
+    before: list[str] = field(default_factory=list)
+    after: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+MESH = ("pipeline", "context", "tensor")  # the mesh's model dimensions: ranks that share data
+
+
+def run_evaluations(config: dict[str, Any], overrides: list[str]) -> Sizing:
+    """The run's evaluations at the world size asked for: the very samples they scored
+    (eval_batches counts the run's global batches: eval_samples), in the very batches
+    (eval_ranks: the run's data ranks), each rank's batch as large as theirs, and the run's
+    mesh where it fits the new world (a dimension that does not is dropped, and said so:
+    the weights are the same whatever splits them)."""
+    given = dict(o.lstrip("+").partition("=")[::2] for o in overrides if "=" in o)
+    sized = Sizing()
+    batch = config.get("global_batch_size")
+    if "eval_samples" not in given:
+        batches = given.get("eval_batches", config.get("eval_batches"))
+        if isinstance(batch, int) and str(batches).isdigit():
+            sized.after += [f"eval_samples={int(batches) * batch}", "eval_batches=null"]
+    if "global_batch_size" in given:
+        sized.before += [] if "grad_accum" in given else ["grad_accum=1"]
+        return sized
+    world, new_world = _world(config, {}), _world(config, given)
+    parallelism = config.get("parallelism") or {}
+    degrees = {k: parallelism.get(k, 1) for k in MESH}
+    if not (world and new_world and isinstance(batch, int)):
+        sized.before.append("grad_accum=1")
+        return sized
+    switched = "parallelism" in given and given["parallelism"] != parallelism.get("name")
+    new = {k: _as_int(given.get(f"parallelism.{k}"), 1 if switched else degrees[k]) for k in MESH}
+    if new_world % math.prod(new.values()):
+        dropped = [k for k in MESH if new[k] > 1 and f"parallelism.{k}" not in given]
+        for k in dropped:
+            new[k] = 1
+            sized.before.append(f"parallelism.{k}=1")
+        if dropped:
+            shown = " x ".join(f"{k}={degrees[k]}" for k in dropped)
+            sized.notes.append(
+                f"the run's {shown} does not fit {new_world} rank(s): evaluated without it "
+                f"({' '.join(f'parallelism.{k}=1' for k in dropped)}; the same weights)"
+            )
+    replicate = parallelism.get("replicate")
+    kept = isinstance(replicate, int) and not switched and "parallelism.replicate" not in given
+    if kept and (new_world // math.prod(new.values())) % replicate:
+        sized.before.append("parallelism.replicate=null")  # one copy per node
+    run_ranks = max(1, world // math.prod(degrees.values()))
+    data_ranks = max(1, new_world // math.prod(new.values()))
+    sized.before += [f"global_batch_size={batch // run_ranks * data_ranks}", "grad_accum=1"]
+    if "eval_ranks" not in given:  # its batches, sample for sample: runner.data.sampler
+        sized.after.append(f"eval_ranks={config.get('eval_ranks') or run_ranks}")
+    return sized
+
+
+def _as_int(value: str | None, default: Any) -> int:
+    if value is not None and value.isdigit():
+        return int(value)
+    return default if isinstance(default, int) else 1
+
+
+def _world(config: dict[str, Any], given: dict[str, str]) -> int | None:
+    """nproc x nodes, as given on the command line or the run's; None where not a number."""
+    sizes = []
+    for key in ("nproc", "nodes"):
+        value = given.get(key, config.get(key, 1))
+        value = int(value) if isinstance(value, str) and value.isdigit() else value
+        if not isinstance(value, int) or value < 1:
+            return None
+        sizes.append(value)
+    return sizes[0] * sizes[1]

@@ -28,7 +28,7 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from runner.cli.compose_errors import composition_problem
+from runner.cli.compose_errors import composition_problems, with_origins
 from runner.cli.conf_files import conf_dir
 from runner.cli.evaluate import eval_argv
 from runner.cli.hydra_files import hydra_subdir, write_hydra_files
@@ -163,7 +163,7 @@ def _run(cfg: DictConfig) -> float | None:
     summary = _summary_after(end, spec, run_dir, start_time)
     rejected = (summary.get("error") or {}).get("problems")
     if rejected and end.code == INVALID_CONFIG:  # the agent's check of the components:
-        log.error("%s", problems_text(rejected))  # reported like the checks above
+        log.error("%s", problems_text(with_origins(rejected, sys.argv[1:])))  # as above
         if not in_sweep:
             _discard_rejected(run_dir)
             sys.exit(INVALID_CONFIG)
@@ -173,10 +173,9 @@ def _run(cfg: DictConfig) -> float | None:
     finish_trackers(spec, run_dir, summary)
     if end.asked and summary.get("stopped"):  # a graceful stop: SLURM's job comes back
         continue_after_stop(end.asked, end.asked_handler, 0, summary["stopped"]["after_step"])
-    if not in_sweep:
-        if end.code != 0:
-            sys.exit(end.code)
-        return None
+    if not in_sweep:  # the exit code says how the run ended, whatever came after
+        code = 0 if summary.get("status") == Status.COMPLETED else end.code
+        return sys.exit(code) if code else None
     _update_sweep_table(hydra_cfg)
     if end.received and one_job_at_a_time(hydra_cfg):
         stop_sweep(hydra_cfg, end.received)
@@ -383,7 +382,7 @@ def main() -> None:
     except HydraException as exc:
         if user_wants_hydra_errors:
             raise
-        print(problems_text([composition_problem(exc, sys.argv[1:], conf_dir())]), file=sys.stderr)
+        print(problems_text(composition_problems(exc, sys.argv[1:], conf_dir())), file=sys.stderr)
         if SweepTable.sweep_dir is not None:  # a sweep whose jobs could not be composed
             _discard(SweepTable.sweep_dir, frozenset({"multirun.yaml"}))
         sys.exit(2)

@@ -46,7 +46,7 @@ def report_outcome(summary: dict[str, Any], run_dir: RunDir) -> None:
             pruned.get("checkpoint"),
         )
     elif status == Status.FAILED and summary.get("error"):
-        log.error("runner: %s", format_error(summary["error"]))
+        log.error("runner: %s", format_error(summary["error"], restarts=restarts_of(summary)))
     elif status == Status.INTERRUPTED:
         if not summary.get("stopped"):  # a graceful stop: the agent said where, with its step
             log.error("runner: %s", interrupted_line(summary, run_dir))
@@ -58,6 +58,9 @@ def report_outcome(summary: dict[str, Any], run_dir: RunDir) -> None:
 def completed_what(summary: dict[str, Any]) -> str:
     """`completed N steps`, and why it ended early where early_stop ended it."""
     what = f"completed {summary.get('steps')} steps"
+    restarts = restarts_of(summary)
+    if restarts:  # elastic restarts of this launch (each said as it happened)
+        what += f" after {restarts} restart{'s' * (restarts > 1)}"
     early = summary.get("stopped_early")
     if early:
         what += (
@@ -68,8 +71,8 @@ def completed_what(summary: dict[str, Any]) -> str:
 
 
 def interrupted_line(summary: dict[str, Any], run_dir: RunDir) -> str:
-    """Where a run stopped by a signal stands: its last logged step, and what resume=auto
-    goes on from."""
+    """Where a run stopped by a signal stands: the last step its ranks finished (the last
+    logged one where the agent could not tell), and what resume=auto goes on from."""
     from runner.rundir.checkpoints import CheckpointStore, step_of
 
     by = summary.get("signal") or "a signal"
@@ -77,7 +80,7 @@ def interrupted_line(summary: dict[str, Any], run_dir: RunDir) -> str:
     latest = CheckpointStore(run_dir.checkpoints, keep=1).latest()
     if not steps and latest is None and not summary.get("attempts"):  # no rank got to train
         return f"interrupted by {by} before the first step"
-    where = f"after step {steps} (the last logged)" if steps else "before its first logged step"
+    where = f"after step {steps}" if steps else "before its first step"
     if latest is None:
         return f"interrupted by {by} {where}; no checkpoint yet: a new start begins at step 0"
     return (
@@ -94,9 +97,16 @@ def shown(path: Path) -> str:
         return str(path)
 
 
-def format_error(error: dict, traceback_lines: int = 15) -> str:
+def restarts_of(summary: dict[str, Any]) -> int:
+    """The elastic restarts of this launch: rank 0's count, else one per attempt after the
+    first (a summary the agent wrote)."""
+    return summary.get("restarts") or max(0, len(summary.get("attempts") or []) - 1)
+
+
+def format_error(error: dict, traceback_lines: int = 15, restarts: int = 0) -> str:
     """The multi-line message the user sees for a failed run (from summary.json's `error`)."""
-    lines = [f"run failed: {error.get('message')}"]
+    after = f" after {restarts} restart{'s' * (restarts > 1)}" if restarts else ""
+    lines = [f"run failed{after}: {error.get('message')}"]
     body = (error.get("traceback") or "").strip()
     label = "traceback (last lines)"
     if not body:

@@ -90,7 +90,9 @@ def build_eval_loader(
     collate_fn: Callable[[list[Any]], Any] | None = None,
     limit: int | None = None,
     seed: int = 0,
+    groups: int | None = None,
 ) -> DataLoader:
-    """Every rank's share of the validation set, or of its first `limit` samples."""
-    sampler = ShardSampler(len(dataset), batch_size, world_size, rank, limit)
+    """Every rank's share of the validation set, or of its first `limit` samples, in the
+    batches `groups` ranks would make (ShardSampler)."""
+    sampler = ShardSampler(len(dataset), batch_size, world_size, rank, limit, groups)
     return _loader(dataset, collate_fn, sampler, num_workers, pin_memory, seed)

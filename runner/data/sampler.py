@@ -94,11 +94,17 @@ class GlobalBatchSampler:
 
 
 class ShardSampler:
-    """Evaluation batches: rank r takes every W-th sample, in order, no padding.
+    """Evaluation batches: the first `limit` samples (all: None), in order, no padding,
+    grouped as `groups` ranks group them (rank g: samples g, g+G, ..., in batches of
+    `batch_size`) and handed out over this world's ranks in turn.
 
-    Every rank yields the same number of batches: a rank one sample short ends with a
-    placeholder batch, so a model that gathers its weights in forward (fsdp, zero3)
-    meets the same collectives on every rank. The placeholder counts nothing.
+    `groups` is the world size (rank r takes every W-th sample), unless an evaluation
+    scores another run's batches (`runner eval`: the run's data ranks), whose batches are
+    then the run's, sample for sample, at any world size: a batch's figures (float8's
+    scales, a bf16 sum's rounding) depend on which samples share it. Every rank yields the
+    same number of batches: a rank one short ends with a placeholder batch, so a model that
+    gathers its weights in forward (fsdp, zero3) meets the same collectives on every rank.
+    The placeholder counts nothing.
     """
 
     def __init__(
@@ -108,15 +114,26 @@ class ShardSampler:
         world_size: int,
         rank: int,
         limit: int | None = None,
+        groups: int | None = None,
     ):
         count = num_samples if limit is None else min(num_samples, limit)  # the first `limit`
-        self.indices = range(rank, count, world_size)
-        self.batch_size = batch_size
-        self.batches = math.ceil(math.ceil(count / world_size) / batch_size)
+        self.count, self.batch_size = count, batch_size
+        self.groups, self.world_size, self.rank = groups or world_size, world_size, rank
+        # batches round by round, group by group (with groups == world, rank r's are group
+        # r's); only the last round can lack some, those of its last groups: the list's tail
+        rounds = math.ceil(math.ceil(count / self.groups) / batch_size)
+        last = sum(1 for g in range(self.groups) if self._batch(rounds - 1, g)) if rounds else 0
+        self.total = (rounds - 1) * self.groups + last if rounds else 0
+        self.batches = math.ceil(self.total / world_size)
+
+    def _batch(self, round_: int, group: int) -> range:
+        b = self.batch_size
+        return range(group, self.count, self.groups)[round_ * b : (round_ + 1) * b]
 
     def __iter__(self) -> Iterator[list[int]]:
-        for start in range(0, self.batches * self.batch_size, self.batch_size):
-            yield list(self.indices[start : start + self.batch_size]) or [PLACEHOLDER]
+        for b in range(self.batches):
+            k = self.rank + b * self.world_size
+            yield list(self._batch(*divmod(k, self.groups))) if k < self.total else [PLACEHOLDER]
 
     def __len__(self) -> int:
         return self.batches

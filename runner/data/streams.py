@@ -58,6 +58,35 @@ def rank_part(dataset: Any, rank: int, world_size: int) -> Any:
     return EveryNth(dataset, rank, world_size)
 
 
+def first_examples(dataset: Any, count: int | None) -> Any:
+    """The first `count` examples of a stream (None: all of it), before it is split between
+    ranks, so an evaluation reads the same examples at any world size. A dataset that splits
+    itself by rank cannot be cut before the split: it is left whole (its evaluation reads
+    as many batches of each rank's part as the count makes global batches)."""
+    if count is None or splits_itself(dataset):
+        return dataset
+    if _is_hf_iterable(dataset):
+        return dataset.take(count)
+    return FirstExamples(dataset, count)
+
+
+class FirstExamples(IterableDataset):
+    """The first `count` examples of `dataset`."""
+
+    def __init__(self, dataset: Any, count: int):
+        self.dataset, self.count = dataset, count
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        for i, example in enumerate(self.dataset):
+            if i >= self.count:
+                return
+            yield example
+
+
 class EveryNth(IterableDataset):
     """Every `world_size`-th example of `dataset`, starting at `rank`; split again between a
     loader's workers, so each example is served once per pass across ranks and workers."""
@@ -165,7 +194,8 @@ def eval_stream(
     collate_fn: Callable[[list[Any]], Any] | None = None,
     limit_batches: int | None = None,
 ) -> Callable[[], Iterator[Any]]:
-    """A fresh pass over this rank's validation part, at most `limit_batches` batches."""
+    """A fresh pass over this rank's validation part, at most `limit_batches` batches (a
+    dataset that splits itself, which `first_examples` cannot cut)."""
     from torch.utils.data import DataLoader
 
     loader = DataLoader(

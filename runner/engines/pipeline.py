@@ -25,7 +25,7 @@ from runner.engines.base import FinalTensor
 from runner.models.pipeline_stages import StagedModel, cut_stages
 from runner.models.pretrained import unwrapped_name
 from runner.spec.mesh import Layout, pipeline_mesh, tensor_mesh
-from runner.spec.parallelism_specs import ONE_STAGE_PER_RANK, V_SHAPED
+from runner.spec.parallelism_specs import ONE_STAGE_PER_RANK
 
 # parallelism.pipeline_schedule -> torch's schedule class (torch.distributed.pipelining)
 SCHEDULES = {
@@ -33,17 +33,13 @@ SCHEDULES = {
     "1f1b": "1F1B",
     "interleaved_1f1b": "Interleaved1F1B",
     "looped_bfs": "LoopedBFS",
-    "interleaved_zero_bubble": "InterleavedZeroBubble",
-    "zbv_zero_bubble": "ZBVZeroBubble",
 }
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 _HEADER = 8  # ndim, dtype, then up to 6 sizes
 
 
-def stage_indices(pp_rank: int, pipeline: int, per_rank: int, schedule: str) -> list[int]:
-    """The stages of stage group `pp_rank`: looped (r, r+P, ...) or V-shaped."""
-    if schedule in V_SHAPED:
-        return [pp_rank, 2 * pipeline - 1 - pp_rank]
+def stage_indices(pp_rank: int, pipeline: int, per_rank: int) -> list[int]:
+    """The stages of stage group `pp_rank`: looped (r, r+P, ...)."""
     return [pp_rank + v * pipeline for v in range(per_rank)]
 
 
@@ -77,7 +73,7 @@ class Pipeline:
         self.owner = {
             s: r
             for r in range(grid.pipeline)
-            for s in stage_indices(r, grid.pipeline, self.per_rank, self.schedule_name)
+            for s in stage_indices(r, grid.pipeline, self.per_rank)
         }
         self.indices = sorted(s for s, r in self.owner.items() if r == self.pp_rank)
         split, plan = options.pipeline_split, options.pp_plan

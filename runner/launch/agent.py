@@ -38,6 +38,7 @@ from runner.errors import describe
 from runner.launch import nodes, outcomes, rendezvous, torch_setup
 from runner.launch.forked_ranks import ForkServer, forked_ranks, modules_for
 from runner.launch.join import join_nodes
+from runner.launch.restarts import Attempts
 from runner.launch.stopping import GracefulStop, catch_early
 from runner.launch.watchdog import Watchdog
 from runner.processes import (
@@ -47,6 +48,7 @@ from runner.processes import (
     can_fork_ranks,
     die_with_parent,
     exit_code_for_signal,
+    quiet_library_noise,
 )
 from runner.rundir.checkpoints import CheckpointStore
 from runner.rundir.files import RunDir
@@ -81,8 +83,17 @@ def launch(node_dir: Path, spec: RunSpec, server: ForkServer | None = None) -> i
     try:
         return _launch(node_dir, spec, server)
     finally:
+        _ignore_signals()  # the outcome is written: a late signal must not cut the teardown
         if server is not None:
             server.close()
+
+
+def _ignore_signals() -> None:
+    """Once every rank is gone and summary.json says how the run ended, SIGINT, SIGTERM and
+    SIGHUP change nothing (torch elastic's handler would raise in the teardown, a traceback
+    after the run's last line); the parent still kills this process if it overstays."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _launch(node_dir: Path, spec: RunSpec, server: ForkServer | None) -> int:
@@ -171,7 +182,11 @@ def _run_ranks(
     threads = _set_thread_env(spec)
     os.environ[RANK_PARENT_ENV] = str(os.getpid())  # a forked rank's is the server
     os.environ["RUNNER_NODE_DIR"] = str(node_dir)  # ranks read this node's config.yaml
-    config = _launch_config(spec, run_dir)
+    watchdog = None
+    if spec.watchdog.timeout:
+        watchdog = Watchdog(spec.watchdog, run_dir, spec.nproc, spec.nodes, path=beats)
+    attempts = Attempts(run_dir, spec.max_restarts, beats, spec.nproc, watchdog)  # restarts said
+    config = _launch_config(spec, run_dir, attempts)
     log.info(
         "runner: %d rank(s) on this node (world size %d, %s, %d thread(s) per rank) -> %s",
         spec.nproc,
@@ -184,12 +199,10 @@ def _run_ranks(
     stop.install()
     if link is not None:
         link.watch(on_stop_asked=stop.ask)
-    watchdog = None
-    if spec.watchdog.timeout:
-        watchdog = Watchdog(spec.watchdog, run_dir, spec.nproc, spec.nodes, path=beats)
+    if watchdog is not None:
         watchdog.start()
     try:
-        with forked_ranks(server):
+        with forked_ranks(server, attempts.note):
             worker = ("-u", "-m", "runner.train.worker", str(run_dir.root))
             elastic_launch(config, sys.executable)(*worker)
     except ChildFailedError as exc:
@@ -197,14 +210,15 @@ def _run_ranks(
         return outcomes.ranks_failed(exc.failures, run_dir, link, watchdog, write_outcome)
     except SignalException as exc:
         _settle(link, watchdog)
-        return outcomes.signalled(exc.sigval, run_dir, link, watchdog, write_outcome)
+        reached = heartbeat.finished_step(beats, spec.nproc)
+        return outcomes.signalled(exc.sigval, run_dir, link, watchdog, write_outcome, reached)
     _settle(link, watchdog)
     if stop.step is not None and heartbeat.stopped(beats, spec.nproc):
         return outcomes.stopped_as_asked(stop, run_dir, write_outcome)
     return outcomes.ranks_exited(spec.node_rank, run_dir, write_outcome)
 
 
-def _launch_config(spec: RunSpec, run_dir: RunDir) -> Any:
+def _launch_config(spec: RunSpec, run_dir: RunDir, attempts: Attempts) -> Any:
     """torch elastic's launch: one static rendezvous (runner.launch.rendezvous), ranks
     spawned (or forked through runner.launch.forked_ranks), restarted up to max_restarts."""
     from torch.distributed.launcher.api import LaunchConfig
@@ -221,7 +235,7 @@ def _launch_config(spec: RunSpec, run_dir: RunDir) -> Any:
         max_restarts=spec.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
-        logs_specs=torch_setup.logs_specs(run_dir),
+        logs_specs=torch_setup.logs_specs(run_dir, attempts.restarting),
     )
 
 
@@ -237,9 +251,8 @@ def _settle(link: nodes.NodeLink | None, watchdog: Watchdog | None) -> None:
     cut the summary short (the parent still kills us if we overstay). Signals first: the
     link's watcher stops this agent with SIGTERM when another node's part ends, and it may
     do so while the watchdog is being stopped, after our own ranks failed."""
+    _ignore_signals()
     if link is not None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_IGN)
         link.stop_watching()
     if watchdog is not None:
         watchdog.stop()
@@ -264,7 +277,11 @@ class _Interrupted(BaseException):
         self.signum = signum
 
 
+_received: list[int] = []  # the signals _raise_interrupted raised for
+
+
 def _raise_interrupted(signum: int, _frame: Any) -> None:
+    _received.append(signum)
     raise _Interrupted(signum)
 
 
@@ -274,15 +291,24 @@ def main() -> None:
             "usage: python -m runner.launch.agent NODE_DIR  (the run directory on node 0), or - to "
             "import torch first and then read 'NODE_DIR<TAB>START_TIME' from stdin"
         )
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_interrupted)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # (imported as a module too)
+        signal.signal(sig, _exit_quietly)
     try:
         _main()
-    except _Interrupted as stop:  # the parent writes the summary and says where it stopped
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_code_for_signal(stop.signum))
+    except BaseException as exc:  # the parent writes the summary and says where it stopped
+        signum = getattr(exc, "signum", None) or getattr(exc, "sigval", None)  # ours, torch's
+        if signum is None and _received:  # what a signal set off (an import it cut short)
+            signum = _received[0]
+        if signum is None:
+            raise
+        _exit_now(exit_code_for_signal(signum))
+
+
+def _exit_now(code: int) -> None:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _main() -> None:
@@ -291,6 +317,7 @@ def _main() -> None:
     die_with_parent(signal.SIGTERM, int(parent) if parent else None)
     node_dir = Path(sys.argv[1])
     spec = None if sys.argv[1] == "-" else load_spec(node_dir)  # prestarted: not known yet
+    quiet_library_noise()  # before the imports that make it
     torch_setup.import_torch()
     # Now, with torch imported once for both and before this process has any thread: the
     # fork server imports the ranks' other modules while we wait for the run and start it.
@@ -307,13 +334,15 @@ def _main() -> None:
         os.environ["RUNNER_START_TIME"] = start_time
         os.environ[SECRETS_ENV] = secrets  # the ranks inherit it: never in a file
         spec = load_spec(node_dir)
+    # From here a signal unwinds (the heartbeat file, the fork server are cleaned up). Not
+    # before: raised inside an import (torch's, numpy's), it left a module half-imported,
+    # whose next use recursed without end (a RecursionError's traceback on the terminal)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupted)
     code = launch(node_dir, spec, server)
     # Every artifact is on disk and every rank is gone: skip the interpreter's teardown,
     # which spends about a second in torch's and multiprocessing's exit handlers.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    _exit_now(code)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from runner.launch import fork_server
@@ -229,26 +229,36 @@ class ForkedRank:
         self.send_signal(signal.SIGKILL)
 
 
+Started = Callable[[dict[str, str], Any], None]  # (a rank's environment, its process)
+
+
 @contextlib.contextmanager
-def forked_ranks(server: ForkServer | None) -> Iterator[bool]:
-    """While inside, torch elastic starts ranks through `server` (None: spawns them). Yields
-    whether it does."""
-    hook = elastic_hook() if server is not None else None
-    if server is None or hook is None:
+def forked_ranks(server: ForkServer | None, started: Started | None = None) -> Iterator[bool]:
+    """While inside, torch elastic starts ranks through `server` (None: spawns them), and
+    tells `started` of each process it starts (its exit code is read from it once torch has
+    seen it end: runner.launch.restarts). Yields whether it forks them."""
+    hook = elastic_hook() if server is not None or started is not None else None
+    if hook is None:
         yield False
         return
     api, handler_class = hook
     warned: list[str] = []
 
-    class ForkedHandler(handler_class):  # type: ignore[misc, valid-type]
+    class RankHandler(handler_class):  # type: ignore[misc, valid-type]
         def _popen(self, args: tuple, env: dict[str, str]) -> Any:
-            try:
-                return server.spawn(args, env)
-            except ForkServerError as exc:
-                if not warned:
-                    warned.append(str(exc))
-                    log.warning("runner: spawning the ranks instead of forking them: %s", exc)
-                return super()._popen(args, env)
+            process = None
+            if server is not None:
+                try:
+                    process = server.spawn(args, env)
+                except ForkServerError as exc:
+                    if not warned:
+                        warned.append(str(exc))
+                        log.warning("runner: spawning the ranks instead of forking them: %s", exc)
+            if process is None:
+                process = super()._popen(args, env)
+            if started is not None:
+                started(env, process)
+            return process
 
         def close(self, death_sig: signal.Signals | None = None) -> None:
             try:
@@ -257,12 +267,12 @@ def forked_ranks(server: ForkServer | None) -> Iterator[bool]:
                 self.proc.send_signal(death_sig or signal.SIGTERM)
 
     def make_handler(*args: Any, **kwargs: Any) -> Any:
-        return ForkedHandler(*args, **kwargs)
+        return RankHandler(*args, **kwargs)
 
     original = api.get_subprocess_handler
     api.get_subprocess_handler = make_handler
     try:
-        yield True
+        yield server is not None
     finally:
         api.get_subprocess_handler = original
 

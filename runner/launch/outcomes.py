@@ -114,9 +114,11 @@ def signalled(
     link: nodes.NodeLink | None,
     watchdog: Watchdog | None,
     write_outcome: OutcomeWriter,
+    reached: int | None = None,
 ) -> int:
     """The agent was signalled (torch elastic's SignalException): by another node's end, whose
-    cause becomes ours, or by the user or the scheduler."""
+    cause becomes ours, or by the user or the scheduler. `reached`: the last step every rank
+    here had finished (their heartbeats), the summary's `steps`."""
     notices = link.notices if link is not None else []
     if notices:  # another node's part ended first: end with its cause
         hang = watchdog.hang if watchdog is not None else None
@@ -129,7 +131,8 @@ def signalled(
     if link is None and _ended_by_rank0(run_dir):  # the run had ended: its result stands
         log.info("runner: received %s as the run ended; it had ended already", name)
         return 0
-    write_outcome(run_dir, Status.INTERRUPTED, None, signal=name)  # the parent says where
+    steps = {} if reached is None else {"steps": reached}
+    write_outcome(run_dir, Status.INTERRUPTED, None, signal=name, **steps)  # the parent says where
     if link is not None:
         link.publish(None, signal_name=name)
         link.linger()

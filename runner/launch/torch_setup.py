@@ -8,14 +8,16 @@ import contextlib
 import gc
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from runner.rundir.files import RunDir
 
 
-def logs_specs(run_dir: RunDir) -> Any:
-    """Ranks write their own logs/rank{R}.log; the agent only assigns error files."""
+def logs_specs(run_dir: RunDir, restarting: Callable[[int], None] | None = None) -> Any:
+    """Ranks write their own logs/rank{R}.log; the agent only assigns error files. Torch
+    asks for them as each attempt starts: `restarting(attempt)` hears of every restart."""
     from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 
     class RunLogsSpecs(LogsSpecs):
@@ -28,6 +30,8 @@ def logs_specs(run_dir: RunDir) -> Any:
 
         def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
             attempt = int(next(iter(envs.values()))["TORCHELASTIC_RESTART_COUNT"]) if envs else 0
+            if attempt > 0 and restarting is not None:
+                restarting(attempt)
             error_files = {}
             for local_rank, env in envs.items():
                 path = run_dir.error_file(int(env["RANK"]), attempt)

@@ -15,6 +15,7 @@ compile), so they match the model a Hugging Face config builds.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,7 +144,9 @@ def _dcp(checkpoint: Path, run_dir: Path) -> RunWeights:
 
         def read(name: str = name, shape: Any = entry.size, dtype: torch.dtype = dtype):
             value = torch.empty(tuple(shape), dtype=dtype)
-            dcp.load({"model": {name: value}}, storage_reader=reader, no_dist=True)
+            with warnings.catch_warnings():  # one process on purpose (no_dist): torch says
+                warnings.filterwarnings("ignore", message=".*assuming the intent is to load")
+                dcp.load({"model": {name: value}}, storage_reader=reader, no_dist=True)
             return value
 
         tensors.append(_tensor(name, entry.size, dtype, read))

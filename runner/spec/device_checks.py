@@ -31,7 +31,7 @@ def check_compile(spec: RunSpec, problems: list[str]) -> None:
             problems.append(
                 f"compile.backend=inductor: on CPU it builds C++ kernels with {compiler}, "
                 "which is not on PATH; install a C++ compiler (Debian/Ubuntu: apt-get install "
-                "g++; or set CXX), or use compile.backend=aot_eager"
+                f"g++; or set CXX), or use {options.typed(backend='aot_eager')}"
             )
 
 
@@ -42,10 +42,11 @@ def _check_cuda_graphs(spec: RunSpec, problems: list[str]) -> None:
     if not spec.compile.captures_graphs:
         return
     key = f"compile.mode={spec.compile.mode}"
+    instead = spec.compile.typed(mode="default")  # as typed, it works
     if spec.device != "cuda":
         problems.append(
             f"{key}: captures CUDA graphs, which need device=cuda (device={spec.device}); "
-            "use compile.mode=default"
+            f"use {instead}"
         )
     if spec.grad_accum == "auto":
         problems.append(
@@ -55,8 +56,8 @@ def _check_cuda_graphs(spec: RunSpec, problems: list[str]) -> None:
     if spec.parallelism.name != "ddp":
         problems.append(
             f"{key}: not under parallelism={spec.parallelism.name} (its gathers and reductions "
-            "run from hooks on the host between the graph's kernels); use parallelism=ddp, or "
-            "compile.mode=default"
+            f"run from hooks on the host between the graph's kernels); use parallelism=ddp, or "
+            f"{instead}"
         )
     if spec.data.args.get("min_length") is not None:
         problems.append(

@@ -70,7 +70,6 @@ DEEPSPEED_SPECS = (ZeroSpec, Zero3Spec)
 
 
 ONE_STAGE_PER_RANK = ("gpipe", "1f1b")  # pipeline schedules of one stage per rank
-V_SHAPED = ("zbv_zero_bubble",)  # rank r holds stages r and 2P-1-r
 
 
 @dataclass(frozen=True)
@@ -99,8 +98,6 @@ class FSDPSpec:
         "1f1b",
         "interleaved_1f1b",
         "looped_bfs",
-        "interleaved_zero_bubble",
-        "zbv_zero_bubble",
     ] = "1f1b"
     stages_per_rank: int | None = _bound(None, min=1)  # null: 1, or 2 for the multi-stage ones
     pipeline_split: tuple[int, ...] = ()  # blocks per stage; () = as many each

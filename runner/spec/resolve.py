@@ -233,7 +233,7 @@ def _resolve_early_stop(spec: RunSpec, problems: list[str]) -> RunSpec:
     early = spec.early_stop
     evaluated = ["val/loss", *(f"val/{name}" for name in spec.metrics)]
     metric = spec.sweep.metric if early.metric == "auto" else early.metric
-    if early.patience is not None and metric not in evaluated:
+    if (early.patience is not None or early.metric != "auto") and metric not in evaluated:
         given = f"early_stop.metric={early.metric!r}"
         problems.append(
             f"{given}: not a value this run evaluates; valid: auto, " + ", ".join(evaluated)

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from runner.components import TARGET
 from runner.spec.bounds import bound as _bound
+from runner.spec.device_specs import CompileSpec, MfuSpec  # noqa: F401  (re-exported)
 from runner.spec.guard_specs import ChaosSpec, EarlyStopSpec, LossSpikeSpec, WatchdogSpec
 from runner.spec.parallelism_specs import (  # noqa: F401  (the schema's names, re-exported)
     DEEPSPEED_SPECS,
@@ -221,35 +222,6 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True)
-class CompileSpec:
-    """torch.compile. `per_block`: compile each block of the model's blocks list on its own
-    (after activation checkpointing, before FSDP shards it); null = when the model has
-    one. Otherwise the whole model is compiled (under DDP with its graph-break optimizer)."""
-
-    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = (
-        "default"
-    )
-    backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
-    per_block: bool | None = None
-    fullgraph: bool = False
-
-    @property
-    def captures_graphs(self) -> bool:
-        """Whether inductor captures CUDA graphs in this mode (reduce-overhead and
-        max-autotune do; max-autotune-no-cudagraphs does not)."""
-        return self.backend == "inductor" and self.mode in ("reduce-overhead", "max-autotune")
-
-
-@dataclass(frozen=True)
-class MfuSpec:
-    """Model FLOPs utilisation's peak: `peak_tflops` of one device (any device, CPU too),
-    else the table of GPUs (runner.hardware.PEAK_TFLOPS) by `gpu`, else by the device's name."""
-
-    peak_tflops: float | None = _bound(None, gt=0.0)
-    gpu: str | None = None
-
-
-@dataclass(frozen=True)
 class InitFromSpec:
     """Pretrained weights the run starts from (runner.models.pretrained): `path` a model.pt,
     a .safetensors file, a sharded safetensors directory with its index, or a local Hugging
@@ -340,6 +312,8 @@ class RunSpec:
     log_interval: int = _bound(10, min=1)
     eval_interval: int | None = _bound(None, min=1)
     eval_batches: int | None = _bound(None, min=1)  # evaluate the first N global batches only
+    eval_samples: int | None = _bound(None, min=1)  # ... or the first N samples (runner eval)
+    eval_ranks: int | None = _bound(None, min=1)  # batches grouped as N data ranks group them
     eval_only: bool = False  # evaluate the starting weights (init_from), write eval.json, stop
     progress_bar: bool = True
     log_grad_norm: bool = True  # the global gradient norm in every log record
@@ -364,8 +338,11 @@ class RunSpec:
         return {"none": 0, "full": 1, "selective": 1}[ac] if isinstance(ac, str) else ac
 
     @property
-    def eval_samples(self) -> int | None:
-        """How much of the validation set an evaluation reads (eval_batches); None: all."""
+    def eval_limit(self) -> int | None:
+        """How many of the validation set's first samples an evaluation reads (eval_samples,
+        or eval_batches global batches); None: all of them."""
+        if self.eval_samples is not None:
+            return self.eval_samples
         return None if self.eval_batches is None else self.eval_batches * self.global_batch_size
 
     @property

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from runner.processes import exit_code_for_signal
+from runner.processes import NO_BAR_ENV, exit_code_for_signal
 from runner.rundir.files import RunDir, read_json, write_json
 from runner.spec.slurm import job_key
 from runner.sweeps.resume import KEEP, RESUME, EarlierJob, EarlierStart, earlier_job
@@ -62,8 +62,7 @@ def quiet_beside_others(cfg: DictConfig, hydra_cfg: Any) -> None:
     line, so they draw none (hydra/launcher=runner decides for its own jobs)."""
     launcher = hydra_cfg.launcher
     if "joblib" in str(launcher.get("_target_", "")) and launcher.get("n_jobs", 1) != 1:
-        with open_dict(cfg):
-            cfg.progress_bar = False
+        os.environ[NO_BAR_ENV] = "1"  # the agent and the ranks inherit it
 
 
 def one_job_at_a_time(hydra_cfg: Any) -> bool:

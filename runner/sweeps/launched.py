@@ -30,6 +30,7 @@ class SweepJob:
     overrides: Sequence[str]
     config: Any
     size: int = 1
+    beside_others: bool = False  # runs side by side with others: no progress bar (NO_BAR_ENV)
 
     @property
     def dir(self) -> Path:

@@ -41,10 +41,12 @@ class SweepProgress:
         self.queued -= 1
         self.running += 1
 
-    def ended(self, job: int, job_dir: Path) -> None:
+    def ended(self, job: int, job_dir: Path, returned: bool = False) -> None:
+        """`returned`: the job's function returned (a Hydra app that is not runner's writes
+        no summary.json: that is how it completed)."""
         self.running -= 1
         ending = how_it_ended(job_dir)
-        if ending.status is Status.COMPLETED:
+        if ending.status is Status.COMPLETED or (ending.status is None and returned):
             self.done += 1
         elif ending.status is Status.INTERRUPTED:
             self.stopped += 1

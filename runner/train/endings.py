@@ -11,6 +11,10 @@ broadcast from rank 0.
   `pruned`, a checkpoint, no model.pt).
 - `EarlyStopping`: `early_stop.metric` stopped improving for `early_stop.patience`
   evaluations (status `completed`, `stopped_early` in the summary, model.pt written).
+
+The loop asks them before it writes the step's checkpoint, so a rule's state (early
+stopping's best and count) is in it as of that step, and a restart or a resume from it
+stops where the uninterrupted run stops.
 """
 
 from __future__ import annotations
@@ -64,6 +68,20 @@ class EndingRule(Protocol):
 class Endings:
     rules: list[EndingRule]
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What the rules need to go on from a checkpoint (each checkpoint holds it)."""
+        state: dict[str, Any] = {}
+        for rule in self.rules:
+            if hasattr(rule, "checkpoint_state"):
+                state.update(rule.checkpoint_state())
+        return state
+
+    def load(self, state: dict[str, Any]) -> None:
+        """The rules as of a checkpoint's client state (a rollback's; {}: as at step 0)."""
+        for rule in self.rules:
+            if hasattr(rule, "load"):
+                rule.load(state)
+
     def after_step(self, step: int, evaluation: dict[str, float] | None) -> Ending | None:
         """The first rule's answer, in order (a run the pruner ends stops no other way)."""
         for rule in self.rules:
@@ -73,9 +91,13 @@ class Endings:
         return None
 
 
-def endings_of(spec: RunSpec, heart: Heartbeat) -> Endings:
+def endings_of(spec: RunSpec, heart: Heartbeat, resumed: dict[str, Any] | None = None) -> Endings:
+    """The rules, as of the checkpoint this attempt starts from (`resumed`: its client
+    state)."""
     rules: list[EndingRule] = [SweepPruning(spec), EarlyStopping(spec), GracefulStop(heart)]
-    return Endings(rules)
+    endings = Endings(rules)
+    endings.load(resumed or {})
+    return endings
 
 
 class GracefulStop:
@@ -136,14 +158,30 @@ class SweepPruning:
 class EarlyStopping:
     """`early_stop`: the run ends once `metric` has not improved on its best by more than
     `min_delta` for `patience` evaluations in a row (`mode`: min, lower is better; max).
-    A non-finite value never counts as an improvement. A resumed run starts counting
-    afresh."""
+    A non-finite value never counts as an improvement. The best, its step and the count
+    are in every checkpoint: a restart or a resume goes on counting where it left off
+    (afresh where the checkpoint watched another metric or way, or none)."""
+
+    KEY = "early_stop"  # the checkpoint's client state
 
     def __init__(self, spec: RunSpec):
         self.options = spec.early_stop
         self.best: float | None = None
         self.best_step: int | None = None
         self.stale = 0  # evaluations since the best
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        if self.options.patience is None:
+            return {}
+        kept = {"best": self.best, "best_step": self.best_step, "stale": self.stale}
+        return {self.KEY: {"metric": self.options.metric, "mode": self.options.mode, **kept}}
+
+    def load(self, state: dict[str, Any]) -> None:
+        kept = state.get(self.KEY) or {}
+        same = (kept.get("metric"), kept.get("mode")) == (self.options.metric, self.options.mode)
+        self.best, self.best_step, self.stale = None, None, 0
+        if same:
+            self.best, self.best_step, self.stale = kept["best"], kept["best_step"], kept["stale"]
 
     def after_step(self, step: int, evaluation: dict[str, float] | None) -> Ending | None:
         options = self.options

@@ -33,7 +33,7 @@ def write_evaluation(run_dir: RunDir, spec: RunSpec, metrics: dict[str, float], 
         "weights": spec.init_from.path,
         "metrics": metrics,
         "world_size": world,
-        "eval_samples": spec.eval_samples,
+        "eval_samples": spec.eval_limit,
     }
     write_json(run_dir.root / EVAL_FILE, evaluation)
 

@@ -84,7 +84,6 @@ class Trainer:
         self._resume()
         self.stand_in: Any = None  # the latest training microbatch (Evaluator.evaluate)
         self.faults = chaos.Faults(spec.chaos, self.rank, self.engine.module)  # chaos.*
-        self.endings = endings_of(spec, self.heart)  # how a run may end before its last step
         self.sync_debug = SyncDebug(spec.sync_debug, device)  # sync_debug: quiet steps' waits
         self.passes = LossPass(
             spec, self.engine, self.loss_fn, device, self.channels_last, self.faults,
@@ -143,7 +142,9 @@ class Trainer:
         self.spikes = LossSpikes(spec.loss_spike, self.start.state)
         # grad_accum: fixed, or auto (cut finer on OOM)
         self.microbatching = microbatch_steps(spec, self.device, self.engine, self.start.state)
-        self.checkpointer.keeps(self.microbatching, self.spikes)
+        # how a run may end before its last step (early stopping's count goes on)
+        self.endings = endings_of(spec, self.heart, self.start.state)
+        self.checkpointer.keeps(self.microbatching, self.spikes, self.endings)
 
     # ------------------------------------------------------------------ the loop
 
@@ -199,11 +200,13 @@ class Trainer:
                 evaluation = self._timed_evaluation(step) if evaluate else None
                 spike = self.step_log.step(this_step, logged, evaluation)
                 if spike is None and saved:
-                    spike = self._save(step, samples)
+                    spike = self.step_log.flush()  # the records a checkpoint keeps
                 if spike is not None:  # back to the checkpoint before it, and on from there
                     step, samples = self._roll_back(spike)
                     break
                 ending = COMPLETED if last else self.endings.after_step(step, evaluation)
+                if saved:  # after the rules: it holds their state as of this step
+                    self.step_log.pause(self.checkpointer.save(step, samples))
                 if ending is not None:
                     return Outcome(ending, step, samples, saved)
         return Outcome(COMPLETED, step, samples)
@@ -294,6 +297,7 @@ class Trainer:
             )
         checkpoint, back = found
         self.spikes.rolled_back(checkpoint, spike, back.step)
+        self.endings.load(back.state)
         self.step_log.rewind(back.step)
         return back.step, back.samples
 

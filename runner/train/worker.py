@@ -35,7 +35,7 @@ from typing import TextIO
 
 from runner.dist import get_attempt
 from runner.errors import Explained, describe, first_line
-from runner.processes import FORKED_ENV, RANK_PARENT_ENV, die_with_parent
+from runner.processes import FORKED_ENV, RANK_PARENT_ENV, die_with_parent, quiet_library_noise
 from runner.rundir.files import RunDir, write_atomic
 
 log = logging.getLogger("runner.train.worker")  # also when run as __main__
@@ -160,6 +160,7 @@ def main() -> None:
     attempt = get_attempt()
     terminal = _redirect_output(run_dir.rank_log(rank), rank, attempt)
     faulthandler.enable()  # a native crash still leaves a Python stack in the log
+    quiet_library_noise()
     faulthandler.register(STACK_SIGNAL, all_threads=True)  # the watchdog asks where we are
     heart = Heartbeat.from_env()  # from here on, the agent's watchdog sees this rank
     parent = os.environ.get(RANK_PARENT_ENV)  # the agent, or its fork server

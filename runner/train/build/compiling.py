@@ -33,7 +33,7 @@ def blocks_to_compile(module: nn.Module, options: CompileSpec) -> list[nn.Module
         if not blocks:
             raise ValueError(
                 f"compile.per_block=true: {type(module).__name__} has no blocks (a ModuleList "
-                "of modules of one class); use compile.per_block=false"
+                f"of modules of one class); use {options.typed(per_block=False)}"
             )
         return blocks
     total = sum(p.numel() for p in module.parameters())

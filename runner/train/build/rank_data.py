@@ -11,7 +11,14 @@ from typing import Any
 from runner.data.loaders import build_eval_loader, build_train_loader
 from runner.data.sampler import GlobalBatchSampler
 from runner.data.splits import Datasets
-from runner.data.streams import TrainStream, eval_stream, is_iterable, rank_part
+from runner.data.streams import (
+    TrainStream,
+    eval_stream,
+    first_examples,
+    is_iterable,
+    rank_part,
+    splits_itself,
+)
 from runner.spec import RunSpec
 
 
@@ -93,14 +100,14 @@ def _val_loader(spec: RunSpec, data: Datasets, rank: int, world: int, pin: bool)
     giving a fresh pass over this rank's part of an iterable one."""
     if data.val is None:
         return None
-    if is_iterable(data.val):
+    if is_iterable(data.val):  # its first samples, then this rank's part of them
         return eval_stream(
-            rank_part(data.val, rank, world),
+            rank_part(first_examples(data.val, spec.eval_limit), rank, world),
             spec.per_rank_batch_size,
             spec.data.num_workers,
             pin,
             data.collate_fn,
-            limit_batches=spec.eval_batches,
+            limit_batches=_self_split_batches(spec, data.val),
         )
     return build_eval_loader(
         data.val,
@@ -110,9 +117,18 @@ def _val_loader(spec: RunSpec, data: Datasets, rank: int, world: int, pin: bool)
         spec.data.num_workers,
         pin,
         data.collate_fn,
-        limit=spec.eval_samples,
+        limit=spec.eval_limit,
         seed=spec.seed,
+        groups=spec.eval_ranks,
     )
+
+
+def _self_split_batches(spec: RunSpec, val: Any) -> int | None:
+    """Batches per rank that make the evaluation's limit, for a stream that splits itself
+    (first_examples leaves it whole)."""
+    if spec.eval_limit is None or not splits_itself(val):
+        return None
+    return math.ceil(spec.eval_limit / spec.global_batch_size)
 
 
 def _total_steps(spec: RunSpec, steps_per_epoch: int, sampler: Any) -> int:

@@ -81,6 +81,21 @@ class SpikeWatch:
         self.total += loss
         return None
 
+    def state(self) -> dict[str, Any]:
+        """The losses the next steps are compared with (kept in each checkpoint, so that a
+        restart sees the spikes the uninterrupted run sees): the window, its running total
+        (as summed, so a restart rounds alike) and the spikes in a row so far."""
+        return {
+            "window": [list(entry) for entry in self.window],
+            "total": self.total,
+            "spiking": [list(entry) for entry in self.spiking],
+        }
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        self.window = deque(((int(s), float(v)) for s, v in state["window"]), self.spec.window)
+        self.total = float(state["total"])
+        self.spiking = [(int(s), float(v)) for s, v in state["spiking"]]
+
     def rewind(self, step: int) -> None:
         """After a rollback to `step`: forget what came after it."""
         kept = [(s, v) for s, v in self.window if s <= step]
@@ -99,9 +114,13 @@ class LossSpikes:
         # steps whose batches are not trained on, kept in each checkpoint
         self.skipped: set[int] = set((resumed or {}).get("skipped_batches", ()))
         self.rollbacks: list[dict[str, Any]] = []  # summary.json loss_spike_rollbacks
+        watched = (resumed or {}).get("loss_spike_watch")
+        if watched is not None and watched.get("window_size") == spec.window:
+            self.watch.load(watched)  # an older checkpoint's (none kept): watched afresh
 
     def checkpoint_state(self) -> dict[str, Any]:
-        return {"skipped_batches": sorted(self.skipped)}
+        watched = {**self.watch.state(), "window_size": self.spec.window}
+        return {"skipped_batches": sorted(self.skipped), "loss_spike_watch": watched}
 
     @property
     def on(self) -> bool:

@@ -19,12 +19,14 @@ estimate of the seconds a record takes read it.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 import torch
 
 from runner.callbacks import Run
+from runner.processes import NO_BAR_ENV
 from runner.rundir.files import RunDir
 from runner.spec import RunSpec
 from runner.train.callback_calls import Callbacks
@@ -98,7 +100,7 @@ class StepLog:
             trackers=spec.logger,
             config=written if self.is_main else None,
         )
-        show = self.is_main and spec.progress_bar
+        show = self.is_main and spec.progress_bar and not os.environ.get(NO_BAR_ENV)
         # `runner eval` takes no step: its evaluation is a line, never a bar of steps
         self.progress = Progress(last, terminal, show, initial=first, bar=not spec.eval_only)
 
