@@ -64,7 +64,8 @@ test-fast: install
 # it), in an environment of its own, set up as a GPU image has it: torch and torchvision
 # first, then runner installed beside them, which must leave them as they are (checked).
 # The fast tier and the real runs marked `floor` (ddp, fsdp with an async checkpoint, zero2,
-# compile, restarts) run against it. Its own torch_extensions: DeepSpeed's op is built
+# compile, restarts, a restart said on the terminal and early stopping through it) run
+# against it. Its own torch_extensions: DeepSpeed's op is built
 # for each torch.
 FLOOR_TORCH  := 2.11.0
 FLOOR_VISION := 0.26.0

@@ -60,6 +60,8 @@ def test_eval_of_a_run_and_of_its_checkpoint_at_another_nproc(cli, tmp_path: Pat
 def test_eval_refuses_what_it_cannot_read(cli, tmp_path: Path) -> None:
     missing = cli("eval", str(tmp_path / "nowhere"), name="missing")
     assert missing.returncode == 2 and "no such file or directory" in missing.stderr
+    bare = cli("eval", name="bare")  # no source: the usage, as any bad input (exit 2)
+    assert bare.returncode == 2 and "usage: runner eval SOURCE" in bare.stderr
     (tmp_path / "empty").mkdir()
     empty = cli("eval", str(tmp_path / "empty"), *FAST, name="empty")
     assert empty.returncode == 2, empty.output
@@ -105,3 +107,27 @@ def test_eval_drops_what_of_the_runs_mesh_does_not_fit() -> None:
         "grad_accum=1",
     ]
     assert sizing(hsdp, "nproc=1", "parallelism=ddp")[0] == ["global_batch_size=32", "grad_accum=1"]
+
+
+def test_eval_never_writes_into_a_run_nor_goes_on_from_one(tmp_path: Path) -> None:
+    """`runner eval RUN hydra.run.dir=RUN` (and then its hint's resume=auto) wrote an
+    evaluation's config and a failed summary into the finished run (58e01cd)."""
+    from runner.spec import SpecError, resolve_spec
+    from tests.helpers.config import compose_config
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "summary.json").write_text('{"status": "completed"}')
+    evaluation = ["model=mlp", "data=digits", "eval_only=true", f"init_from.path={run}"]
+    for resume in ("resume=null", "resume=auto"):
+        with pytest.raises(SpecError) as refused:
+            resolve_spec(compose_config([*evaluation, resume]), run_dir=run)
+        found = refused.value.problems
+        assert any(
+            f"hydra.run.dir={run}: holds a run already; runner eval writes into a directory "
+            "of its own" in p for p in found
+        ), found
+        assert not any("use resume=auto" in p for p in found), found
+    with pytest.raises(SpecError, match="resume=auto: runner eval trains nothing"):
+        resolve_spec(compose_config([*evaluation, "resume=auto"]), run_dir=tmp_path / "new")
+    resolve_spec(compose_config(evaluation), run_dir=tmp_path / "new")  # a directory of its own

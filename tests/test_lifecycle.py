@@ -70,6 +70,7 @@ class Feature:
     checkpointed: int = 4
     ragged_refused: str | None = None
     not_applicable: dict[str, str] = field(default_factory=dict)
+    stops_early_at: int | None = None  # where the uninterrupted run stops (early_stop)
 
 
 FSDP = ("parallelism=fsdp",)
@@ -90,6 +91,7 @@ FEATURES = {
         kill_at=70,  # after the checkpoint of step 68, one evaluation without a gain counted
         checkpointed=68,
         not_applicable={"ragged": "digits are 8x8 images, all one shape"},
+        stops_early_at=72,
     ),
     "compile": Feature(("compile={backend:aot_eager}",)),
     "selective": Feature(("activation_checkpointing=selective",)),
@@ -104,14 +106,19 @@ IN_MAKE_TEST = {
 }
 
 
+# ... and make test-floor again, on the oldest torch (torch elastic's restart, said)
+ON_THE_FLOOR = {("early_stop", "restart")}
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "stage" not in metafunc.fixturenames:
         return
     name = metafunc.cls.name
-    params = [
-        pytest.param(stage, marks=() if (name, stage) in IN_MAKE_TEST else MATRIX, id=stage)
-        for stage in STAGES
-    ]
+    params = []
+    for stage in STAGES:
+        marks = [] if (name, stage) in IN_MAKE_TEST else [MATRIX]
+        marks += [pytest.mark.floor] if (name, stage) in ON_THE_FLOOR else []
+        params.append(pytest.param(stage, marks=marks, id=stage))
     metafunc.parametrize("stage", params)
 
 
@@ -127,10 +134,14 @@ def args(feature: Feature, corpus: Path) -> list[str]:
 
 
 @pytest.fixture(scope="class")
-def reference(request: pytest.FixtureRequest, tmp_path_factory, args: list[str]) -> CliResult:
+def reference(
+    request: pytest.FixtureRequest, tmp_path_factory, args: list[str], feature: Feature
+) -> CliResult:
     """The row's uninterrupted run, made once."""
     run = run_cli(tmp_path_factory.mktemp(request.cls.name), *args, name="reference")
     assert run.returncode == 0, run.output
+    if feature.stops_early_at is not None:  # what a restart must stop at too
+        assert run.summary()["stopped_early"]["after_step"] == feature.stops_early_at
     return run
 
 

@@ -44,7 +44,8 @@ def _run_config(directory: Path) -> bool:
 def eval_argv(argv: list[str], conf_dir: Path) -> list[str]:
     """`runner eval SOURCE [KEY=VALUE ...]` as the arguments of an ordinary launch."""
     if not argv or argv[0].startswith("-") or "=" in argv[0]:
-        sys.exit(USAGE)
+        print(USAGE, file=sys.stderr)
+        sys.exit(2)
     source, overrides = Path(argv[0]).expanduser().resolve(), argv[1:]
     if not source.exists():
         print(f"runner eval: {argv[0]}: no such file or directory", file=sys.stderr)

@@ -124,6 +124,7 @@ def write_unfinished_summary(
     **extra: Any,
 ) -> dict[str, Any]:
     """Record a failed or interrupted run from what it left behind, and return it."""
+    started = attempts(run_dir)
     summary = build_summary(
         status,
         world_size,
@@ -131,7 +132,8 @@ def write_unfinished_summary(
         read_jsonl(run_dir.metrics),
         error=error,
         history=history(run_dir),
-        attempts=attempts(run_dir),
+        attempts=started,
+        restarts=max(0, len(started) - 1),  # elastic restarts: attempts after the first
         **extra,
     )
     write_summary(run_dir, summary)

@@ -279,6 +279,9 @@ def _check_resume(spec: RunSpec, problems: list[str], run_dir: Path | None) -> N
     from runner.spec.resume_check import check_resume
 
     own = CheckpointStore(run_dir / "checkpoints", keep=1).latest() if run_dir else None
+    if spec.eval_only:  # runner eval: a directory of its own, nothing to go on from
+        _check_evaluation_only(spec, problems, run_dir)
+        return
     if spec.resume is None:
         if own is not None:
             problems.append(
@@ -303,6 +306,23 @@ def _check_resume(spec: RunSpec, problems: list[str], run_dir: Path | None) -> N
             return
     if checkpoint is not None and not problems:  # comparing needs an otherwise valid spec
         problems.extend(check_resume(spec, checkpoint))
+
+
+def _check_evaluation_only(spec: RunSpec, problems: list[str], run_dir: Path | None) -> None:
+    """eval_only (`runner eval`) trains nothing: it has no checkpoint to go on from, and it
+    never writes into a run's directory (an earlier run's files stay as they are)."""
+    from runner.rundir.files import holds_a_run
+
+    if spec.resume is not None:
+        problems.append(
+            f"resume={spec.resume}: runner eval trains nothing, so there is nothing to go on "
+            "from; to evaluate a checkpoint give it as the source: runner eval CHECKPOINT"
+        )
+    if run_dir is not None and holds_a_run(run_dir):
+        problems.append(
+            f"hydra.run.dir={run_dir}: holds a run already; runner eval writes into a "
+            "directory of its own: leave hydra.run.dir out, or give a new one"
+        )
 
 
 LOGGER_PACKAGES = {

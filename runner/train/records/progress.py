@@ -7,6 +7,7 @@ from typing import Any, TextIO
 _SHOWN = (  # record key, how the line shows its value
     ("lr", "lr {:.2e}"),
     ("val/accuracy", "val_acc {:.4f}"),
+    ("val/perplexity", "val_ppl {:.4g}"),
     ("train/grad_norm", "grad_norm {:.3g}"),
 )
 
@@ -18,7 +19,7 @@ def _fmt(record: dict[str, Any]) -> str:
     if "train/loss" in record:
         loss = record["train/loss"]
         parts.append(f"loss {loss:.4f}" if loss is not None else "batch skipped")
-    elif "val/loss" in record:
+    if "val/loss" in record:  # an evaluation's: with the step's, or alone (`runner eval`)
         parts.append(f"val_loss {record['val/loss']:.4f}")
     parts += [shown.format(record[key]) for key, shown in _SHOWN if key in record]
     if "throughput/tokens_per_sec" in record:
