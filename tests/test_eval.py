@@ -125,7 +125,8 @@ def test_eval_never_writes_into_a_run_nor_goes_on_from_one(tmp_path: Path) -> No
         found = refused.value.problems
         assert any(
             f"hydra.run.dir={run}: holds a run already; runner eval writes into a directory "
-            "of its own" in p for p in found
+            "of its own" in p
+            for p in found
         ), found
         assert not any("use resume=auto" in p for p in found), found
     with pytest.raises(SpecError, match="resume=auto: runner eval trains nothing"):
