@@ -128,6 +128,11 @@ def sweep_stale(pid: int | None = None) -> list[Path]:
     return removed
 
 
+def files() -> list[Path]:
+    """Every agent's heartbeat file on this machine (this pid namespace's)."""
+    return sorted(Path(_directory()).glob(f"{_PREFIX}{_namespace()}-*-*"))
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

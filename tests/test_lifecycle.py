@@ -25,9 +25,11 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
+from runner import heartbeat
 from tests.helpers.cli import HANG, MATRIX, CliResult, run_cli, start_runner, wait_until
 from tests.helpers.terminal import CTRL_C, command, type_in
 from tests.helpers.weights import assert_exports_model_pt
@@ -202,10 +204,26 @@ def _hung(args: list[str], feature: Feature) -> list[str]:
 
 
 def _stuck(run_dir: Path, feature: Feature) -> bool:
-    """Rank 0 is stuck (chaos), after the checkpoint of `checkpointed`."""
+    """Rank 0 is stuck (chaos) at step kill_at, after the checkpoint of `checkpointed`, and
+    every other rank has finished the step before and waits in that one: the heartbeats of
+    the run's ranks (their agent's file) say so."""
     log = run_dir / "logs" / "rank0.log"
     stuck = f"chaos: rank 0 hangs at step {feature.kill_at}"
-    return log.is_file() and stuck in log.read_text()
+    if not (log.is_file() and stuck in log.read_text()):
+        return False
+    for path in heartbeat.files():
+        beats = heartbeat.read(path, feature.nproc)
+        if any(beat.pid and _runs_in(beat.pid, run_dir) for beat in beats):
+            done = heartbeat.finished_step(path, feature.nproc)
+            return done is not None and done >= feature.kill_at - 1
+    return False
+
+
+def _runs_in(pid: int, run_dir: Path) -> bool:
+    try:
+        return str(run_dir) in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
 
 
 def _resumed(feature: Feature, args: list[str], tmp_path: Path, name: str) -> CliResult:
