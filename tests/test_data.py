@@ -148,7 +148,7 @@ def test_text_blocks_bytes_or_a_tokenizer_and_ragged_padding(tmp_path: Path) -> 
 
     (tmp_path / "a.txt").write_text("one two three " * 40)
     data = text_files(str(tmp_path), block_size=8)
-    assert data.info == {"vocab_size": 256, "block_size": 8}
+    assert data.info == {"vocab_size": 256, "block_size": 8, "fixed_length": True}
     sample = data.train[0]
     assert bytes(sample["input_ids"].tolist()) == b"one two "
     assert torch.equal(sample["labels"], sample["input_ids"]) and data.collate_fn is None
@@ -159,6 +159,7 @@ def test_text_blocks_bytes_or_a_tokenizer_and_ragged_padding(tmp_path: Path) -> 
     assert words.info["vocab_size"] == 3 and words.train[0]["input_ids"].tolist() == [0, 1, 2, 0]
 
     ragged = text_files(str(tmp_path), block_size=8, min_length=3)
+    assert not ragged.info["fixed_length"]  # a step's tokens are counted, not derived
     batch = ragged.collate_fn([ragged.train[i] for i in range(4)])
     lengths = batch["attention_mask"].sum(1)
     assert len(set(lengths.tolist())) > 1 and batch["input_ids"].shape[1] == lengths.max()

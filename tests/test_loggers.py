@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,32 @@ def test_a_failing_tracker_is_dropped_with_a_warning_and_the_others_go_on(caplog
     assert trackers.failed == {"broken": "ConnectionError: tracking server unreachable"}
     err = caplog.text
     assert err.count("logger broken failed") == 1 and "metrics.jsonl is complete" in err
+
+
+class SlowToOpen(Counting):
+    """A tracker whose library takes a while to import and whose store a while to open."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = False
+
+    def start(self) -> None:
+        time.sleep(0.3)
+        self.opened = True
+
+
+def test_the_trackers_are_open_before_the_first_step() -> None:
+    """Opening a tracker is one-time work: the loop waits for it before step 1, so none of it
+    (an import holding the GIL) lands among the steps (58e01cd opened them at the first
+    record, inside a benchmark's timed window)."""
+    slow = SlowToOpen()
+    trackers = Trackers([slow])
+    assert not slow.opened  # on its own thread, while the rank builds
+    trackers.wait_opened()
+    assert slow.opened and slow.steps == []  # open, before any record came
+    trackers.log({"step": 1})
+    trackers.close()
+    assert slow.steps == [1]
+    Trackers([]).wait_opened()  # none: nothing to wait for

@@ -198,7 +198,9 @@ def text_files(
         train=train,
         val=val,
         collate_fn=PadCollate(ignore_index=IGNORE_INDEX) if ragged else None,
-        info={"vocab_size": cache.vocab_size, "block_size": block_size},
+        # fixed_length: every sample a whole block, no padding (a step's tokens follow from
+        # its samples: runner.train.step.loss_items)
+        info={"vocab_size": cache.vocab_size, "block_size": block_size, "fixed_length": not ragged},
     )
 
 

@@ -21,7 +21,7 @@ class Tracker(Protocol):
     name: str
 
     def start(self) -> None:
-        """Open the tracker (imports its library): on the thread, at the first record."""
+        """Open the tracker (imports its library): on the thread, as soon as it starts."""
 
     def log(self, records: list[dict[str, Any]]) -> None:
         """metrics.jsonl records (`step` and the metric values), oldest first."""
@@ -50,9 +50,21 @@ class Trackers:
         self._thread: threading.Thread | None = None
         self._outcome: dict[str, Any] | None = None
         self._closing = threading.Event()
+        self._opened = threading.Event()  # every tracker's start() has returned
         if trackers:
             self._thread = threading.Thread(target=self._work, name="runner-trackers", daemon=True)
             self._thread.start()
+
+    def wait_opened(self, timeout: float = 120.0) -> None:
+        """Until every tracker is open (its library imported, its store or run opened), so
+        that none of that one-time work lands among the training steps. A tracker that takes
+        longer than `timeout` goes on opening beside them, and says so."""
+        if self._thread is not None and not self._opened.wait(timeout):
+            log.warning(
+                "runner: warning: the trackers took over %g s to open; training starts "
+                "beside them (metrics.jsonl is written meanwhile)",
+                timeout,
+            )
 
     def log(self, record: dict[str, Any]) -> None:
         if self._thread is not None:
@@ -74,15 +86,14 @@ class Trackers:
             self._thread = None
 
     def _work(self) -> None:
-        # Open the trackers when the first record comes (the first logging step): importing
-        # their libraries and opening their stores then shares the CPU with training steps,
-        # not with the ranks' start-up.
-        pending = [self._queue.get()]
+        # Open the trackers at once, while the rank builds, and before the first step (the
+        # loop waits for it: wait_opened): importing their libraries and opening their stores
+        # holds the GIL, which the training thread's steps would wait for.
         live = [t for t in self.trackers if self._call(t, "start")]
+        self._opened.set()
         stopping = False
         while not stopping:
-            batch = pending or [self._queue.get()]  # wait for one, then take what else is there
-            pending = []
+            batch = [self._queue.get()]  # wait for one, then take what else is there
             while not self._queue.empty():
                 batch.append(self._queue.get())
             stopping = batch[-1] is _STOP

@@ -15,7 +15,9 @@ from runner import dist as rdist
 
 
 class _Summed:
-    """A metric made of sums, all-reduced once in compute()."""
+    """A metric made of sums, all-reduced once in compute(). A tensor value is summed on its
+    device, a Python number on the host: no batch copies a host number to the device (on a
+    GPU, a copy the host waits for); compute() joins them once."""
 
     def __init__(self, size: int):
         self.size = size
@@ -23,17 +25,28 @@ class _Summed:
 
     def reset(self) -> None:
         self.totals = torch.zeros(self.size, dtype=torch.float64)
+        self.host = [0.0] * self.size
 
     def add(self, *values: torch.Tensor | float) -> None:
         device = next((v.device for v in values if isinstance(v, torch.Tensor)), None)
-        if device is not None and self.totals.device != device:
+        if device is None:  # numbers only
+            self.host = [total + float(v) for total, v in zip(self.host, values, strict=True)]
+            return
+        if self.totals.device != device:
             self.totals = self.totals.to(device)
-        self.totals += torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in values]).to(
-            self.totals.device
-        )
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        summed = []
+        for i, value in enumerate(values):
+            if isinstance(value, torch.Tensor):
+                summed.append(value.to(torch.float64).reshape(()))
+            else:
+                self.host[i] += float(value)
+                summed.append(zero)
+        self.totals += torch.stack(summed)
 
     def reduced(self) -> list[float]:
-        totals = self.totals.clone()
+        host = torch.tensor(self.host, dtype=torch.float64, device=self.totals.device)
+        totals = self.totals + host
         rdist.all_reduce(totals)
         return totals.tolist()
 
@@ -46,7 +59,7 @@ class Accuracy(_Summed):
 
     def update(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
         correct = (outputs.argmax(dim=-1) == targets).sum()
-        self.add(correct, torch.tensor(targets.numel(), device=targets.device))
+        self.add(correct, targets.numel())  # a count the host knows: summed there
 
     def compute(self) -> float:
         correct, total = self.reduced()

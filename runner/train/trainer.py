@@ -42,7 +42,7 @@ from runner.train.guards.nonfinite import NonFiniteGuard
 from runner.train.records.notices import notices
 from runner.train.records.step_figures import StepFigures, flops_per_token
 from runner.train.records.step_log import Step, StepLog, Trained
-from runner.train.step.loss_items import ItemCheck, global_items
+from runner.train.step.loss_items import GlobalItems, ItemCheck
 from runner.train.step.loss_pass import LossPass
 from runner.train.step.microbatching import accumulate, microbatch_steps
 from runner.train.step.sync_debug import SyncDebug
@@ -115,6 +115,8 @@ class Trainer:
         token_data = {"vocab_size", "block_size"} <= data.info.keys()
         flops = flops_per_token(module) if token_data else None  # before sharding: all of it
         self.loss_fn = instantiate(spec.loss.node, data.info)
+        fixed = bool(data.info.get("fixed_length"))  # items per sample: no count to reduce
+        self.items = GlobalItems(self.loss_fn, device, self.grid.copies, fixed)
         self.metrics = metrics_for(spec, data.info, device)
         cuda = torch.device(device).type == "cuda"
         self.data = build_rank_data(spec, data, self.data_rank, self.grid.data_world, cuda)
@@ -168,6 +170,7 @@ class Trainer:
     def _fit(self) -> Outcome:
         spec, step, samples = self.spec, self.start.step, self.start.samples
         self.engine.model.train()  # once, not every step: evaluate() switches it back
+        self.step_log.before_first_step()  # the trackers opened: one-time work, done
         self.callbacks.call("on_fit_start", step=step)
         if spec.eval_only:
             return self._evaluate_only()
@@ -178,7 +181,7 @@ class Trainer:
             for step_in_epoch in range(offset, self.data.steps_per_epoch):
                 step += 1
                 last = step == self.data.total_steps
-                evaluate = last or self._is_eval_step(step)
+                evaluate = last or self.data.evaluates_after(step, spec.eval_interval)
                 logged = evaluate or step % spec.log_interval == 0
                 saved = self.checkpointer.due(step, last)
                 self.sync_debug.step(quiet=not (logged or saved))
@@ -196,7 +199,7 @@ class Trainer:
                 if self.first_step_at is None:
                     self.first_step_at = time.time()
                 samples += n_global
-                this_step = Step(step, samples, lr, self._epoch(step), trained, waited)
+                this_step = Step(step, samples, lr, self.data.epoch(step), trained, waited)
                 evaluation = self._timed_evaluation(step) if evaluate else None
                 spike = self.step_log.step(this_step, logged, evaluation)
                 if spike is None and saved:
@@ -212,8 +215,7 @@ class Trainer:
         return Outcome(COMPLETED, step, samples)
 
     def _evaluate_only(self) -> Outcome:
-        """eval_only (`runner eval`): the starting weights on the validation data, no step;
-        rank 0 writes eval.json."""
+        """eval_only (`runner eval`): the starting weights, no step; rank 0 writes eval.json."""
         step, samples = self.start.step, self.start.samples
         metrics = self._timed_evaluation(step)
         self.step_log.evaluated(step, samples, metrics)
@@ -248,7 +250,7 @@ class Trainer:
         if step in self.spikes.skipped:  # after a loss spike's rollback: not trained on
             self.engine.skip_step()
             return Trained()
-        items = global_items(self.loss_fn, microbatches, n_global, self.device, self.grid.copies)
+        items = self.items.of(microbatches, n_global)
         weight = self.grid.gradient_weight(items)  # the step's loss: a mean over its items
         loss_sum, tokens = None, 0
         for piece in accumulate(self.microbatching, self.passes, microbatches, step, weight):
@@ -273,17 +275,6 @@ class Trainer:
         return self.evaluator.evaluate(self.microbatching.eval_pieces, self.stand_in)
 
     # ------------------------------------------------------------------ helpers
-
-    def _is_eval_step(self, step: int) -> bool:
-        if self.spec.eval_interval is None:
-            return step % self.data.steps_per_epoch == 0
-        return step % self.spec.eval_interval == 0
-
-    def _epoch(self, step: int) -> float:
-        """The record's epoch: passes over a stream, or steps over the steps of an epoch."""
-        if self.data.streaming:
-            return self.data.train_loader.passes
-        return round(step / self.data.steps_per_epoch, 4)
 
     def _roll_back(self, spike: Spike) -> tuple[int, int]:
         """Every rank: the state of the newest checkpoint before the spike (loss_spike.action

@@ -38,7 +38,8 @@ MOVES = {"to", "cuda"}
 # (module, function) -> why the tensors it reads are host tensors on a GPU as well (a copy
 # to the device it makes still counts)
 ON_THE_HOST = {
-    ("train/step/loss_items.py", "global_items"): "the loader's batch, counted before it moves",
+    ("train/step/loss_items.py", "_reduced"): "the loader's batch, counted before it moves",
+    ("train/step/loss_items.py", "_per_sample"): "the loader's batch (a CPU tensor, checked)",
 }
 MADE_FROM_HOST = {"tensor", "as_tensor"}
 

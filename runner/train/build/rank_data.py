@@ -31,6 +31,17 @@ class RankData:
     steps_per_epoch: int
     total_steps: int
 
+    def evaluates_after(self, step: int, interval: int | None) -> bool:
+        """Whether `step` ends with an evaluation: every `interval` steps (eval_interval), or
+        at each epoch's end."""
+        return step % (self.steps_per_epoch if interval is None else interval) == 0
+
+    def epoch(self, step: int) -> float:
+        """A record's epoch: passes over a stream, or steps over the steps of an epoch."""
+        if self.streaming:
+            return self.train_loader.passes
+        return round(step / self.steps_per_epoch, 4)
+
 
 def build_rank_data(spec: RunSpec, data: Datasets, rank: int, world: int, pin: bool) -> RankData:
     streaming = is_iterable(data.train)

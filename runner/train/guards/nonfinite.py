@@ -204,10 +204,14 @@ class NonFiniteGuard:
 
 
 def _weights_finite(module: nn.Module) -> bool:
+    """Whether this rank's weights are all finite: a verdict per tensor on its device, one
+    read of them all per device (not a wait on the device per parameter)."""
+    verdicts: dict[torch.device, list[torch.Tensor]] = {}
     for param in module.parameters():
         local = param.to_local() if hasattr(param, "to_local") else param  # FSDP shards
         partition = getattr(param, "ds_tensor", None)  # ZeRO-3: p.data is empty when released
         for tensor in (local, partition):
-            if tensor is not None and tensor.numel() and not torch.isfinite(tensor.detach()).all():
-                return False
-    return True
+            if tensor is not None and tensor.numel():
+                finite = torch.isfinite(tensor.detach()).all()
+                verdicts.setdefault(tensor.device, []).append(finite)
+    return all(bool(torch.stack(found).all()) for found in verdicts.values())

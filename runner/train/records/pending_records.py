@@ -10,9 +10,9 @@ records that are pending in one all-reduce (with the non-finite guard's notes) o
 are enough of them to fill about `FLUSH_S` seconds of training, or before anything that
 must see them: an evaluation, a checkpoint, the last step. Slow steps, whose records take
 longer than that, are reduced one at a time, at once. How many records to wait for is
-decided from the reduced tensor itself (the ranks' mean seconds since the last
-reduction), so every rank reaches the same decision and meets the collective at the same
-step. A record's values do not depend on when it is reduced.
+decided from the reduced tensor itself (the ranks' mean training seconds a record covers,
+the first step's warming up left out), so every rank reaches the same decision and meets
+the collective at the same step. A record's values do not depend on when it is reduced.
 
 The same all-reduce brings the record's other figures that need every rank (its tokens,
 the gradient norm, peak memory: runner.train.records.step_figures).
@@ -47,7 +47,6 @@ class PendingRecords:
         self.records: list[tuple[dict[str, Any], float, Sums]] = []
         self.reduced: list[tuple[int, float]] = []  # the last reduction's (step, loss)
         self.wanted = 1  # the first record is reduced at once: the run shows it has started
-        self._since = figures.clock.now()  # training seconds: the step log's one clock
 
     def add(
         self,
@@ -85,7 +84,9 @@ class PendingRecords:
         if not self.losses:
             return [], None
         steps, count = len(self.losses), len(self.records)
-        elapsed = self.figures.clock.now() - self._since
+        # the training seconds the records cover: not the first step's compiling and warming
+        # up, whose share made the second record look slow and reduced at once too
+        elapsed = sum(seconds for _, seconds, _ in self.records)
         device = self.losses[0][1].device
         # On the device: each step's loss, each record's gradient-norm share; from the host,
         # in one copy: each record's tokens, the seconds, and this rank's peak memory in its
@@ -118,7 +119,6 @@ class PendingRecords:
             per_record = host[steps + 2 * count] / self.world / count
             self.wanted = max(1, min(MOST_PENDING, int(FLUSH_S / max(per_record, 1e-9))))
         self.clear()
-        self._since = self.figures.clock.now()
         return done, error
 
 

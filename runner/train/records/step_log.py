@@ -104,6 +104,10 @@ class StepLog:
         # `runner eval` takes no step: its evaluation is a line, never a bar of steps
         self.progress = Progress(last, terminal, show, initial=first, bar=not spec.eval_only)
 
+    def before_first_step(self) -> None:
+        """The trackers open before the first step (one-time work, not a step's)."""
+        self.metrics.trackers.wait_opened()
+
     @property
     def records(self) -> list[dict[str, Any]]:
         """metrics.jsonl's records so far (rank 0; none elsewhere)."""

@@ -18,30 +18,53 @@ from runner import dist as rdist
 from runner.train.step.batch_parts import split
 
 
-def global_items(
-    loss_fn: Any, microbatches: list[tuple[Any, bool]], n_global: int, device: str, copies: int = 1
-) -> Any:
-    """Samples in the global batch, or, for a loss that counts its own items (tokens),
-    those of every microbatch on every rank: a host number on one rank, else a tensor on
-    the device (an all-reduce). `copies`: ranks that read each batch (a tensor group's)."""
-    count = getattr(loss_fn, "count", None)
-    if count is None:
-        return n_global
-    on_host, on_device = 0, []
+class GlobalItems:
+    """Samples in a step's global batch, or, for a loss that counts its own items (tokens),
+    those of every microbatch on every rank: a host number where every rank knows it, else
+    a tensor on the device (an all-reduce). `copies`: ranks that read each batch (a tensor
+    group's). `fixed_length`: the data's samples all hold the same items (packed token
+    blocks, no padding), so every rank knows the sum from the sample count: no collective."""
+
+    def __init__(self, loss_fn: Any, device: str, copies: int = 1, fixed_length: bool = False):
+        self.count = getattr(loss_fn, "count", None)
+        self.device, self.copies, self.fixed_length = device, copies, fixed_length
+        self.per_sample: float | None = None  # fixed_length: a sample's items, counted once
+
+    def of(self, microbatches: list[tuple[Any, bool]], n_global: int) -> Any:
+        if self.count is None:
+            return n_global
+        if self.fixed_length:
+            if self.per_sample is None:
+                self.per_sample = _per_sample(self.count, microbatches)
+            if self.per_sample is not None:
+                return float(n_global * self.per_sample)
+        return self._reduced(microbatches)
+
+    def _reduced(self, microbatches: list[tuple[Any, bool]]) -> Any:
+        on_host, on_device = 0, []
+        for batch, real in microbatches:
+            if not real:
+                continue
+            counted = self.count(split(batch)[2])
+            if isinstance(counted, torch.Tensor) and counted.device.type != "cpu":
+                on_device.append(counted)  # a batch already on the device: it stays there
+            else:
+                on_host += int(counted)
+        if rdist.get_world_size() == 1 and not on_device:
+            return float(on_host)
+        total = torch.full((), float(on_host), dtype=torch.float64, device=self.device)
+        for counted in on_device:
+            total += counted
+        return (rdist.all_reduce(total) / self.copies).float()
+
+
+def _per_sample(count: Any, microbatches: list[tuple[Any, bool]]) -> float | None:
+    """A sample's items, from the first real microbatch on the host (None: none here)."""
     for batch, real in microbatches:
-        if not real:
-            continue
-        counted = count(split(batch)[2])
-        if isinstance(counted, torch.Tensor) and counted.device.type != "cpu":
-            on_device.append(counted)  # a batch already on the device: it stays there
-        else:
-            on_host += int(counted)
-    if rdist.get_world_size() == 1 and not on_device:
-        return float(on_host)
-    total = torch.full((), float(on_host), dtype=torch.float64, device=device)
-    for counted in on_device:
-        total += counted
-    return (rdist.all_reduce(total) / copies).float()
+        targets = split(batch)[2]
+        if real and isinstance(targets, torch.Tensor) and targets.device.type == "cpu":
+            return int(count(targets)) / len(targets)
+    return None
 
 
 class ItemCheck:
