@@ -55,6 +55,7 @@ TOP_NESTED = {
     "watchdog": schema.WatchdogSpec,
     "chaos": schema.ChaosSpec,
     "mfu": schema.MfuSpec,
+    "profile": schema.ProfileSpec,
     "loss_spike": schema.LossSpikeSpec,
     "early_stop": schema.EarlyStopSpec,
     "init_from": schema.InitFromSpec,

@@ -28,6 +28,7 @@ def report_outcome(summary: dict[str, Any], run_dir: RunDir) -> None:
     if status == Status.COMPLETED:
         keys = sorted(k for k in final if k.startswith("val/")) + ["train/loss"]
         parts = [f"{k} {final[k]:.4f}" for k in keys if k in final]
+        parts += [step_time_text(final)] if "time/step_s" in final else []
         evaluated = (run_dir.root / EVAL_FILE).is_file()
         log.info(
             "runner: %s on %s rank(s) in %.1fs | %s",
@@ -68,6 +69,26 @@ def completed_what(summary: dict[str, Any]) -> str:
             f"{early['best_step']}; no better in {early['patience']} evaluations)"
         )
     return what
+
+
+TIME_PARTS = (  # time/... key, as the final line names it
+    ("data", "data"),
+    ("forward_backward", "fwd+bwd"),
+    ("grad_sync", "grad sync"),
+    ("optimizer", "optimizer"),
+    ("host", "host"),
+)
+
+
+def step_time_text(final: dict[str, Any]) -> str:
+    """`step 4.51 ms: data 0.42, fwd+bwd 2.41, grad sync 0.07, optimizer 1.49, host 0.11`
+    (the last record's time/... keys: where a step's time went)."""
+    parts = ", ".join(
+        f"{name} {1000 * final[f'time/{key}_s']:.3g}"
+        for key, name in TIME_PARTS
+        if f"time/{key}_s" in final
+    )
+    return f"step {1000 * final['time/step_s']:.3g} ms: {parts}"
 
 
 def interrupted_line(summary: dict[str, Any], run_dir: RunDir) -> str:

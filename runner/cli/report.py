@@ -86,9 +86,26 @@ def rows(runs: list[Path], base: Path) -> tuple[list[str], list[dict[str, Any]]]
             wall_time_s=summary.get("wall_time_s", ""),
         )
         row.update({m: final.get(m, "") for m in metrics})
+        row.update({c: _ms(final.get(k)) for c, k in STEP_TIME_COLUMNS.items()})
         table.append(row)
-    columns = ["run", *keys, "status", "steps", "wall_time_s", *metrics]
+    times = [c for c in STEP_TIME_COLUMNS if any(row[c] != "" for row in table)]
+    columns = ["run", *keys, "status", "steps", "wall_time_s", *metrics, *times]
     return columns, table
+
+
+# where a step's time went, in the run's last record (milliseconds a step)
+STEP_TIME_COLUMNS = {
+    "step_ms": "time/step_s",
+    "data_ms": "time/data_s",
+    "fwd_bwd_ms": "time/forward_backward_s",
+    "grad_sync_ms": "time/grad_sync_s",
+    "optimizer_ms": "time/optimizer_s",
+    "host_ms": "time/host_s",
+}
+
+
+def _ms(seconds: Any) -> Any:
+    return 1000 * seconds if isinstance(seconds, (int, float)) else ""
 
 
 def _so_far(run: Path) -> dict[str, Any]:
@@ -106,6 +123,7 @@ def print_table(columns: list[str], table: list[dict[str, Any]]) -> None:
     view = Table(show_lines=False)
     for column in columns:
         numeric = column.startswith(("val/", "train/")) or column in ("steps", "wall_time_s")
+        numeric = numeric or column in STEP_TIME_COLUMNS
         view.add_column(column, justify="right" if numeric else "left")
     for row in table:
         view.add_row(*(_cell(column, row[column]) for column in columns))

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from runner import hardware
-from runner.spec.device_checks import check_compile, check_float8
+from runner.spec.device_checks import check_compile, check_float8, check_profile
 from runner.spec.parallelism_specs import ONE_STAGE_PER_RANK
 from runner.spec.schema import (
     DEEPSPEED_SPECS,
@@ -32,6 +32,7 @@ def check_spec(spec: RunSpec, problems: list[str], run_dir: Path | None) -> None
     _check_context(spec, problems)
     check_compile(spec, problems)
     check_float8(spec, problems)
+    check_profile(spec, problems)
     _check_deepspeed(spec, problems)
     _check_trackers(spec, problems)
     _check_mfu(spec, problems)

@@ -107,3 +107,27 @@ def check_float8(spec: RunSpec, problems: list[str]) -> None:
         problem = hardware.float8_problem(hardware.cuda_compute_capabilities())
         if problem:
             problems.append(problem)
+
+
+def check_profile(spec: RunSpec, problems: list[str]) -> None:
+    """profile.*: steps the run takes, ranks it has, memory snapshots where there is CUDA."""
+    options = spec.profile
+    bad = [s for s in options.steps if s < 1 or (spec.max_steps and s > spec.max_steps)]
+    if bad:
+        last = f" (max_steps={spec.max_steps})" if spec.max_steps else ""
+        problems.append(
+            f"profile.steps={list(options.steps)}: {bad} not a step this run takes; valid: "
+            f"optimizer steps from 1{last}"
+        )
+    if isinstance(options.ranks, tuple):
+        outside = [r for r in options.ranks if not 0 <= r < spec.world_size]
+        if outside:
+            problems.append(
+                f"profile.ranks={list(options.ranks)}: {outside} not a rank of this run; "
+                f"valid: main, all, or ranks in 0..{spec.world_size - 1}"
+            )
+    if options.memory and spec.device != "cuda":
+        problems.append(
+            f"profile.memory=true: CUDA memory snapshots need device=cuda (device="
+            f"{spec.device}); on a CPU the traces (profile.steps) show each op's memory"
+        )

@@ -1,5 +1,5 @@
-"""The options of what runs on the device: torch.compile's, and the peak that model FLOPs
-utilisation is measured against."""
+"""The options of what runs on the device and how it is measured: torch.compile's, the peak
+that model FLOPs utilisation is measured against, and the profiler's."""
 
 from __future__ import annotations
 
@@ -58,3 +58,20 @@ class MfuSpec:
 
     peak_tflops: float | None = _bound(None, gt=0.0)
     gpu: str | None = None
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """torch.profiler traces of optimizer `steps` (each run of consecutive steps one trace;
+    () = none) on `ranks` (main: rank 0; all; or a list of ranks), into the run directory's
+    profile/; `memory`: CUDA memory snapshots at those steps and when memory runs out."""
+
+    steps: tuple[int, ...] = ()
+    ranks: Literal["main", "all"] | tuple[int, ...] = "main"
+    memory: bool = False
+
+    def traces(self, rank: int) -> bool:
+        """Whether `rank` traces (or snapshots) at all."""
+        if self.ranks == "all":
+            return True
+        return rank == 0 if self.ranks == "main" else rank in self.ranks

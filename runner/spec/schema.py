@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from runner.components import TARGET
 from runner.spec.bounds import bound as _bound
-from runner.spec.device_specs import CompileSpec, MfuSpec  # noqa: F401  (re-exported)
+from runner.spec.device_specs import CompileSpec, MfuSpec, ProfileSpec  # noqa: F401
 from runner.spec.guard_specs import ChaosSpec, EarlyStopSpec, LossSpikeSpec, WatchdogSpec
 from runner.spec.parallelism_specs import (  # noqa: F401  (the schema's names, re-exported)
     DEEPSPEED_SPECS,
@@ -280,6 +280,7 @@ class RunSpec:
     chaos: ChaosSpec = field(default_factory=ChaosSpec)
     compile: CompileSpec | None = None  # null: eager (the YAML's compile: false|true|{...})
     mfu: MfuSpec = field(default_factory=MfuSpec)
+    profile: ProfileSpec = field(default_factory=ProfileSpec)
     loss_spike: LossSpikeSpec = field(default_factory=LossSpikeSpec)
     early_stop: EarlyStopSpec = field(default_factory=EarlyStopSpec)
     init_from: InitFromSpec = field(default_factory=InitFromSpec)

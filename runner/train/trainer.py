@@ -42,9 +42,10 @@ from runner.train.guards.nonfinite import NonFiniteGuard
 from runner.train.records.notices import notices
 from runner.train.records.step_figures import StepFigures, flops_per_token
 from runner.train.records.step_log import Step, StepLog, Trained
+from runner.train.records.traces import StepTraces
 from runner.train.step.loss_items import GlobalItems, ItemCheck
 from runner.train.step.loss_pass import LossPass
-from runner.train.step.microbatching import accumulate, microbatch_steps
+from runner.train.step.microbatching import accumulate, is_out_of_memory, microbatch_steps
 from runner.train.step.sync_debug import SyncDebug
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class Trainer:
         self.stand_in: Any = None  # the latest training microbatch (Evaluator.evaluate)
         self.faults = chaos.Faults(spec.chaos, self.rank, self.engine.module)  # chaos.*
         self.sync_debug = SyncDebug(spec.sync_debug, device)  # sync_debug: quiet steps' waits
+        self.traces = StepTraces(spec.profile, run_dir.root, self.rank, device)  # profile.*
         self.passes = LossPass(
             spec, self.engine, self.loss_fn, device, self.channels_last, self.faults,
             self.data.streaming,
@@ -97,6 +99,7 @@ class Trainer:
         figures = StepFigures(
             spec, device, start.samples, flops, self.world, self.grid.counts_items(self.rank)
         )
+        self.times = figures.times  # the step's parts (time/...)
         self.step_log = StepLog(  # metrics.jsonl, trackers, progress, on_step_end, spikes
             spec, run_dir, self.guard, self.spikes, self.callbacks, self.item_check, figures,
             (start.step, self.data.total_steps), terminal, self.written,
@@ -155,6 +158,9 @@ class Trainer:
         try:
             return self._end(self._fit(), start_time)
         except BaseException as exc:
+            self.traces.close()
+            if is_out_of_memory(exc):
+                self.traces.out_of_memory()
             if self.ended is not None:  # a signal after the run ended: its summary stands
                 raise
             records = self.step_log.records
@@ -180,6 +186,7 @@ class Trainer:
             microbatches = self.passes.feed(iter(self.data.train_loader))
             for step_in_epoch in range(offset, self.data.steps_per_epoch):
                 step += 1
+                self.traces.before(step)  # profile.steps: traced from its batch on
                 last = step == self.data.total_steps
                 evaluate = last or self.data.evaluates_after(step, spec.eval_interval)
                 logged = evaluate or step % spec.log_interval == 0
@@ -210,6 +217,7 @@ class Trainer:
                 ending = COMPLETED if last else self.endings.after_step(step, evaluation)
                 if saved:  # after the rules: it holds their state as of this step
                     self.step_log.pause(self.checkpointer.save(step, samples))
+                self.traces.after(step)  # its evaluation and checkpoint in the trace too
                 if ending is not None:
                     return Outcome(ending, step, samples, saved)
         return Outcome(COMPLETED, step, samples)
@@ -250,6 +258,7 @@ class Trainer:
         if step in self.spikes.skipped:  # after a loss spike's rollback: not trained on
             self.engine.skip_step()
             return Trained()
+        lap = self.times.start()  # time/...: where the step's time goes
         items = self.items.of(microbatches, n_global)
         weight = self.grid.gradient_weight(items)  # the step's loss: a mean over its items
         loss_sum, tokens = None, 0
@@ -259,14 +268,17 @@ class Trainer:
                 self.item_check.note(piece.count, piece.targets)
                 tokens += self.passes.tokens(piece.targets)
         self.item_check.step_done()
+        lap = self.times.lap("forward_backward", lap)
         grad_norm = self.engine.prepare_step(norm_wanted=self.guard.mode == "skip")
         measured = logged and self.spec.log_grad_norm  # DeepSpeed stepped in backward already
         share = self.engine.grad_norm_share() if measured else None
+        lap = self.times.lap("grad_sync", lap)
         if self.guard.should_skip(loss_sum, grad_norm, step):
             self.engine.skip_step()
         else:
             self.engine.step()
             self.guard.after_step(self.engine.nonfinite_skips, step)
+        self.times.lap("optimizer", lap)
         loss_sum = None if loss_sum is None else self.grid.loss_share(loss_sum)
         return Trained(loss_sum, items, share, tokens)
 
@@ -297,6 +309,7 @@ class Trainer:
         summary is the agent's to write: it knows why the run stopped."""
         ending, step = outcome.ending, outcome.step
         self.sync_debug.off()
+        self.traces.close()
         unsaved = ending.checkpoint and not outcome.saved
         if unsaved and self._save(step, outcome.samples) is not None:
             log.warning("a loss spike asks for a rollback: no checkpoint at step %d", step)
@@ -323,19 +336,12 @@ class Trainer:
 
     def _facts(self, ending: Ending) -> dict[str, Any]:
         """What summary.json says of this attempt, besides the records and the weights."""
-        checkpointer, facts = self.checkpointer, {}
-        if ending.key is not None:  # the ending's own key, with its checkpoint
-            latest = checkpointer.latest() if ending.checkpoint else None
-            place = {"checkpoint": str(latest.relative_to(self.run_dir.root))} if latest else {}
-            facts[ending.key] = ending.details | place
         return {
             "restarts": self.attempt,
             "resumed_from": self.start.from_step,
             "first_step_at": self.first_step_at,
             "compile_s": round(self.compile_clock.seconds, 3) if self.compile_clock else None,
-            "checkpoint_blocked_s": [round(s, 4) for s in checkpointer.blocked_s],
-            "checkpoint_written_s": [round(s, 4) for s in checkpointer.written_s] or None,
             "loss_spike_rollbacks": self.spikes.rollbacks,
             **self.microbatching.summary(),
-            **facts,
+            **self.checkpointer.summary(ending.key, ending.details, ending.checkpoint),
         }

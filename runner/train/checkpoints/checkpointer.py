@@ -109,6 +109,20 @@ class Checkpointer:
     def latest(self) -> Path | None:
         return self.store.latest()
 
+    def summary(self, key: str | None, details: dict[str, Any], kept: bool) -> dict[str, Any]:
+        """summary.json's checkpoint figures, and an ending's own entry (`key`: its
+        `details`, with the latest checkpoint where it `kept` one)."""
+        facts: dict[str, Any] = {
+            "checkpoint_blocked_s": [round(s, 4) for s in self.blocked_s],
+            "checkpoint_written_s": [round(s, 4) for s in self.written_s] or None,
+        }
+        if key is not None:
+            latest = self.latest() if kept else None
+            run_root = self.store.root.parent
+            place = {"checkpoint": str(latest.relative_to(run_root))} if latest else {}
+            facts[key] = details | place
+        return facts
+
     def due(self, step: int, last: bool) -> bool:
         interval = self.spec.checkpoint.interval
         return last or bool(interval and step % interval == 0)

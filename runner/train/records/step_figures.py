@@ -24,6 +24,7 @@ from torch import nn
 from runner.hardware import mfu_dtype, peak_rss_bytes, peak_tflops
 from runner.models.shapes import multiplying_parameters
 from runner.spec import RunSpec
+from runner.train.records.step_times import StepTimes, time_fields
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,9 @@ def peak_memory_mb(device: str) -> float:
     return peak_rss_bytes() / 2**20
 
 
+PARTS_KEY = "_parts"  # a record's step parts, until its reduction completes it
+
+
 class TrainingClock:
     """Seconds of training: the wall clock, less the time paused out of it (evaluations,
     checkpoints). Each figure over a span reads it at the span's start and end."""
@@ -102,18 +106,23 @@ class StepFigures:
         # MFU per token/s of the whole run
         self.mfu_per_token_rate = None if flops is None or peak is None else flops / (world * peak)
         self.clock = TrainingClock()  # the step log's one clock (the reduction reads it too)
+        self.times = StepTimes(device)  # the step's parts (the trainer laps them)
         self._t0 = self.clock.now()
         self._samples0 = samples
         self._waited = 0.0
         self._tokens = 0  # this rank's, of its real microbatches
+        self._steps = 0  # since the last record
         self._first = True  # no step done yet by this process
 
     def step_done(self, samples: int, logged: bool) -> None:
         """After each step: the first one this process runs (compiling, warming up, the
         allocator's first requests) is left out of the figures, unless it is logged
         itself (log_interval=1)."""
+        self._steps += 1
         if self._first and not logged:
             self._t0, self._samples0, self._waited, self._tokens = self.clock.now(), samples, 0, 0
+            self._steps = 0
+            self.times.take()
         self._first = False
 
     def waited(self, seconds: float) -> None:
@@ -127,22 +136,29 @@ class StepFigures:
 
     def take(self, samples: int) -> tuple[dict[str, Any], float, float]:
         """At a log step: the record's local figures, the training seconds they cover, and
-        this rank's tokens over them; the count starts again."""
+        this rank's tokens over them; the count starts again. The step's parts come in
+        `complete` (on a GPU their events are read once the reduction waited anyway)."""
         now = self.clock.now()
         elapsed = max(1e-9, now - self._t0)
         fields = {
             "throughput/samples_per_sec": (samples - self._samples0) / elapsed,
             "time/data_wait_share": min(1.0, self._waited / elapsed),
+            PARTS_KEY: (self.times.take(), self._waited, self._steps),
         }
         tokens = float(self._tokens)
         self._t0, self._samples0, self._waited, self._tokens = now, samples, 0.0, 0
+        self._steps = 0
         return fields, elapsed, tokens
 
     def complete(
         self, record: dict[str, Any], elapsed: float, sums: list[float], peak_mb: float
     ) -> None:
         """Fill in what the reduction brought: every rank's tokens, the gradient norm's
-        square (each rank's share summed; negative: not measured), the largest peak."""
+        square (each rank's share summed; negative: not measured), the largest peak; and
+        the step's parts, readable now."""
+        if PARTS_KEY in record:  # a training record (take()'s)
+            laps, waited, steps = record.pop(PARTS_KEY)
+            record.update(time_fields(self.times.seconds(laps), waited, elapsed, steps))
         if self.token_data:
             tokens_per_s = sums[TOKENS] / elapsed
             record["throughput/tokens_per_sec"] = tokens_per_s
