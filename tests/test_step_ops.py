@@ -83,6 +83,8 @@ def test_a_quiet_step_dispatches_no_more_than_the_plain_loops(
 ) -> None:
     run = run_cli(tmp_path, *gpt_run_args(corpus), f"parallelism={engine}")
     assert run.returncode == 0, run.output
+    alone = "parallelism=fsdp on 1 rank: nothing to shard"  # said, where it is so
+    assert (alone in run.output) == (engine == "fsdp"), run.output
     ours = statistics.median(counted(run.run_dir)[s] for s in QUIET)
     plain = plain_step_ops(engine, free_port())
     print(f"{engine}: runner {ours} ops a quiet step, the plain loop {plain}")

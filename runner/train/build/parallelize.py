@@ -58,6 +58,11 @@ def parallelize(
     across a tensor group by vocabulary (loss parallel). `say`: a line for the user (rank
     0's terminal too)."""
     grid = layout(spec, rdist.get_world_size())  # the running group's
+    if spec.parallelism.name == "fsdp" and grid.world == 1 and not spec.eval_only:
+        say(
+            "parallelism=fsdp on 1 rank: nothing to shard, yet FSDP2's hooks gather and free "
+            "every block each pass; parallelism=ddp trains the same weights with less work a step"
+        )
     if spec.precision.name is Precision.FLOAT8:
         from runner.engines import float8
 
