@@ -56,6 +56,7 @@ from suites_speed import (
     TRACKER_STEPS,
     checkpoint_async_suite,
     grad_norm_suite,
+    launch_bound_suite,
     launchers_suite,
     mfu_cpu_suite,
     overhead_suite,
@@ -226,15 +227,23 @@ SUITES = {
         gpu_gpt_suite,
     ),
     "gpu_speed": (
-        "GPU past a plain script: gpt 12x768 (1024-token blocks) at global batch 16 and 32, "
-        "runner eager, compiled, compile.mode=reduce-overhead and precision=float8 with "
+        "GPU past a plain script, both timed alike (20 warm-up steps left out, then at least "
+        "100 timed): gpt 12x768 (1024-token blocks) at global batch 16 and 32, "
+        "runner eager, compiled, compile.mode=reduce-overhead, fsdp and precision=float8 with "
         "compile; gpt 24x2048 at batch 8, compiled and float8; ratios against nanoGPT's way "
-        "(plain_gpt.py) eager or compiled, float8 rows against compiled bf16; MFU against the "
+        "(plain_gpt.py) eager or compiled, fsdp against FSDP2 by hand (plain_gpt.py "
+        "--engine=fsdp, bf16 parameters), float8 rows against compiled bf16; MFU against the "
         "GPU's bf16 peak. resnet50 at 224 px, channels_last, bf16, global batch 128, against "
         "a plain script in NVIDIA DeepLearningExamples' way (one synthetic batch on the device)",
         gpu_speed_suite,
     ),
 }
+SUITES["launch_bound"] = (
+    "A step bound by launching ops on the CPU: gpt 12 layers x 32 wide, 64-token blocks, "
+    "global batch 8, fp32, one rank; ratio against nanoGPT's way (plain_gpt.py --device=cpu), "
+    "both over the steps after 20 warm-up steps",
+    launch_bound_suite,
+)
 SUITES: dict[str, Suite] = {name: Suite(*entry) for name, entry in SUITES.items()}
 SUITES["tensor_parallel"] = Suite(
     "B3 tensor parallelism: per-rank state of one gpt (4 layers, 512 wide) at TP2, FSDP4 and "

@@ -7,6 +7,7 @@ gpt is measured against on a GPU.
 The tokens live on the device already and each batch is cut from them there (random windows,
 as nanoGPT's get_batch cuts its memmap); runner's gpt (the same module), bf16 autocast, fused
 AdamW, TF32 matmuls, DDP over nccl when there are several ranks, `.item()` only at the end.
+`--engine fsdp`: FSDP2 with bf16 parameters instead of DDP and autocast (torchtitan's way).
 Prints one JSON line on rank 0 as plain_ddp.py does: mean seconds per optimizer step after
 `--warmup` steps (the device synchronised at both ends of the timed span), when the first
 step was done, optimizer state bytes and peak RSS.
@@ -44,6 +45,11 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--float8", choices=["tensorwise", "rowwise"], default=None)
+    # fsdp: FSDP2's documented recipe as torchtitan runs it: fully_shard on every block, then
+    # the root, with bf16 parameters and fp32 reductions (MixedPrecisionPolicy), no autocast
+    parser.add_argument("--engine", choices=["ddp", "fsdp"], default="ddp")
+    # fp32: no autocast (a CPU's bf16 is emulated: what a user there trains in)
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     args = parser.parse_args()
 
     cuda = args.device == "cuda"
@@ -79,7 +85,16 @@ def main() -> None:
             config=Float8LinearConfig.from_recipe_name(args.float8),
             module_filter_fn=_auto_filter_for_recipe(args.float8, ["lm_head"]),
         )
-    model = DistributedDataParallel(module, device_ids=[device.index] if cuda else None)
+    if args.engine == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        half = torch.bfloat16 if args.precision == "bf16" else None
+        policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+        for block in module.blocks:
+            fully_shard(block, mp_policy=policy)
+        model = fully_shard(module, mp_policy=policy)
+    else:
+        model = DistributedDataParallel(module, device_ids=[device.index] if cuda else None)
     if args.compile:
         model = torch.compile(model)
     optimizer = torch.optim.AdamW(module.parameters(), lr=args.lr, weight_decay=0.01, fused=cuda)
@@ -87,7 +102,8 @@ def main() -> None:
     first_step_at, started = None, time.perf_counter()
     for step in range(1, args.steps + 1):
         x = get_batch()
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        autocast = args.engine == "ddp" and args.precision == "bf16"
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             logits = model(x)
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB).float(), x[:, 1:].reshape(-1))
         loss.backward()

@@ -254,25 +254,39 @@ def _with_mfu(result: dict[str, float], tokens: int, flops: float) -> dict[str, 
     return {STEP: result[STEP], ITEMS: items, MFU: mfu, GPU_MB: result[GPU_MB]}
 
 
+# Both arms alike: GPU_WARMUP steps left out (compiling, autotuning, the allocator's first
+# requests), then at least GPU_TIMED steps timed, the same shapes, runner with a user's
+# defaults (its tracker, opened before the first step). The plain script synchronizes the
+# device at both ends of its span; runner's span is its records': one at the warm-up's end,
+# one every GPU_WARMUP steps after, each timed from the last (a log step reduces its record,
+# which waits for the device: each end of the span follows the device's work alike).
+GPU_WARMUP, GPU_TIMED = 20, 100
+
+
 def runner_gpu(*overrides: str, steps: int) -> dict[str, float]:
-    """One runner run on every GPU: s/step and samples/s after the warmup (its records),
-    and the largest peak of GPU memory a record gave."""
+    """One runner run on every GPU: s/step and samples/s over the steps after the warm-up
+    (its records), the largest peak of GPU memory a record gave, and where a step's time
+    went (time/...: its records', ms a step)."""
+    steps = max(steps, GPU_WARMUP + GPU_TIMED)
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         command = [venv_tool("runner"), *overrides, f"nproc={cuda_devices()}", f"max_steps={steps}"]
-        command += ["max_epochs=null", f"log_interval={WARMUP}", "progress_bar=false"]
+        command += ["max_epochs=null", f"log_interval={GPU_WARMUP}", "progress_bar=false"]
         run([*command, f"hydra.run.dir={run_dir}"], thread_env(cuda_devices()), cwd=tmp)
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
         batch = yaml.safe_load((run_dir / "config.yaml").read_text())["global_batch_size"]
-    later = [r for r in records if r["step"] > WARMUP]
-    sps = statistics.fmean(r["throughput/samples_per_sec"] for r in later)
+    later = [r for r in records if r["step"] > GPU_WARMUP]
+    seconds = statistics.fmean(r["time/step_s"] for r in later)
     peak = max(r.get("memory/peak_mb", 0.0) for r in records)
-    return {STEP: batch / sps, SPS: sps, GPU_MB: peak}
+    return {STEP: seconds, SPS: batch / seconds, GPU_MB: peak}
 
 
 def plain_gpu(*args: str, steps: int, script: str) -> dict[str, float]:
     """One plain script on every GPU, with its peak of GPU memory."""
-    command = plain_command(*args, nproc=cuda_devices(), steps=steps, script=script)
+    steps = max(steps, GPU_WARMUP + GPU_TIMED)
+    command = plain_command(
+        *args, nproc=cuda_devices(), steps=steps, warmup=GPU_WARMUP, script=script
+    )
     result = json.loads(run(command, thread_env(cuda_devices())).strip().splitlines()[-1])
     batch = int(next(a.split("=")[1] for a in args if a.startswith("--global-batch-size")))
     seconds = result["sec_per_step"]
@@ -298,6 +312,7 @@ def speed_gpt_rows(
         "compiled": ["precision=bf16", "compile=true"],
         "reduce-overhead": ["precision=bf16", "compile={mode:reduce-overhead}"],
         "float8": ["precision=float8", "compile=true"],
+        "fsdp": ["precision=bf16", "parallelism=fsdp"],
     }
 
     def plain(*extra: str) -> Config:
@@ -312,6 +327,9 @@ def speed_gpt_rows(
     eager, compiled = plain(), plain("--compile")
     eager.baseline, compiled.baseline = eager.name, compiled.name
     rows = [eager, compiled]
+    if "fsdp" in ways:  # fsdp against FSDP2 by hand (bf16 parameters), not against ddp
+        rows.append(plain("--engine=fsdp"))
+        rows[-1].baseline = rows[-1].name
     if "float8" in ways:
         rows.append(plain("--compile", "--float8=tensorwise"))
         rows[-1].baseline = compiled.name
@@ -323,7 +341,9 @@ def speed_gpt_rows(
                 lambda overrides=overrides: _with_mfu(
                     runner_gpu(*overrides, steps=steps), tokens, flops
                 ),
-                baseline=eager.name if way == "eager" else compiled.name,
+                baseline={"eager": eager.name, "fsdp": f"{eager.name} engine=fsdp"}.get(
+                    way, compiled.name
+                ),
             )
         )
     return rows
@@ -365,7 +385,7 @@ def gpu_speed_suite(steps: int) -> list[Config]:
     float8 = ("float8",) if importlib.util.find_spec("torchao") else ()
     if not float8:
         print("gpu_speed: torchao is not installed: no float8 rows", file=sys.stderr)
-    every = ("eager", "compiled", "reduce-overhead", *float8)
+    every = ("eager", "compiled", "reduce-overhead", "fsdp", *float8)
     rows: list[Config] = []
     for batch in (16, 32):
         rows += speed_gpt_rows(steps, corpus, GPT_SHAPE, batch, every)

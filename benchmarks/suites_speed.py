@@ -507,3 +507,47 @@ def scaling_suite(steps: int) -> list[Config]:
             )
         )
     return configs
+
+
+# A step bound by launching ops, not by their arithmetic: the 12-layer gpt, 32 wide, on one
+# rank (issue 67's CPU goal: within 1.02 of the plain script).
+LAUNCH_BOUND = {"n_layer": 12, "n_embd": 32, "n_head": 2, "block_size": 64}
+LAUNCH_BATCH, LAUNCH_WARMUP = 8, 20
+
+
+def launch_bound_suite(steps: int) -> list[Config]:
+    """runner against nanoGPT's way (plain_gpt.py on the CPU, fp32, DDP of one rank), both
+    timed over the steps after LAUNCH_WARMUP: the plain script by its own clock, runner by
+    its records' time/step_s (with a user's defaults: its tracker, its loader)."""
+    from suites_gpu import random_corpus
+
+    steps = max(steps, LAUNCH_WARMUP + 100)
+    corpus = random_corpus(400_000)
+    plain_args = [f"--{k.replace('_', '-')}={v}" for k, v in LAUNCH_BOUND.items()]
+    plain_args += ["--device=cpu", "--precision=fp32", f"--global-batch-size={LAUNCH_BATCH}"]
+
+    def plain() -> dict[str, float]:
+        command = plain_command(
+            *plain_args, nproc=1, steps=steps, warmup=LAUNCH_WARMUP, script="plain_gpt.py"
+        )
+        seconds = json.loads(run(command, thread_env(1)).strip().splitlines()[-1])["sec_per_step"]
+        return {STEP: seconds, SPS: LAUNCH_BATCH / seconds}
+
+    def ours() -> dict[str, float]:
+        with tempfile.TemporaryDirectory() as tmp:
+            run_dir = Path(tmp) / "run"
+            command = [venv_tool("runner"), "model=gpt", "data=text", f"data.root={corpus}"]
+            command += ["loss=causal_lm", "metrics=language_model", "precision=fp32"]
+            command += [f"model.{k}={v}" for k, v in LAUNCH_BOUND.items() if k != "block_size"]
+            command += [f"data.block_size={LAUNCH_BOUND['block_size']}", "nproc=1"]
+            command += [f"global_batch_size={LAUNCH_BATCH}", f"max_steps={steps}"]
+            command += ["max_epochs=null", f"log_interval={LAUNCH_WARMUP}", "eval_interval=100000"]
+            command += ["progress_bar=false", f"hydra.run.dir={run_dir}"]
+            run(command, thread_env(1), cwd=tmp)
+            records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+        # the last record holds the final evaluation's pause only: its steps alone count
+        seconds = statistics.fmean(r["time/step_s"] for r in records if r["step"] > LAUNCH_WARMUP)
+        return {STEP: seconds, SPS: LAUNCH_BATCH / seconds}
+
+    name = "plain gpt 12x32, nanoGPT's way (1 rank, CPU)"
+    return [Config(name, plain, name), Config("runner gpt 12x32 (1 rank, CPU)", ours, name)]
