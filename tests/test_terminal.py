@@ -145,7 +145,8 @@ def test_ctrl_c_typed_at_any_moment_ends_in_one_line(tmp_path: Path, when: str) 
     said = [line for line in typed.lines if "interrupted by SIGINT" in line]
     assert len(said) == 1, typed.output
     if when == "training":
-        assert "first logged step" in said[0] or "after step" in said[0], said
+        # the bar said step 1 for rank 0; another rank may still be in it when the key lands
+        assert "after step" in said[0] or "had finished step 1" in said[0], said
     if (run / "summary.json").exists():
         summary = json.loads((run / "summary.json").read_text())
         assert summary["status"] == "interrupted" and summary["signal"] == "SIGINT"

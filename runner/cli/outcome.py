@@ -101,7 +101,9 @@ def interrupted_line(summary: dict[str, Any], run_dir: RunDir) -> str:
     latest = CheckpointStore(run_dir.checkpoints, keep=1).latest()
     if not steps and latest is None and not summary.get("attempts"):  # no rank got to train
         return f"interrupted by {by} before the first step"
-    where = f"after step {steps}" if steps else "before its first step"
+    # ranks that had started training, none of them past step 1 on every rank (a rank
+    # interrupted in a step never finishes it, though another may have)
+    where = f"after step {steps}" if steps else "before every rank had finished step 1"
     if latest is None:
         return f"interrupted by {by} {where}; no checkpoint yet: a new start begins at step 0"
     return (

@@ -117,18 +117,30 @@ def _so_far(run: Path) -> dict[str, Any]:
 
 
 def print_table(columns: list[str], table: list[dict[str, Any]]) -> None:
+    """The runs' table; where a step's time went (its parts) in a second one below, so that
+    the metrics keep their names on a narrow terminal."""
     from rich.console import Console
+
+    # On a terminal rich fits a table to its width; piped, keep every column whole.
+    console = Console(width=None if sys.stdout.isatty() else 10_000)
+    parts = [c for c in columns if c in STEP_TIME_COLUMNS and c != "step_ms"]
+    console.print(_table([c for c in columns if c not in parts], table))
+    if parts:
+        total = ["step_ms"] if "step_ms" in columns else []
+        console.print(_table(["run", *total, *parts], table, "where a step's time went (ms)"))
+
+
+def _table(columns: list[str], table: list[dict[str, Any]], title: str | None = None) -> Any:
     from rich.table import Table
 
-    view = Table(show_lines=False)
+    view = Table(show_lines=False, title=title, title_justify="left")
     for column in columns:
         numeric = column.startswith(("val/", "train/")) or column in ("steps", "wall_time_s")
         numeric = numeric or column in STEP_TIME_COLUMNS
         view.add_column(column, justify="right" if numeric else "left")
     for row in table:
         view.add_row(*(_cell(column, row[column]) for column in columns))
-    # On a terminal rich fits the table to its width; piped, keep every column whole.
-    Console(width=None if sys.stdout.isatty() else 10_000).print(view)
+    return view
 
 
 def _cell(column: str, value: Any) -> str:
