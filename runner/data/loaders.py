@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from runner.data.sample_seeds import EVALUATION, SampleSeeds
 from runner.data.sampler import PLACEHOLDER, GlobalBatchSampler, ShardSampler
+from runner.data.tensor_tree import pinned
 
 
 class Batches(Dataset):
@@ -52,6 +53,16 @@ def _passthrough(batch: Any) -> Any:
     return batch
 
 
+def pinning(collate_fn: Callable[[Any], Any], pin_memory: bool, num_workers: int) -> Any:
+    """(collate_fn, DataLoader's pin_memory): without workers the batch is pinned as it is
+    collated, in the same thread DataLoader would pin it in, but each tensor once (text's
+    input_ids and labels are one tensor: DataLoader pins it twice); with workers
+    DataLoader's own pinning thread does it, off the training thread."""
+    if not pin_memory or num_workers > 0:
+        return collate_fn, pin_memory
+    return (lambda batch: pinned(collate_fn(batch))), False
+
+
 def _loader(
     dataset: Any,
     collate_fn: Any,
@@ -60,10 +71,11 @@ def _loader(
     pin_memory: bool,
     seed: int = 0,
 ) -> DataLoader:
+    collate, pin_memory = pinning(_passthrough, pin_memory, num_workers)
     return DataLoader(
         Batches(dataset, collate_fn, seed),
         batch_sampler=batch_sampler,
-        collate_fn=_passthrough,
+        collate_fn=collate,
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,

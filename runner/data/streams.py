@@ -21,7 +21,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, default_collate, get_worker_info
+
+from runner.data.loaders import pinning
 
 
 def is_iterable(dataset: Any) -> bool:
@@ -137,13 +139,14 @@ class TrainStream:
         self.global_batch_size = global_batch_size
         self.steps_per_epoch = total_steps
         self.passes = 0
+        collate, pin_memory = pinning(collate_fn or default_collate, pin_memory, num_workers)
         self.loader = StatefulDataLoader(
             dataset,
             batch_size=micro_batch_size,
             drop_last=True,  # every microbatch full: a global batch is global_batch_size
             num_workers=num_workers,
             pin_memory=pin_memory,
-            collate_fn=collate_fn,
+            collate_fn=collate,
             generator=torch.Generator().manual_seed(seed),
         )
 
@@ -198,12 +201,13 @@ def eval_stream(
     dataset that splits itself, which `first_examples` cannot cut)."""
     from torch.utils.data import DataLoader
 
+    collate, pin_memory = pinning(collate_fn or default_collate, pin_memory, num_workers)
     loader = DataLoader(
         dataset,
         batch_size=batch_size,
         num_workers=num_workers,
         pin_memory=pin_memory,
-        collate_fn=collate_fn,
+        collate_fn=collate,
     )
 
     def batches() -> Iterator[Any]:

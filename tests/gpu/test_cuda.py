@@ -200,3 +200,18 @@ def test_batches_copied_ahead_train_what_batches_copied_in_step_train(cli, tmp_p
     inline = cli(*common, "input_prefetch=false", name="inline")
     check_trained(inline)
     assert same_weights(ahead.run_dir, inline.run_dir)
+
+
+def test_a_text_batch_is_pinned_once_and_copied_once():
+    """Text's input_ids and labels are one host tensor: pinned as one (in the collate, on a
+    loader without workers) and copied to the device as one."""
+    from runner.data.loaders import pinning
+    from runner.train.step.batch_parts import to_device
+
+    ids = torch.arange(64).reshape(4, 16)
+    collate, dataloader_pins = pinning(lambda batch: batch[0], True, 0)
+    host = collate([{"input_ids": ids, "labels": ids}])
+    assert not dataloader_pins and host["input_ids"] is host["labels"]
+    assert host["input_ids"].is_pinned()
+    moved = to_device(host, "cuda")
+    assert moved["input_ids"] is moved["labels"] and moved["labels"].is_cuda

@@ -16,20 +16,21 @@ from typing import Any
 
 import torch
 
+from runner.data.tensor_tree import map_tensors_once
+
 LABELS = "labels"
 
 
 def to_device(batch: Any, device: torch.device | str, channels_last: bool = False) -> Any:
-    if isinstance(batch, torch.Tensor):
-        moved = batch.to(device, non_blocking=True)
+    """`batch` on `device`, each tensor copied once (runner.data.tensor_tree)."""
+
+    def move(tensor: torch.Tensor) -> torch.Tensor:
+        moved = tensor.to(device, non_blocking=True)
         if channels_last and moved.dim() == 4 and moved.is_floating_point():
             moved = moved.contiguous(memory_format=torch.channels_last)
         return moved
-    if isinstance(batch, Mapping):
-        return {k: to_device(v, device, channels_last) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(v, device, channels_last) for v in batch)
-    return batch
+
+    return map_tensors_once(batch, move)
 
 
 def split(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
