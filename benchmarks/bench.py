@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from data_bench import DATA_HOW, DATA_RATIO_METRICS, DATA_SUITES
 from harness import RESULTS, Suite, run_suite
@@ -288,7 +289,15 @@ def main() -> None:
     )
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="start no measurement after SECONDS; each table holds what was measured by then "
+        "(the GPU check's limit)",
+    )
     args = parser.parse_args()
+    deadline = None if args.budget is None else time.monotonic() + args.budget
     RESULTS.mkdir(parents=True, exist_ok=True)
     every = [*SUITES, *TABLES]
     everything = [n for n in every if not n.startswith("gpu") or cuda_devices()]  # where one is
@@ -301,7 +310,10 @@ def main() -> None:
         if name in TABLES:
             table = TABLES[name](args.reps, args.steps)
         else:
-            table = run_suite(SUITES[name], args.reps, args.steps)
+            table = run_suite(SUITES[name], args.reps, args.steps, deadline)
+        if not table:
+            print(f"benchmark suite {name}: nothing measured within --budget", file=sys.stderr)
+            continue
         (RESULTS / f"{name}.md").write_text(table)
         print(table, flush=True)
     # latest.md: the newest table of every suite, including those not rerun this time

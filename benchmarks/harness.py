@@ -215,20 +215,28 @@ class Suite:
     notes: Callable[[dict[str, dict[str, float]]], list[str]] | None = None
 
 
-def run_suite(suite: Suite, reps: int, steps: int) -> str:
+def run_suite(suite: Suite, reps: int, steps: int, deadline: float | None = None) -> str:
     """Every configuration `reps` times, the order rotated each repetition so that slow drift
-    of the machine hits each alike; the table in markdown."""
+    of the machine hits each alike; the table in markdown. `deadline` (time.monotonic()):
+    no measurement starts after it, and the table holds what was measured by then (none:
+    an empty string)."""
     title, configs = suite.title, suite.build(steps)
     results: dict[str, list[dict[str, float]]] = {c.name: [] for c in configs}
     for rep in range(reps):
         shift = rep % len(configs)
         for config in configs[shift:] + configs[:shift]:
+            if deadline is not None and time.monotonic() > deadline:
+                break
             results[config.name].append(config.measure())
             print(
                 f"  rep {rep + 1}/{reps} {config.name}: {results[config.name][-1]}",
                 file=sys.stderr,
                 flush=True,
             )
+    unmeasured = [c.name for c in configs if not results[c.name]]
+    configs = [c for c in configs if results[c.name]]
+    if not configs:
+        return ""  # nothing measured before the deadline: no table
     compared = (*RATIO_METRICS, *suite.ratios)
     metrics = list(results[configs[0].name][0])
     header = ["configuration"]
@@ -256,16 +264,21 @@ def run_suite(suite: Suite, reps: int, steps: int) -> str:
         for metric in metrics:
             values = [r[metric] for r in results[config.name]]
             if metric in compared:
-                reference = statistics.median(r[metric] for r in baseline)
                 small = metric == STEP and statistics.median(values) < 0.05  # ms-scale steps
-                cells += [
-                    _cell(values, 1 if metric in (SPS, STATE, ITEMS) else 5 if small else 3),
-                    f"{statistics.median(values) / reference:.3f}",
-                ]
+                cells.append(
+                    _cell(values, 1 if metric in (SPS, STATE, ITEMS) else 5 if small else 3)
+                )
+                if not baseline:  # its baseline was not measured before the deadline
+                    cells.append("n/a")
+                    continue
+                reference = statistics.median(r[metric] for r in baseline)
+                cells.append(f"{statistics.median(values) / reference:.3f}")
             else:
                 cells.append(_plain(values))
         lines.append("| " + " | ".join(cells) + " |")
-    if suite.notes is not None:
+    if unmeasured:
+        lines += ["", f"Cut short at the deadline; not measured: {', '.join(unmeasured)}."]
+    if suite.notes is not None and not unmeasured:
         medians = {
             name: {m: statistics.median(r[m] for r in runs) for m in metrics}
             for name, runs in results.items()
