@@ -46,3 +46,20 @@ def test_no_host_sync_on_a_step_that_logs_nothing(cli, corpus: Path, parallelism
         quiet = [s for s in seen if s["step"] is not None and s["step"] not in logged]
         assert not quiet, f"rank {rank} waits for the device on steps that log nothing: {quiet}"
         assert any(s["step"] in logged for s in seen), "the log steps' reads were not seen"
+
+
+def test_sync_debug_arms_quiet_steps_after_ddps_bucket_rebuild():
+    """sync_debug=error on a GPU: never on a start's first two steps (DDP rebuilds its
+    buckets in the second's forward, one copy back to the host), nor on a step that logs;
+    on every quiet step after them. Nothing on a CPU."""
+    from runner.train.step.sync_debug import SyncDebug
+
+    modes: list[str] = []
+    debug = SyncDebug("error", "cuda", modes.append)
+    for quiet in (True, True, True, False, True):
+        debug.step(quiet)
+    debug.off()
+    assert modes == ["default", "default", "error", "default", "error", "default"]
+    on_cpu: list[str] = []
+    SyncDebug("error", "cpu", on_cpu.append).step(True)
+    assert on_cpu == []
