@@ -40,6 +40,7 @@ def test_the_parts_add_up_to_the_step() -> None:
             "(max_steps=10)",
         ),
         (["profile.ranks=[2]"], "profile.ranks=[2]: [2] not a rank of this run; valid: main, all"),
+        (["profile.ranks=[]"], "profile.ranks=[]: no rank to trace on; valid: main, all"),
         (["profile.memory=true", "device=cpu"], "profile.memory=true: CUDA memory snapshots need"),
     ],
 )
@@ -76,6 +77,27 @@ def test_a_run_says_where_its_steps_time_went_and_traces_the_steps_asked(cli) ->
     columns, table = rows([run.run_dir], run.run_dir.parent)
     assert {"step_ms", "fwd_bwd_ms", "optimizer_ms", "host_ms"} <= set(columns)
     assert table[0]["step_ms"] == pytest.approx(1000 * run.summary()["final"]["time/step_s"])
+
+
+@pytest.mark.slow
+def test_profile_keys_through_a_runs_life(cli) -> None:
+    """A step beyond an epoch-limited run (which the config cannot know) is said, not
+    traced; `runner eval` of a run traced on rank 1 evaluates at nproc=1 without tracing
+    (the run's profile keys were its training's), and refuses profile.steps of its own."""
+    run = cli(*FAST, "max_epochs=1", "nproc=2", "profile.steps=[2,100000]", "profile.ranks=[1]")
+    assert run.returncode == 0, run.output
+    steps = run.summary()["steps"]
+    assert f"runner: profile.steps: [100000] beyond this run's {steps} steps: not traced" in (
+        run.output
+    )
+    traced = [p.name for p in (run.run_dir / "profile").iterdir()]
+    assert traced == ["rank1.steps_2-2.pt.trace.json"]
+    evaluated = cli("eval", str(run.run_dir), "nproc=1", name="eval")
+    assert evaluated.returncode == 0, evaluated.output
+    assert not (evaluated.run_dir / "profile").exists()
+    refused = cli("eval", str(run.run_dir), "nproc=1", "profile.steps=[1]", name="refused")
+    assert refused.returncode == 2
+    assert "profile.steps=[1]: runner eval takes no training step to trace" in refused.output
 
 
 def test_on_a_gpu_the_parts_are_events_read_only_with_the_record(monkeypatch) -> None:

@@ -82,6 +82,8 @@ def run_evaluations(config: dict[str, Any], overrides: list[str]) -> Sizing:
     the weights are the same whatever splits them)."""
     given = dict(o.lstrip("+").partition("=")[::2] for o in overrides if "=" in o)
     sized = Sizing()
+    if config.get("profile"):  # the run's traces were of its training steps, on its ranks
+        sized.before += ["profile.steps=[]", "profile.ranks=main", "profile.memory=false"]
     batch = config.get("global_batch_size")
     if "eval_samples" not in given:
         batches = given.get("eval_batches", config.get("eval_batches"))

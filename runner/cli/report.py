@@ -137,7 +137,9 @@ def _table(columns: list[str], table: list[dict[str, Any]], title: str | None = 
     for column in columns:
         numeric = column.startswith(("val/", "train/")) or column in ("steps", "wall_time_s")
         numeric = numeric or column in STEP_TIME_COLUMNS
-        view.add_column(column, justify="right" if numeric else "left")
+        # on a narrow terminal a cell wraps onto more lines rather than lose its end
+        header = column.removesuffix("_ms") if title else column  # the title says ms
+        view.add_column(header, justify="right" if numeric else "left", overflow="fold")
     for row in table:
         view.add_row(*(_cell(column, row[column]) for column in columns))
     return view
@@ -234,16 +236,19 @@ def main(argv: list[str] | None = None) -> int:
     else:  # several: next to them, in their common parent
         base = Path(os.path.commonpath(paths))
         out = args.out or base / REPORT_PNG
-    if args.watch is not None:
-        return _watch(paths, base, out, args.watch)
-    _report(runs, base, out)
-    return 0
+    try:
+        return _watch(paths, base, out, args.watch) if args.watch else _report(runs, base, out)
+    except BrokenPipeError:  # `runner-report ... | head`: the reader left (rich: exit 1 too)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # and the interpreter's last flush is quiet
+        return 1
 
 
-def _report(runs: list[Path], base: Path, out: Path) -> None:
+def _report(runs: list[Path], base: Path, out: Path) -> int:
     columns, table = rows(runs, base)
     print_table(columns, table)
     print(f"loss curves: {plot_losses(runs, base, out)}", flush=True)
+    return 0
 
 
 def _watch(paths: list[Path], base: Path, out: Path, seconds: float) -> int:

@@ -319,6 +319,11 @@ def _check_evaluation_only(spec: RunSpec, problems: list[str], run_dir: Path | N
             f"resume={spec.resume}: runner eval trains nothing, so there is nothing to go on "
             "from; to evaluate a checkpoint give it as the source: runner eval CHECKPOINT"
         )
+    if spec.profile.steps:
+        problems.append(
+            f"profile.steps={list(spec.profile.steps)}: runner eval takes no training step "
+            "to trace; leave profile.steps out"
+        )
     if run_dir is not None and holds_a_run(run_dir):
         problems.append(
             f"hydra.run.dir={run_dir}: holds a run already; runner eval writes into a "

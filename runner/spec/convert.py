@@ -38,7 +38,12 @@ class SpecError(ValueError):
 
 
 class _Invalid(Exception):
-    """One bad value; converted into a problem line by the caller."""
+    """One bad value; converted into a problem line by the caller, or into the lines of
+    its bad items (`items`: a list whose items are each said once, not the list too)."""
+
+    def __init__(self, message: str, items: list[str] | None = None):
+        super().__init__(message)
+        self.items = items or []
 
 
 _NOTHING = object()
@@ -161,7 +166,7 @@ def _convert(tp: Any, raw: Any, key: str, problems: list[str]) -> Any:
     try:
         return _convert_value(tp, raw, key, problems)
     except _Invalid as exc:
-        problems.append(f"{key}={raw!r}: {exc}")
+        problems.extend(exc.items or [f"{key}={raw!r}: {exc}"])
         return None
 
 
@@ -231,13 +236,13 @@ def _convert_tuple(tp: Any, raw: Any, key: str, problems: list[str]) -> tuple:
         item_types = list(args)
     else:
         raise _Invalid(f"expected {describe(tp)}")
-    before = len(problems)
+    bad: list[str] = []  # said by the caller: each item's line, or the union's own
     items = tuple(
-        _convert(t, item, f"{key}[{i}]", problems)
+        _convert(t, item, f"{key}[{i}]", bad)
         for i, (t, item) in enumerate(zip(item_types, raw, strict=True))
     )
-    if len(problems) != before:
-        raise _Invalid(f"expected {describe(tp)}")
+    if bad:
+        raise _Invalid(f"expected {describe(tp)}", bad)
     return items
 
 

@@ -121,6 +121,11 @@ def check_profile(spec: RunSpec, problems: list[str]) -> None:
         )
     if isinstance(options.ranks, tuple):
         outside = [r for r in options.ranks if not 0 <= r < spec.world_size]
+        if not options.ranks:
+            problems.append(
+                f"profile.ranks=[]: no rank to trace on; valid: main, all, or ranks in "
+                f"0..{spec.world_size - 1}"
+            )
         if outside:
             problems.append(
                 f"profile.ranks={list(options.ranks)}: {outside} not a rank of this run; "

@@ -86,7 +86,8 @@ class Trainer:
         self.stand_in: Any = None  # the latest training microbatch (Evaluator.evaluate)
         self.faults = chaos.Faults(spec.chaos, self.rank, self.engine.module)  # chaos.*
         self.sync_debug = SyncDebug(spec.sync_debug, device)  # sync_debug: quiet steps' waits
-        self.traces = StepTraces(spec.profile, run_dir.root, self.rank, device)  # profile.*
+        traced = (spec.profile, run_dir.root, self.rank, device, self.data.total_steps)
+        self.traces = StepTraces(*traced, notices(self.terminal))  # profile.*
         self.passes = LossPass(
             spec, self.engine, self.loss_fn, device, self.channels_last, self.faults,
             self.data.streaming,
@@ -217,7 +218,8 @@ class Trainer:
                 ending = COMPLETED if last else self.endings.after_step(step, evaluation)
                 if saved:  # after the rules: it holds their state as of this step
                     self.step_log.pause(self.checkpointer.save(step, samples))
-                self.traces.after(step)  # its evaluation and checkpoint in the trace too
+                # its evaluation and checkpoint in the trace too; writing it is no step's
+                self.step_log.pause(self.traces.after(step))
                 if ending is not None:
                     return Outcome(ending, step, samples, saved)
         return Outcome(COMPLETED, step, samples)

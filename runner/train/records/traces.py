@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +42,23 @@ def step_runs(steps: tuple[int, ...]) -> list[tuple[int, int]]:
 
 
 class StepTraces:
-    def __init__(self, options: ProfileSpec, root: Path, rank: int, device: str):
+    def __init__(
+        self,
+        options: ProfileSpec,
+        root: Path,
+        rank: int,
+        device: str,
+        total_steps: int,
+        say: Callable[[str], None] = log.warning,
+    ):
+        """`total_steps`: the steps the run takes (max_epochs' too, which the config cannot
+        know); steps beyond them are said (`say`: rank 0's terminal) and not traced."""
         self.rank = rank
         on = options.traces(rank)
         self.runs = step_runs(options.steps) if on else []
+        beyond = sorted(s for s in set(options.steps) if s > total_steps)
+        if beyond and rank == 0:
+            say(f"profile.steps: {beyond} beyond this run's {total_steps} steps: not traced")
         self.cuda = torch.device(device).type == "cuda"
         self.memory = on and options.memory and self.cuda
         self.dir = root / "profile"
@@ -64,14 +79,18 @@ class StepTraces:
         self._scope = torch.profiler.record_function(f"step {step}")
         self._scope.__enter__()
 
-    def after(self, step: int) -> None:
-        """Step `step` is done (and its evaluation and checkpoint, if it has them)."""
+    def after(self, step: int) -> float:
+        """Step `step` is done (and its evaluation and checkpoint, if it has them). Returns
+        the seconds spent writing a trace (not training: the records leave them out)."""
         if self._profiler is None:
-            return
+            return 0.0
         self._leave_step()
         assert self._run is not None
-        if step >= self._run[1]:
-            self._finish()
+        if step < self._run[1]:
+            return 0.0
+        started = time.perf_counter()
+        self._finish()
+        return time.perf_counter() - started
 
     def out_of_memory(self) -> None:
         """Memory ran out: the snapshot of how it came to that (profile.memory)."""
@@ -105,7 +124,8 @@ class StepTraces:
         profiler.__exit__(None, None, None)
         self.dir.mkdir(exist_ok=True)
         self._written(f"{name}.pt.trace.json", profiler.export_chrome_trace)
-        log.info("profile: steps %d-%d traced into %s", first, last, self.dir / name)
+        trace = self.dir / f"{name}.pt.trace.json"
+        log.info("profile: steps %d-%d traced into %s", first, last, trace)
         if self.memory:
             self._snapshot(f"{name}.memory.pickle")
 
