@@ -81,8 +81,8 @@ class FSDPEngine(Engine):
         }
         self.blocks = find_blocks(module, options.wrap)
         module, roots = self._stages(spec, module, grid, mesh, device)
-        for block in self.blocks:
-            fully_shard(block, **kwargs)
+        for block, reshard in zip(self.blocks, self._reshards(options, module), strict=True):
+            fully_shard(block, **{**kwargs, "reshard_after_forward": reshard})
         for root in roots:
             fully_shard(root, **kwargs)
         if fill is not None:  # built on the meta device: this rank's shards only, now
@@ -112,6 +112,17 @@ class FSDPEngine(Engine):
             from runner.engines.float8 import precompute_scales
 
             precompute_scales(self.module)
+
+    def _reshards(self, options: Any, module: nn.Module) -> list[bool]:
+        """Per block, whether FSDP frees its gathered weights after the forward pass. Not the
+        last block's: backward gathers it again at once (the root's, FSDP keeps itself). Under
+        a pipeline no block's: each microbatch would gather it again. Weights gathered in
+        float8 are freed everywhere (their scales are computed for the sharded weights)."""
+        keep_last = not gathers_in_float8(module)
+        n = len(self.blocks)
+        if not options.reshard_after_forward or self.pipeline is not None:
+            return [False] * n
+        return [not (keep_last and i == n - 1) for i in range(n)]
 
     def _stages(
         self, spec: RunSpec, module: nn.Module, grid: Any, mesh: Any, device: str
