@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from runner.data.loaders import pinning
-from runner.data.tensor_tree import map_tensors_once
+from runner.data.tensor_tree import map_tensors_once, tensors_of
 from runner.train.step.batch_parts import to_device
 
 
@@ -23,6 +23,7 @@ def test_a_tensor_twice_in_a_batch_is_moved_once_and_stays_one_tensor():
 
     moved = map_tensors_once(batch, move)
     assert len(calls) == 2  # ids and mask, each once
+    assert [id(t) for t in tensors_of(batch)] == [id(ids), id(mask)]  # what a copy waits on
     assert moved[0]["input_ids"] is moved[0]["labels"] is moved[1][0]
     assert moved[0]["attention_mask"].device.type == "meta" and moved[1][1] == 7
     assert isinstance(moved[1], list) and batch[0]["input_ids"] is ids  # the host batch kept

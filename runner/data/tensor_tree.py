@@ -28,6 +28,13 @@ def map_tensors_once(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> 
     return visit(batch)
 
 
+def tensors_of(batch: Any) -> list[torch.Tensor]:
+    """Every tensor of `batch`, each once, in the order they appear."""
+    found: list[torch.Tensor] = []
+    map_tensors_once(batch, lambda tensor: found.append(tensor) or tensor)
+    return found
+
+
 def pinned(batch: Any) -> Any:
     """`batch` in page-locked memory, each tensor pinned once (the copy to a GPU can then
     run beside the step)."""

@@ -21,22 +21,13 @@ from typing import Any
 
 import torch
 
+from runner.data.tensor_tree import tensors_of
 from runner.train.step.batch_parts import to_device
 
 
 def wanted(enabled: bool, device: str, streaming: bool) -> bool:
     """Whether a run's batches go through a DeviceFeed."""
     return enabled and torch.device(device).type == "cuda" and not streaming
-
-
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, dict):
-        return [t for v in batch.values() for t in _tensors(v)]
-    if isinstance(batch, (tuple, list)):
-        return [t for v in batch for t in _tensors(v)]
-    return []
 
 
 class DeviceFeed:
@@ -92,6 +83,6 @@ class DeviceFeed:
         _, moved, done = entry
         stream = torch.cuda.current_stream(self.device)
         stream.wait_event(done)
-        for tensor in _tensors(moved):
+        for tensor in tensors_of(moved):
             tensor.record_stream(stream)
         return moved
