@@ -145,7 +145,7 @@ def read_summary(run_dir: RunDir) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
-class Ending:
+class HowItEnded:
     """How a run, or a sweep's job, ended, read from its summary.json (`how_it_ended`)."""
 
     status: Status | None  # None: no summary yet (running, never started) or an unknown one
@@ -166,11 +166,11 @@ class Ending:
         return (self.summary.get("final") or {}).get(metric)
 
 
-def how_it_ended(run_dir: RunDir | Path) -> Ending:
+def how_it_ended(run_dir: RunDir | Path) -> HowItEnded:
     """The one reader of how a run ended: its status (a `Status`) and its summary."""
     summary = read_summary(run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)) or {}
     try:
         status = Status(summary.get("status"))
     except ValueError:
         status = None
-    return Ending(status, summary)
+    return HowItEnded(status, summary)

@@ -9,10 +9,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.rundir.summary import Ending, Status, how_it_ended
+from runner.rundir.summary import HowItEnded, Status, how_it_ended
 
 
-def job_result(job_dir: Path, ending: Ending) -> tuple[str | None, str | None, float]:
+def job_result(job_dir: Path, ending: HowItEnded) -> tuple[str | None, str | None, float]:
     """(sweep.metric, sweep.direction, the job's final value of it: what it returned to the
     sweeper), from the job's config.yaml and how it ended."""
     from runner.spec.config_file import ConfigDamaged, read_config
