@@ -1,4 +1,4 @@
-"""What the sweep launchers share (hydra/launcher=runner: hydra_plugins/runner_launcher;
+"""What the sweep launchers share (hydra/launcher=runner: runner.sweeps.side_by_side;
 hydra/launcher=tune: runner.sweeps.tune_sweep): a sweep's job as both hold it, composed
 the way Hydra's own launchers compose it, its result handed back to the sweeper, and the
 signals that stop a whole sweep, with what the sweep says of jobs that never started.
