@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from runner.cli.main import expand_shorthands
+from runner.cli.command_line import expand_shorthands
 from runner.models.pretrained import loaded_tensors, match
 from runner.models.tensor_files import WeightsFileError, open_tensor_file, tensor_file
 from runner.spec.schema import InitFromSpec
