@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from runner.engines.fsdp import FSDPEngine
 from runner.spec.schema import FSDPSpec, OptimizerSpec, Precision, PrecisionSpec, RunSpec
+from tests.helpers.engines import engine_of
 from tests.helpers.precision_probe import TanhBlocks
 
 WORLD = 2
 
 
-def full_weights(engine: FSDPEngine) -> dict[str, torch.Tensor]:
+def full_weights(engine: Any) -> dict[str, torch.Tensor]:
     return {n: p.full_tensor().float().clone() for n, p in engine.module.named_parameters()}
 
 
@@ -33,7 +34,7 @@ def run_steps(rank: int) -> None:
         optimizer=OptimizerSpec("torch.optim.SGD", {"lr": 0.1, "momentum": 0.9}),
         precision=PrecisionSpec(name=Precision.FP16, init_scale=1024.0),
     )
-    engine = FSDPEngine(spec, TanhBlocks(), "cpu", total_steps=3)
+    engine = engine_of(spec, TanhBlocks(), 3)
     assert engine.scaler is not None
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
 

@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from runner.engines.ddp import DDPEngine
 from runner.spec.schema import DDPSpec, OptimizerSpec, RunSpec, SyncStrategy, SyncStrategySpec
+from tests.helpers.engines import engine_of
 
 WORLD, MICRO = 2, 3
 HEADS = {0: ["left", "left", "right"], 1: ["left", "right", "left"]}  # [rank][microbatch]
@@ -88,7 +88,7 @@ def check_strategy(rank: int, strategy: str, shm: bool) -> None:
         sync_strategy=SyncStrategySpec(name=SyncStrategy(strategy)),
         optimizer=OptimizerSpec("torch.optim.SGD", {"lr": 0.1, "momentum": 0.9}),
     )
-    engine = DDPEngine(spec, model, "cpu", total_steps=1)
+    engine = engine_of(spec, model, 1)
     assert (engine.reducer is not None) == shm
     for micro in range(MICRO):
         with engine.microbatch(micro, MICRO):

@@ -33,6 +33,7 @@ from runner.spec.schema import (
     ZeroSpec,
 )
 from tests.helpers.cli import MATRIX
+from tests.helpers.engines import engine_of
 from tests.helpers.precision_probe import TanhBlocks
 
 WORLD = 2
@@ -56,14 +57,10 @@ def spec_for(parallelism) -> RunSpec:
 def build(parallelism) -> Engine:
     torch.manual_seed(0)  # the same starting weights for every engine
     if isinstance(parallelism, DDPSpec):
-        from runner.engines.ddp import DDPEngine
-
-        return DDPEngine(spec_for(parallelism), TanhBlocks(), "cpu", total_steps=8)
+        return engine_of(spec_for(parallelism), TanhBlocks(), 8)
     import sys
 
-    from runner.engines.deepspeed import DeepSpeedEngine
-
-    engine = DeepSpeedEngine(spec_for(parallelism), TanhBlocks(), "cpu", total_steps=8)
+    engine = engine_of(spec_for(parallelism), TanhBlocks(), 8)
     # DeepSpeed's autotuner would have imported MLflow (installed here) on the way: 1.3 s
     assert "mlflow" not in sys.modules and "deepspeed" in sys.modules
     return engine

@@ -1,4 +1,6 @@
-"""Engines own the model's distribution: how gradients are synced and the optimizer steps.
+"""Engines step a distributed model: how gradients are synced and the optimizer steps, how
+checkpoints are written. How the model is distributed is decided before, in one place
+(runner.train.build.parallelize), and handed over as a plan (runner.engines.plan).
 
 `build_engine` picks one by `parallelism.name`; the trainer only sees `Engine`
 (runner.engines.base). Nothing here imports torch until an engine is built, so
@@ -10,34 +12,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torch import nn
-
-    from runner.engines.base import Engine, Fill
+    from runner.engines.base import Engine
+    from runner.engines.plan import Plan
     from runner.spec import RunSpec
 
 
-def build_engine(
-    spec: RunSpec,
-    module: nn.Module,
-    device: str,
-    total_steps: int,
-    fill: Fill | None = None,
-) -> Engine:
-    """The engine of `spec.parallelism` around `module`. `fill`: the module was built
-    without its weights (runner.train.build.sharded_init); the engine calls it once the module
-    is sharded, before it builds the optimizer."""
-    if fill is not None and spec.parallelism.name not in ("zero3", "fsdp"):
+def build_engine(spec: RunSpec, plan: Plan) -> Engine:
+    """The engine of `spec.parallelism` around what `plan` says this rank holds. A plan's
+    `fill`: the module was built without its weights (runner.train.build.sharded_init); the
+    engine calls it once the module is sharded, before it builds the optimizer."""
+    if plan.fill is not None and spec.parallelism.name not in ("zero3", "fsdp"):
         raise ValueError(f"parallelism={spec.parallelism.name} needs the whole model built")
     if spec.parallelism.name == "ddp":
         from runner.engines.ddp import DDPEngine
 
-        return DDPEngine(spec, module, device, total_steps)
+        return DDPEngine(spec, plan)
     if spec.parallelism.name in ("zero1", "zero2", "zero3"):
         from runner.engines.deepspeed import DeepSpeedEngine
 
-        return DeepSpeedEngine(spec, module, device, total_steps, fill)
+        return DeepSpeedEngine(spec, plan)
     if spec.parallelism.name == "fsdp":
         from runner.engines.fsdp import FSDPEngine
 
-        return FSDPEngine(spec, module, device, total_steps, fill)
+        return FSDPEngine(spec, plan)
     raise ValueError(f"parallelism.name={spec.parallelism.name!r} has no engine")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from abc import ABC, abstractmethod
@@ -17,13 +18,12 @@ from torch import nn
 
 from runner import dist as rdist
 from runner.engines.optim import build_optimizer, optimizer_state_bytes
+from runner.engines.plan import WHOLE_MODEL, Fill, Stages
 from runner.engines.schedules import build_scheduler
 from runner.rundir.checkpoints import DigestingWriter, note_digest
 from runner.spec import RunSpec
 
-Fill = Callable[[nn.Module], None]
-"""Fills in a rank's shards of a model built without its weights, once the engine sharded
-it and before it builds the optimizer (runner.train.build.sharded_init)."""
+__all__ = ["Engine", "Fill", "FinalTensor"]
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,12 @@ class Engine(ABC):
     scaler: torch.amp.GradScaler | None = None
     """fp16's dynamic loss scaler (None for fp32 and bf16, and under ZeRO, whose own is
     DeepSpeedEngine.loss_scale)."""
-    pipeline: Any = None
-    """Pipeline parallelism's stages and schedule (runner.engines.pipeline), which run a
-    step's microbatches all at once; None where the loop runs them one by one."""
+    stages: Stages = WHOLE_MODEL
+    """The stages the model is cut into, which (more than one) run a step's microbatches
+    all at once by their schedule (runner.train.step.microbatching); the whole model where
+    the loop runs them one by one."""
+    loss_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+    """Where a microbatch's forward and backward run (the plan's: runner.engines.plan)."""
     needs_warm_up = False
     """Whether the loop runs warm_up() before this start's first step."""
     _grad_bytes: int | None = None

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from runner import dist as rdist
-from runner.engines.base import Engine, Fill, FinalTensor
+from runner.engines.base import Engine, FinalTensor
 from runner.engines.deepspeed_ops import import_deepspeed
 from runner.engines.optim import build_optimizer
+from runner.engines.plan import Plan
 from runner.engines.schedules import build_scheduler
 from runner.errors import describe
 from runner.spec import Precision, RunSpec
@@ -113,15 +113,9 @@ LOSS_SCALE_KEY = "runner_loss_scale"  # in DeepSpeed's client state, beside runn
 
 
 class DeepSpeedEngine(Engine):
-    def __init__(
-        self,
-        spec: RunSpec,
-        module: nn.Module,
-        device: str,
-        total_steps: int,
-        fill: Fill | None = None,
-    ):
-        name = spec.parallelism.name
+    def __init__(self, spec: RunSpec, plan: Plan):
+        name, module, device, fill = spec.parallelism.name, plan.module, plan.device, plan.fill
+        total_steps = plan.total_steps
         deepspeed = import_deepspeed(name, device)
         config, _ = merge_user_config(spec)  # conflicts were rejected by the parent
         if fill is not None:  # built partitioned (zero.Init): the values, before any copy

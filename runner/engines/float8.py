@@ -8,7 +8,7 @@ whose name holds none of `filter_fqns` (the head, by default: its logits feed th
 and, with `auto_filter`, that is large enough to gain (torchao's rule from its H100 tables;
 a 768-wide layer does not). Under fsdp the tensorwise recipe gathers the weights in float8
 (`fsdp_float8_all_gather`: half the bytes of bf16), their scales computed for every layer
-in one pass after each optimizer step.
+in one pass after each optimizer step (a hook on the optimizer: `after_each_step`).
 
 On CPU torchao emulates float8's matmuls (the operands cast to float8 and back): a run
 there checks the numbers and the plumbing, not the speed.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from torch import nn
 
@@ -126,3 +127,14 @@ def precompute_scales(module: nn.Module) -> None:
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
     precompute_float8_dynamic_scale_for_fsdp(module)
+
+
+def after_each_step(optimizer: Any, module: nn.Module) -> None:
+    """Where FSDP gathers weights in float8: their scales computed after every optimizer
+    step, all at once (torchtitan's post-step hook), from the weights just stepped; and
+    after a checkpoint loads the optimizer, from the weights loaded (loading may step the
+    optimizer once before the weights arrive, to make its state: scales of the weights it
+    replaced would be used otherwise)."""
+    if gathers_in_float8(module):
+        optimizer.register_step_post_hook(lambda *_: precompute_scales(module))
+        optimizer.register_load_state_dict_post_hook(lambda *_: precompute_scales(module))

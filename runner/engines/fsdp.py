@@ -17,7 +17,6 @@ shards, and a checkpoint loads at another world size and another layout.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 from concurrent.futures import Future
@@ -30,7 +29,7 @@ import torch
 from torch import nn
 
 from runner import dist as rdist
-from runner.engines.base import Engine, Fill, FinalTensor, local_grad_norm
+from runner.engines.base import Engine, FinalTensor, local_grad_norm
 from runner.engines.dcp_state import (
     DCP_DIR,
     ENGINE_FILE,
@@ -40,104 +39,35 @@ from runner.engines.dcp_state import (
     load_whole,
     sharded_state,
 )
-from runner.engines.float8 import gathers_in_float8
-from runner.engines.loss_parallel import split_loss
+from runner.engines.plan import Plan
 from runner.engines.precision import DTYPES, grad_scaler
-from runner.models.blocks import find_blocks
 from runner.spec import RunSpec
-from runner.spec.mesh import data_mesh, device_mesh, layout
 
 log = logging.getLogger(__name__)
 
 
 class FSDPEngine(Engine):
-    def __init__(
-        self,
-        spec: RunSpec,
-        module: nn.Module,
-        device: str,
-        total_steps: int,
-        fill: Fill | None = None,
-    ):
-        from torch.distributed.fsdp import (
-            CPUOffloadPolicy,
-            FSDPModule,
-            MixedPrecisionPolicy,
-            OffloadPolicy,
-            fully_shard,
-        )
-
-        options = spec.parallelism
-        grid = layout(spec, rdist.get_world_size())  # the running group's
-        precision = spec.precision.name
-        policy = MixedPrecisionPolicy(param_dtype=DTYPES.get(precision), reduce_dtype=torch.float32)
-        offload = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
-        mesh = device_mesh(grid, torch.device(device).type)
-        kwargs = {
-            "reshard_after_forward": options.reshard_after_forward,
-            "mp_policy": policy,
-            "offload_policy": offload,
-            "mesh": data_mesh(mesh),
-        }
-        self.blocks = find_blocks(module, options.wrap)
-        module, roots = self._stages(spec, module, grid, mesh, device)
-        for block, reshard in zip(self.blocks, self._reshards(options, module), strict=True):
-            fully_shard(block, **{**kwargs, "reshard_after_forward": reshard})
-        for root in roots:
-            fully_shard(root, **kwargs)
-        if fill is not None:  # built on the meta device: this rank's shards only, now
-            fill(module)
-        for sharded in {id(m): m for r in roots for m in r.modules()}.values():
-            if isinstance(sharded, FSDPModule):
-                sharded.set_force_sum_reduction_for_comms(True)
+    def __init__(self, spec: RunSpec, plan: Plan):
+        """FSDP2's shards over `plan`'s data mesh: each of its blocks on its own, then each
+        root; then the optimizer over this rank's shards."""
+        module, grid = plan.module, plan.grid
+        _shard(plan, spec.parallelism, spec.precision.name)
         self.module = self.model = module
-        self.device_type = torch.device(device).type
+        self.device_type = torch.device(plan.device).type
         self.digest = spec.checkpoint.digest  # checkpoint files digested as they are written
-        self.replicas = options.replicas
+        self.replicas = spec.parallelism.replicas
+        self.stages, self.loss_context = plan.stages, plan.loss_context
+        self.several_meshes, self.stage_world = plan.several_meshes, grid.stage_world
         self.tensor = grid.tensor
         if grid.replicate > 1:
             copies, shards = grid.replicate, grid.shard
             log.info("fsdp: HSDP: %d copies, each sharded over %d ranks", copies, shards)
         self.grad_clip_norm = spec.grad_clip_norm
         self.params = list(module.parameters())  # the sharded ones, listed once
-        self.build_optimizer(spec, module, total_steps)
+        self.build_optimizer(spec, module, plan.total_steps)
         # fp16: torch's GradScaler works on FSDP2's DTensor gradients, and DTensor reduces its
         # overflow check over the mesh, so every rank steps or skips alike.
-        self.scaler = grad_scaler(spec.precision, torch.device(device).type)
-        self.float8_scales = gathers_in_float8(module)
-
-    def step(self) -> None:
-        super().step()
-        if self.float8_scales:  # the weights FSDP gathers in float8: every scale at once
-            from runner.engines.float8 import precompute_scales
-
-            precompute_scales(self.module)
-
-    def _reshards(self, options: Any, module: nn.Module) -> list[bool]:
-        """Per block, whether FSDP frees its gathered weights after the forward pass. Not the
-        last block's: backward gathers it again at once (the root's, FSDP keeps itself). Under
-        a pipeline no block's: each microbatch would gather it again. Weights gathered in
-        float8 are freed everywhere (their scales are computed for the sharded weights)."""
-        keep_last = not gathers_in_float8(module)
-        n = len(self.blocks)
-        if not options.reshard_after_forward or self.pipeline is not None:
-            return [False] * n
-        return [not (keep_last and i == n - 1) for i in range(n)]
-
-    def _stages(
-        self, spec: RunSpec, module: nn.Module, grid: Any, mesh: Any, device: str
-    ) -> tuple[nn.Module, list[nn.Module]]:
-        """What this rank holds and the roots FSDP shards: the model, or under pipeline
-        parallelism its stages (each sharded as a model of its own) under one module."""
-        self.pipeline = None
-        if grid.pipeline == 1:
-            return module, [module]
-        from runner.engines.pipeline import Pipeline
-
-        self.pipeline = Pipeline(spec, module, grid, mesh, device)
-        held = {id(m) for m in self.pipeline.module.modules()}
-        self.blocks = [b for b in self.blocks if id(b) in held]
-        return self.pipeline.module, self.pipeline.parts
+        self.scaler = grad_scaler(spec.precision, self.device_type)
 
     @property
     def grad_copies(self) -> int:
@@ -149,17 +79,16 @@ class FSDPEngine(Engine):
         mesh (a collective: log steps only), shared evenly."""
         if self.tensor == 1 or self.clip_norm is not None:
             return super().grad_norm_share()
-        world = rdist.get_world_size()  # a stage's ranks share its norm (every stage's, summed)
-        ranks = world // self.pipeline.grid.pipeline if self.pipeline else world
         if not any(p.grad is not None for p in self.params):
-            return -1.0 / world
-        return global_grad_norm(self.params).double().square() / ranks
+            return -1.0 / rdist.get_world_size()
+        # a stage's ranks share its norm (every stage's, summed)
+        return global_grad_norm(self.params).double().square() / self.stage_world
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
-        """Gradients sync at the last microbatch. Under tensor parallelism the pass runs in
-        loss parallel's context: a loss on logits split by vocabulary has its backward there."""
+        """Gradients sync at the last microbatch. The pass runs in the plan's loss context
+        (tensor parallelism: loss parallel's, where a loss on split logits has its backward)."""
         self.model.set_requires_gradient_sync(index == count - 1)
-        return split_loss() if self.tensor > 1 else contextlib.nullcontext()
+        return self.loss_context()
 
     def communicating_modules(self) -> list[nn.Module]:
         from torch.distributed.fsdp import FSDPModule
@@ -176,10 +105,9 @@ class FSDPEngine(Engine):
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         norm = None
-        if self.grad_clip_norm is not None and (self.tensor > 1 or self.pipeline):
-            norm = self.clip_norm = global_grad_norm(self.params)  # on several meshes
-            if self.pipeline:  # and the other stages'
-                norm = self.clip_norm = self.pipeline.grad_norm(norm.double().square()).float()
+        if self.grad_clip_norm is not None and self.several_meshes:
+            norm = global_grad_norm(self.params)  # this rank's stages', on several meshes
+            norm = self.clip_norm = self.stages.grad_norm(norm.double().square()).float()
             clip_to(self.params, self.grad_clip_norm, norm)
         elif self.grad_clip_norm is not None:  # the global norm (a collective): clipping needs it
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
@@ -197,7 +125,7 @@ class FSDPEngine(Engine):
             FinalTensor(name, value.shape, value.dtype, partial(gathered, value))
             for name, value in get_model_state_dict(self.module).items()
         ]
-        return self.pipeline.final_tensors(local) if self.pipeline else local
+        return self.stages.final_tensors(local)
 
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp
@@ -261,12 +189,51 @@ class FSDPEngine(Engine):
             extra = load_dcp(directory, self.module, self.optimizer)
         else:
             extra = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
-            whole = self.pipeline.whole_groups if self.pipeline else None
-            load_whole(extra, self.module, self.optimizer, whole)
+            load_whole(extra, self.module, self.optimizer, self.stages.whole_groups)
         self.scheduler.load_state_dict(extra["scheduler"])
         if self.scaler and extra.get("scaler"):
             self.scaler.load_state_dict(extra["scaler"])
         return extra["client"]
+
+
+def _shard(plan: Plan, options: Any, precision: Any) -> None:
+    """fully_shard over the plan's data mesh: each block (its gathered weights freed after
+    its forward pass, but where the plan keeps them), then each root; then, for a model
+    built without its weights, this rank's shards filled in."""
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        FSDPModule,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
+
+    from runner.engines.device_mesh import data_mesh
+
+    policy = MixedPrecisionPolicy(param_dtype=DTYPES.get(precision), reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
+    kwargs = {"mp_policy": policy, "offload_policy": offload, "mesh": data_mesh(plan.mesh)}
+    for block, reshard in zip(plan.blocks, _reshards(options, plan), strict=True):
+        fully_shard(block, reshard_after_forward=reshard, **kwargs)
+    for root in plan.roots:
+        fully_shard(root, reshard_after_forward=options.reshard_after_forward, **kwargs)
+    if plan.fill is not None:  # built on the meta device: this rank's shards only, now
+        plan.fill(plan.module)
+    for sharded in {id(m): m for r in plan.roots for m in r.modules()}.values():
+        if isinstance(sharded, FSDPModule):
+            sharded.set_force_sum_reduction_for_comms(True)
+
+
+def _reshards(options: Any, plan: Plan) -> list[bool]:
+    """Per block, whether FSDP frees its gathered weights after the forward pass. Not the
+    last block's: backward gathers it again at once (the root's, FSDP keeps itself); not
+    any where the plan keeps every block's (each microbatch of a pipeline would gather it
+    again); the last one's too where the plan says so (weights gathered in float8: their
+    scales are computed for the sharded weights)."""
+    n = len(plan.blocks)
+    if not options.reshard_after_forward or plan.keep_every_gathered:
+        return [False] * n
+    return [not (plan.keep_last_gathered and i == n - 1) for i in range(n)]
 
 
 def global_grad_norm(params: list[torch.Tensor]) -> torch.Tensor:

@@ -22,9 +22,10 @@ import torch.distributed as dist
 from torch import nn
 
 from runner.engines.base import FinalTensor
+from runner.engines.device_mesh import pipeline_mesh, tensor_mesh
 from runner.models.pipeline_stages import StagedModel, cut_stages
 from runner.models.pretrained import unwrapped_name
-from runner.spec.mesh import Layout, pipeline_mesh, tensor_mesh
+from runner.spec.mesh import Layout
 from runner.spec.parallelism_specs import ONE_STAGE_PER_RANK
 
 # parallelism.pipeline_schedule -> torch's schedule class (torch.distributed.pipelining)

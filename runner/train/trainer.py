@@ -125,10 +125,9 @@ class Trainer:
         cuda = torch.device(device).type == "cuda"
         self.data = build_rank_data(spec, data, self.data_rank, self.grid.data_world, cuda)
         with_warmup = with_warmup_steps(spec, self.data.steps_per_epoch)
-        # loss parallel; not under context parallelism (torch 2.11 refuses its padded logits)
-        split_logits = getattr(self.loss_fn, "splits_classes", False) and self.grid.context == 1
+        splits_classes = getattr(self.loss_fn, "splits_classes", False)  # loss parallel
         parallel = parallelize(
-            module, with_warmup, device, self.data.total_steps, fill, split_logits,
+            module, with_warmup, self.grid, device, self.data.total_steps, fill, splits_classes,
             notices(self.terminal),
         )  # fmt: skip
         self.engine, self.channels_last = parallel.engine, parallel.channels_last

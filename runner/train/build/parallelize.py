@@ -1,16 +1,26 @@
-"""One place turns a model into its distributed form, in torchtitan's order.
+"""The one place a model becomes distributed: parallelize() decides, the engines step.
 
-0. float8 training's linear layers (precision=float8, runner.engines.float8);
-1. tensor parallelism, by the model's plan, over the mesh's tensor dimension (runner.spec.mesh);
-2. activation checkpointing, per block (before anything wraps a block);
-3. memory format (channels_last, on CUDA);
-4. torch.compile, per block or whole (after checkpointing has wrapped the blocks, before
-   FSDP shards them);
-5. the engine: DDP's wrap, DeepSpeed's, or FSDP2's shards (runner.engines), over the
-   mesh's data dimensions.
+In this order (torchtitan's), each step in place on the model or around it:
 
-Each step changes the module in place or wraps it; state_dict keys stay those of the model
-the config builds, so checkpoints and model.pt do not depend on the path taken here.
+1. float8 training's linear layers (precision=float8: runner.engines.float8), first, so a
+   tensor-parallel plan splits the layers as they will run;
+2. tensor parallelism: the model's plan over the mesh's tensor dimension
+   (runner.models.tensor_plans);
+3. context parallelism: the gpt's sequence split across the context dimension
+   (runner.models.context_split, through the hook the gpt exposes for it);
+4. activation checkpointing, per block (before anything wraps a block);
+5. memory format (channels_last, on CUDA);
+6. torch.compile, per block or whole (after checkpointing has wrapped the blocks, before
+   FSDP shards them; per block under a pipeline, whose stages run blocks);
+7. the pipeline cut: this rank's stages (runner.engines.pipeline) under one module;
+8. data-parallel wrapping, by the engine of `parallelism` (runner.engines): DDP's wrap,
+   DeepSpeed's, or FSDP2's shards over the mesh's data dimensions, then the optimizer; float8
+   registers its post-step work on that optimizer.
+
+What was decided is a `Plan` (runner.engines.plan), which the engine takes whole: the mesh,
+made once, the module this rank holds, what is sharded, and the answers a parallelism gives
+the engine. State_dict keys stay those of the model the config builds, so checkpoints and
+model.pt do not depend on the path taken here.
 """
 
 from __future__ import annotations
@@ -25,11 +35,11 @@ from torch import nn
 
 from runner import dist as rdist
 from runner.engines import build_engine
-from runner.engines.base import Engine, Fill
-from runner.models.blocks import apply_activation_checkpointing
-from runner.models.tensor_plans import apply_plan
+from runner.engines.base import Engine
+from runner.engines.plan import Fill, Plan
+from runner.models.blocks import apply_activation_checkpointing, find_blocks
 from runner.spec import RunSpec
-from runner.spec.mesh import context_mesh, device_mesh, layout, tensor_mesh
+from runner.spec.mesh import Layout
 from runner.spec.schema import Precision
 from runner.train.build.compiling import CompileClock, compile_model
 
@@ -39,6 +49,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Parallelized:
     engine: Engine
+    plan: Plan
     channels_last: bool  # inputs go to the device in channels_last too
     compile_clock: CompileClock | None  # the seconds spent compiling (summary.json)
 
@@ -46,54 +57,124 @@ class Parallelized:
 def parallelize(
     module: nn.Module,
     spec: RunSpec,
+    grid: Layout,
     device: str,
     total_steps: int,
     fill: Fill | None = None,
-    split_logits: bool = False,
+    splits_classes: bool = False,
     say: Callable[[str], None] = log.warning,
 ) -> Parallelized:
     """`module` (built on `device` from the spec, or without its weights: then `fill` fills
-    in this rank's shards once the engine sharded it) in its distributed form, ready to
-    train for `total_steps` optimizer steps. `split_logits`: the loss runs on logits split
-    across a tensor group by vocabulary (loss parallel). `say`: a line for the user (rank
-    0's terminal too)."""
-    grid = layout(spec, rdist.get_world_size())  # the running group's
+    in this rank's shards once the engine sharded it) in its distributed form over `grid`
+    (the running group's), ready to train for `total_steps` optimizer steps.
+    `splits_classes`: the loss can run on logits split by class (loss parallel). `say`: a
+    line for the user (rank 0's terminal too)."""
+    kind = torch.device(device).type
+    _notice_lone_fsdp(spec, grid, say)
+    mesh = None
+    if spec.parallelism.name == "fsdp":
+        from runner.engines.device_mesh import device_mesh
+
+        mesh = device_mesh(grid, kind)
+    if spec.precision.name is Precision.FLOAT8:
+        from runner.engines import float8
+
+        float8.convert(module, spec.precision, kind, spec.parallelism.name == "fsdp", say)
+    if grid.tensor > 1:
+        _split_layers(module, spec, grid, mesh, splits_classes)
+    if grid.context > 1:
+        _split_sequence(module, spec, grid, mesh)
+    if spec.checkpoint_every:
+        selective = spec.activation_checkpointing == "selective"
+        apply_activation_checkpointing(module, spec.checkpoint_every, selective)
+    channels_last = spec.model.channels_last and kind == "cuda"
+    if channels_last:
+        module = module.to(memory_format=torch.channels_last)
+    clock = _compile(module, spec, grid)
+    plan = _cut(module, spec, grid, mesh, device, total_steps, fill)
+    engine = build_engine(spec, plan)
+    if spec.precision.name is Precision.FLOAT8 and engine.torch_optimizer is not None:
+        from runner.engines import float8
+
+        float8.after_each_step(engine.torch_optimizer, plan.module)
+    return Parallelized(engine, plan, channels_last, clock)
+
+
+def _notice_lone_fsdp(spec: RunSpec, grid: Layout, say: Callable[[str], None]) -> None:
     if spec.parallelism.name == "fsdp" and grid.world == 1 and not spec.eval_only:
         say(
             "parallelism=fsdp on 1 rank: nothing to shard, yet FSDP2's hooks gather and free "
             "every block each pass; parallelism=ddp trains the same weights with less work a step"
         )
-    if spec.precision.name is Precision.FLOAT8:
-        from runner.engines import float8
 
-        sharded = spec.parallelism.name == "fsdp"
-        float8.convert(module, spec.precision, torch.device(device).type, sharded, say)
+
+def _split_layers(
+    module: nn.Module, spec: RunSpec, grid: Layout, mesh: object, splits_classes: bool
+) -> None:
+    """Tensor parallelism: each layer split across a tensor group by the model's plan. The
+    logits stay split by class where the loss runs on them so, except under context
+    parallelism (torch 2.11 refuses loss parallel on its padded logits)."""
+    from runner.engines.device_mesh import tensor_mesh
+    from runner.models.tensor_plans import apply_plan
+
+    split_logits = splits_classes and grid.context == 1
+    apply_plan(module, tensor_mesh(mesh), getattr(spec.parallelism, "tp_plan", None), split_logits)
+    log.info("tensor parallelism: groups of %d ranks split each layer", grid.tensor)
+
+
+def _split_sequence(module: nn.Module, spec: RunSpec, grid: Layout, mesh: object) -> None:
+    """Context parallelism: the gpt's sequence split across a context group."""
+    from runner.engines.device_mesh import context_mesh
+    from runner.models.context_split import apply_context
+
+    group = context_mesh(mesh).get_group()
+    rank = grid.context_rank(rdist.get_global_rank())
+    ignore = spec.loss.args.get("ignore_index", -100)
+    apply_context(module, group, rank, grid.context, ignore)
+    log.info("context parallelism: groups of %d ranks split each sequence", grid.context)
+
+
+def _compile(module: nn.Module, spec: RunSpec, grid: Layout) -> CompileClock | None:
+    if spec.compile is None:
+        return None
+    clock = CompileClock()
+    options = spec.compile
+    if grid.pipeline > 1:  # a stage runs its blocks, never the whole model's forward
+        options = dataclasses.replace(options, per_block=True)
+    log.info("compile: %s", compile_model(module, options, spec.activation_memory_budget))
+    return clock
+
+
+def _cut(
+    module: nn.Module,
+    spec: RunSpec,
+    grid: Layout,
+    mesh: object,
+    device: str,
+    total_steps: int,
+    fill: Fill | None,
+) -> Plan:
+    """What this rank holds: the model, or under pipeline parallelism its stages, each
+    sharded as a model of its own (`roots`), with the blocks among them."""
+    options = spec.parallelism
+    blocks = find_blocks(module, options.wrap) if options.name == "fsdp" else []
+    plan = Plan(grid, device, module, total_steps, fill, mesh, roots=[module], blocks=blocks)
     if grid.tensor > 1:
-        mesh = device_mesh(grid, torch.device(device).type)
-        plan = getattr(spec.parallelism, "tp_plan", None)
-        apply_plan(module, tensor_mesh(mesh), plan, split_logits)
-        log.info("tensor parallelism: groups of %d ranks split each layer", grid.tensor)
-    if grid.context > 1:
-        from runner.models.context_split import apply_context
+        from runner.engines.loss_parallel import split_loss
 
-        group = context_mesh(device_mesh(grid, torch.device(device).type)).get_group()
-        rank = grid.context_rank(rdist.get_global_rank())
-        ignore = spec.loss.args.get("ignore_index", -100)
-        apply_context(module, group, rank, grid.context, ignore)
-        log.info("context parallelism: groups of %d ranks split each sequence", grid.context)
-    if spec.checkpoint_every:
-        selective = spec.activation_checkpointing == "selective"
-        apply_activation_checkpointing(module, spec.checkpoint_every, selective)
-    channels_last = spec.model.channels_last and torch.device(device).type == "cuda"
-    if channels_last:
-        module = module.to(memory_format=torch.channels_last)
-    clock = None
-    if spec.compile is not None:
-        clock = CompileClock()
-        options = spec.compile
-        if grid.pipeline > 1:  # a stage runs its blocks, never the whole model's forward
-            options = dataclasses.replace(options, per_block=True)
-        compiled = compile_model(module, options, spec.activation_memory_budget)
-        log.info("compile: %s", compiled)
-    engine = build_engine(spec, module, device, total_steps, fill)
-    return Parallelized(engine, channels_last, clock)
+        plan.loss_context = split_loss  # a loss on logits split by class: its backward there
+    if spec.precision.name is Precision.FLOAT8:
+        from runner.engines.float8 import gathers_in_float8
+
+        plan.keep_last_gathered = not gathers_in_float8(module)  # scales are the shards'
+    plan.several_meshes = grid.tensor > 1 or grid.pipeline > 1
+    if grid.pipeline == 1:
+        return plan
+    from runner.engines.pipeline import Pipeline
+
+    pipeline = Pipeline(spec, module, grid, mesh, device)
+    held = {id(m) for m in pipeline.module.modules()}
+    plan.module, plan.roots, plan.stages = pipeline.module, pipeline.parts, pipeline
+    plan.blocks = [b for b in blocks if id(b) in held]
+    plan.keep_every_gathered = True  # each microbatch would gather a freed block again
+    return plan

@@ -121,9 +121,9 @@ def accumulate(
     starts the step again from its first. Before this start's first step, the engine's
     warm-up pass (`passes.warm_up(first microbatch)`; DDP's) where it needs one."""
     engine = passes.engine
-    if engine.pipeline is not None:  # the schedule runs every microbatch at once
+    if engine.stages.count > 1:  # the stages' schedule runs every microbatch at once
         size = strategy.micro_batch_size
-        ran = pipelined_passes(engine.pipeline, passes, microbatches, weight, size)
+        ran = pipelined_passes(engine.stages, passes, microbatches, weight, size)
         return [Pass(loss, count, targets, real) for loss, count, targets, real in ran]
 
     def backward(loss: torch.Tensor) -> None:

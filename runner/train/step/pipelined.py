@@ -12,13 +12,12 @@ are zero.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from runner.engines.loss_parallel import loss_of, split_loss
+from runner.engines.loss_parallel import loss_of
 from runner.engines.precision import autocast
 from runner.train.step.batch_parts import batch_size, logits_of, split, to_device
 from runner.train.step.loss_pass import LossPass
@@ -95,8 +94,7 @@ def pipelined_passes(
 
     # under tensor parallelism the logits are split by vocabulary: their backward runs in
     # loss parallel's context
-    by_class = split_loss() if getattr(passes.engine, "tensor", 1) > 1 else contextlib.nullcontext()
-    with autocast(passes.spec.precision, passes.device_type), by_class:
+    with autocast(passes.spec.precision, passes.device_type), passes.engine.loss_context():
         pipeline.run(torch.cat(inputs), whole, loss)
     done = []
     zero = torch.zeros((), device=passes.device)
