@@ -46,3 +46,15 @@ def test_pinning_happens_in_the_collate_without_workers_and_in_dataloaders_threa
     wrapped, dataloader_pins = pinning(collate, True, 0)
     assert wrapped is not collate and dataloader_pins is False  # pinned as collated
     # (pinning itself needs a CUDA driver: tests/gpu/test_cuda.py pins a text batch)
+
+
+def test_an_item_carries_its_device_copy_as_a_field_of_its_own() -> None:
+    """input_prefetch's copy travels with its batch, after the loader's fields: found by
+    its type, never by the batch's identity; an item cut anew has none."""
+    from runner.train.step.device_feed import DeviceCopy, copy_of
+
+    batch = (torch.zeros(2, 3), torch.zeros(2))
+    copy = DeviceCopy(moved=batch, done=None)
+    assert copy_of((batch, True, copy)) is copy
+    assert copy_of((batch, True)) is None
+    assert copy_of((copy, True)) is None  # the batch itself is never taken for its copy

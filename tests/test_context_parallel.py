@@ -86,7 +86,7 @@ def test_each_rank_takes_a_head_and_a_tail_of_the_sequence() -> None:
     split = ContextSplit(group=None, rank=0, size=2)
     assert split.owned(0, 8, "cpu").tolist() == [0, 1, 6, 7]
     assert split.owned(1, 8, "cpu").tolist() == [2, 3, 4, 5]
-    assert split.padding(10) == 2
+    assert split.multiple == 4  # 10 positions are padded to 12
     split.prepare(8, "cpu")  # gathered as rank 0's [0, 1, 6, 7], rank 1's [2, 3, 4, 5]
     assert split.inverse.tolist() == [0, 1, 4, 5, 6, 7, 2, 3]
     targets = torch.arange(10, 17)[None]  # 7 tokens: padded to 8 with the ignore index

@@ -23,6 +23,7 @@ from torch import nn
 
 from runner.engines.base import FinalTensor
 from runner.engines.device_mesh import pipeline_mesh, tensor_mesh
+from runner.engines.plan import ELSEWHERE, Elsewhere
 from runner.models.pipeline_stages import StagedModel, cut_stages
 from runner.models.pretrained import unwrapped_name
 from runner.spec.mesh import Layout
@@ -96,7 +97,8 @@ class Pipeline:
     def run(self, inputs: torch.Tensor, targets: Any, loss: Callable[[Any, Any], Any]) -> None:
         """A step's forward and backward passes: `inputs` (the rank's microbatches, one
         after the other) through the schedule, `loss(output, target)` on the last stage of
-        each microbatch, in their order. Gradients are left in the parameters."""
+        each microbatch, `targets` split as the inputs are (the caller may pass each
+        microbatch's index). Gradients are left in the parameters."""
         shape = (tuple(inputs.shape), inputs.dtype)
         if self._schedule is None or shape != self._shape:  # built for one shape of input
             self._schedule, self._shape = self._build(), shape
@@ -138,9 +140,9 @@ class Pipeline:
 
     # ---------------------------------------------------------------- evaluation
 
-    def relay(self, parts: list[nn.Module], x: torch.Tensor) -> torch.Tensor | None:
+    def relay(self, parts: list[nn.Module], x: torch.Tensor) -> torch.Tensor | Elsewhere:
         """The stages forward in order, activations sent to the next stage's rank; the
-        logits on the last stage's ranks, None elsewhere."""
+        logits on the last stage's ranks, ELSEWHERE on the others."""
         mine = dict(zip(self.indices, parts, strict=True))
         time = x.shape[1] if x.dim() > 1 else 0
         for index in range(self.count):
@@ -151,7 +153,7 @@ class Pipeline:
             x = mine[index](x)
             if index < self.count - 1 and index + 1 not in mine:
                 self._send(x, self.owner[index + 1])
-        return cropped(x, time) if self.has_last else None
+        return cropped(x, time) if self.has_last else ELSEWHERE
 
     def _peer(self, pp_rank: int) -> int:
         """The global rank at `pp_rank` in this rank's pipeline."""

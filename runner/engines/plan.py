@@ -59,6 +59,41 @@ class WholeModel:
 WHOLE_MODEL = WholeModel()
 
 
+class Pairing(Protocol):
+    """How this rank's logits meet their targets for the loss (a split of the sequence
+    across ranks pairs its own positions: runner.models.context_split)."""
+
+    def local(self, logits: Any, targets: Any) -> tuple[Any, Any]:
+        """(logits, targets) as the loss reads them on this rank."""
+
+    def tokens(self, targets: torch.Tensor) -> int:
+        """The tokens of `targets` (as `local` laid them out) this rank computed."""
+
+
+class SamePositions:
+    """Every rank computes every position of its batch: logits and targets as they are."""
+
+    def local(self, logits: Any, targets: Any) -> tuple[Any, Any]:
+        return logits, targets
+
+    def tokens(self, targets: torch.Tensor) -> int:
+        return targets.numel()
+
+
+SAME_POSITIONS = SamePositions()
+
+
+class Elsewhere:
+    """What a forward pass returns on a rank that does not hold the model's output (the
+    earlier stages of a pipeline): the output is on other ranks, nothing to score here."""
+
+    def __repr__(self) -> str:
+        return "ELSEWHERE"
+
+
+ELSEWHERE = Elsewhere()
+
+
 @dataclass
 class Plan:
     grid: Layout  # the run's dimensions, computed once per rank
@@ -72,6 +107,7 @@ class Plan:
     stages: Stages = WHOLE_MODEL
     loss_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
     """Where a microbatch's forward and backward run (tensor parallelism: loss parallel)."""
+    pairing: Pairing = SAME_POSITIONS  # how the loss pairs this rank's logits and targets
     several_meshes: bool = False  # gradients on more than the data mesh: norms reduced by hand
     keep_last_gathered: bool = True  # the last block keeps its gathered weights for backward
     keep_every_gathered: bool = False  # every block does (each microbatch would gather again)

@@ -44,8 +44,22 @@ class ContextSplit:
         tail_start = (2 * self.size - 1 - rank) * chunk
         return torch.cat([head, torch.arange(tail_start, tail_start + chunk, device=device)])
 
-    def padding(self, length: int) -> int:
-        return -length % (2 * self.size)
+    @property
+    def multiple(self) -> int:
+        """The padded sequence's length is a multiple of 2C (each rank a head and a tail)."""
+        return 2 * self.size
+
+    def take(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """The gpt's hook: (this rank's tokens, their positions, no mask): the positions
+        attend by the causal mask of the true positions (`attend`)."""
+        positions = self.prepare(input_ids.shape[1], input_ids.device)
+        return input_ids[:, positions], positions, None
+
+    def output(self, logits: torch.Tensor, time: int) -> torch.Tensor:
+        """This rank's positions' logits, as they are (`local` pairs them with targets)."""
+        return logits
 
     def prepare(self, length: int, device: Any) -> torch.Tensor:
         """Before a forward pass over sequences of `length` (padded): this rank's positions."""
@@ -72,7 +86,12 @@ class ContextSplit:
         return in_order[0], in_order[1]
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        dropout: float,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """This rank's queries (its head chunk, then its tail chunk) attended to every
         position's keys and values: each chunk sees the sequence up to itself, causally at
@@ -144,17 +163,22 @@ class GatherPositions(torch.autograd.Function):
         return mine.movedim(0, 3), None, None, None
 
 
-def apply_context(model: nn.Module, group: Any, rank: int, size: int, ignore_index: int) -> None:
-    """Split runner's gpt's sequence across the context group (see the module text)."""
+def apply_context(
+    model: nn.Module, group: Any, rank: int, size: int, ignore_index: int
+) -> ContextSplit:
+    """Split runner's gpt's sequence across the context group (see the module text): the
+    split in place of the gpt's whole sequence, and of each attention's. Returns it (how
+    the loss pairs this rank's logits with targets)."""
     split = ContextSplit(group, rank, size, ignore_index)
-    model.context = split
+    model.sequence = split
     for block in model.blocks:
-        block.attn.context = split
+        block.attn.sequence = split
+    return split
 
 
 def context_problems(model: nn.Module, context: int) -> list[str]:
-    """What the context split needs of the model: runner's gpt."""
-    if not all(hasattr(model, n) for n in ("wte", "wpe", "blocks", "context")):
+    """What the context split needs of the model: runner's gpt (its `sequence` hook)."""
+    if not all(hasattr(model, n) for n in ("wte", "wpe", "blocks", "sequence")):
         return [
             f"parallelism.context={context}: runner cannot split {type(model).__name__}'s "
             "attention across ranks (it splits runner's gpt); train it with context=1"

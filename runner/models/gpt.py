@@ -31,19 +31,14 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.dropout = dropout
-        self.context: Any = None  # context parallelism's split (runner.models.context_split)
+        self.sequence: Any = WHOLE_SEQUENCE  # how this rank's positions attend (see GPT)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         batch, time = x.shape[:2]
         qkv = self.qkv(x).view(batch, time, -1, 3, self.head_size)  # this rank's heads
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))
         dropout = self.dropout if self.training else 0.0
-        if self.context is not None:  # every position's keys and values, this rank's queries
-            y = self.context.attend(q, k, v, dropout)
-        elif key_mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout)
+        y = self.sequence.attend(q, k, v, dropout, key_mask)
         return self.proj(y.transpose(1, 2).reshape(batch, time, -1))
 
 
@@ -82,8 +77,9 @@ class GPT(nn.Module):
         self.block_size = block_size
         # a tensor-parallel plan splits the sequence across its group: padded to a multiple
         self.sequence_multiple = 1
-        # context parallelism splits the sequence across ranks (runner.models.context_split)
-        self.context: Any = None
+        # which positions this rank computes, and how they attend: the whole sequence, or a
+        # split of it across ranks set in its place (with each attention's)
+        self.sequence: Any = WHOLE_SEQUENCE
         self.n_layer, self.n_embd = n_layer, n_embd
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
@@ -124,25 +120,53 @@ class GPT(nn.Module):
             raise ValueError(
                 f"a sequence of {time} tokens is longer than block_size={self.block_size}"
             )
-        multiple = self.sequence_multiple * (2 * self.context.size if self.context else 1)
-        pad = -time % multiple
+        pad = -time % (self.sequence_multiple * self.sequence.multiple)
         if pad:  # at the end, where causal attention keeps every real position from seeing it
             input_ids = F.pad(input_ids, (0, pad))
             if attention_mask is not None:
                 attention_mask = F.pad(attention_mask, (0, pad))
-        length = time + pad
-        if self.context is not None:  # this rank's positions; the mask is the true positions'
-            positions = self.context.prepare(length, input_ids.device)
-            input_ids, key_mask = input_ids[:, positions], None
-        else:
-            positions = torch.arange(length, device=input_ids.device)
-            key_mask = _key_mask(attention_mask, length) if attention_mask is not None else None
+        input_ids, positions, key_mask = self.sequence.take(input_ids, attention_mask)
         positions = positions.clamp(max=self.block_size - 1)
         x = self.drop(self.wte(input_ids) + self.wpe(positions))
         for block in self.blocks:
             x = block(x, key_mask)
-        logits = self.lm_head(self.ln_f(x))
-        return logits[:, :time] if pad and self.context is None else logits
+        return self.sequence.output(self.lm_head(self.ln_f(x)), time)
+
+
+class WholeSequence:
+    """How a gpt runs its sequence on one rank: every position, causal attention (with the
+    padding mask a batch brings). A split of the sequence across ranks puts an object with
+    the same three members in its place (runner.models.context_split)."""
+
+    multiple = 1  # the padded sequence's length is a multiple of this
+
+    def take(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(the tokens this rank computes, their positions, the attention mask)."""
+        length = input_ids.shape[1]
+        positions = torch.arange(length, device=input_ids.device)
+        key_mask = _key_mask(attention_mask, length) if attention_mask is not None else None
+        return input_ids, positions, key_mask
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        dropout: float,
+        key_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        if key_mask is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout)
+
+    def output(self, logits: torch.Tensor, time: int) -> torch.Tensor:
+        """The logits of the `time` positions the batch gave (the padding cut off)."""
+        return logits[:, :time] if logits.shape[1] > time else logits
+
+
+WHOLE_SEQUENCE = WholeSequence()
 
 
 def _key_mask(attention_mask: torch.Tensor, time: int) -> torch.Tensor:

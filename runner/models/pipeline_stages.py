@@ -292,7 +292,7 @@ class StagedModel(nn.Module):
     """This rank's stages as one module under the whole model's names (what the optimizer,
     checkpoints and model.pt see). Called like the model (evaluation), it runs the stages
     in order across the pipeline's ranks, forward only, and returns the logits on the ranks
-    of the last stage, None on the others."""
+    of the last stage, on the others what `relay` says of an output held elsewhere."""
 
     def __init__(self, model: nn.Module, stages: list[nn.Module], relay: Any):
         super().__init__()
@@ -301,9 +301,7 @@ class StagedModel(nn.Module):
         self.__dict__["stages"] = stages  # not submodules: the parts above are
         self.__dict__["relay"] = relay
 
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-    ) -> torch.Tensor | None:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Any:
         """Forward only. A padded batch is run whole: padding sits at the end, where causal
         attention keeps every real position from seeing it, so a real position's logits do
         not depend on the mask (a padded one's are ignored by the loss)."""

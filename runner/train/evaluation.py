@@ -12,6 +12,7 @@ import torch
 from runner import dist as rdist
 from runner.components import instantiate
 from runner.engines.loss_parallel import gathered, loss_of
+from runner.engines.plan import ELSEWHERE
 from runner.heartbeat import Heartbeat, Phase
 from runner.rundir.files import EVAL_FILE, RunDir, write_json
 from runner.spec import RunSpec
@@ -61,7 +62,7 @@ class Evaluator:
             for batch, real in pieces(whole, whole_real):
                 self.heart.beat(Phase.EVAL)
                 logits, targets = self.passes.forward(batch, module)
-                if not real or logits is None:  # a placeholder, or not the last stage
+                if not real or logits is ELSEWHERE:  # a placeholder, or scored elsewhere
                     continue
                 loss, count = loss_of(self.passes.loss_fn, logits, targets)
                 totals[0] += loss.double()

@@ -89,8 +89,9 @@ class Trainer:
         traced = (spec.profile, run_dir.root, self.rank, device, self.data.total_steps)
         self.traces = StepTraces(*traced, notices(self.terminal))  # profile.*
         self.passes = LossPass(
-            spec, self.engine, self.loss_fn, device, self.channels_last, self.faults,
-            self.data.streaming,
+            spec, self.engine, self.loss_fn, device=device, faults=self.faults,
+            channels_last=self.channels_last, pairing=self.plan.pairing,
+            streaming=self.data.streaming,
         )  # fmt: skip
         self.evaluator = Evaluator(self.passes, self.metrics, self.data.val_loader, self.heart)
         start = self.start
@@ -131,6 +132,7 @@ class Trainer:
             notices(self.terminal),
         )  # fmt: skip
         self.engine, self.channels_last = parallel.engine, parallel.channels_last
+        self.plan = parallel.plan
         give_back_freed_memory()  # and what sharding freed, before the first step
         self.compile_clock = parallel.compile_clock
         return flops

@@ -36,7 +36,7 @@ from torch import nn
 from runner import dist as rdist
 from runner.engines import build_engine
 from runner.engines.base import Engine
-from runner.engines.plan import Fill, Plan
+from runner.engines.plan import SAME_POSITIONS, Fill, Pairing, Plan
 from runner.models.blocks import apply_activation_checkpointing, find_blocks
 from runner.spec import RunSpec
 from runner.spec.mesh import Layout
@@ -82,8 +82,7 @@ def parallelize(
         float8.convert(module, spec.precision, kind, spec.parallelism.name == "fsdp", say)
     if grid.tensor > 1:
         _split_layers(module, spec, grid, mesh, splits_classes)
-    if grid.context > 1:
-        _split_sequence(module, spec, grid, mesh)
+    pairing = _split_sequence(module, spec, grid, mesh) if grid.context > 1 else SAME_POSITIONS
     if spec.checkpoint_every:
         selective = spec.activation_checkpointing == "selective"
         apply_activation_checkpointing(module, spec.checkpoint_every, selective)
@@ -92,6 +91,7 @@ def parallelize(
         module = module.to(memory_format=torch.channels_last)
     clock = _compile(module, spec, grid)
     plan = _cut(module, spec, grid, mesh, device, total_steps, fill)
+    plan.pairing = pairing
     engine = build_engine(spec, plan)
     if spec.precision.name is Precision.FLOAT8 and engine.torch_optimizer is not None:
         from runner.engines import float8
@@ -122,16 +122,18 @@ def _split_layers(
     log.info("tensor parallelism: groups of %d ranks split each layer", grid.tensor)
 
 
-def _split_sequence(module: nn.Module, spec: RunSpec, grid: Layout, mesh: object) -> None:
-    """Context parallelism: the gpt's sequence split across a context group."""
+def _split_sequence(module: nn.Module, spec: RunSpec, grid: Layout, mesh: object) -> Pairing:
+    """Context parallelism: the gpt's sequence split across a context group; the loss pairs
+    this rank's positions with the tokens that follow them."""
     from runner.engines.device_mesh import context_mesh
     from runner.models.context_split import apply_context
 
     group = context_mesh(mesh).get_group()
     rank = grid.context_rank(rdist.get_global_rank())
     ignore = spec.loss.args.get("ignore_index", -100)
-    apply_context(module, group, rank, grid.context, ignore)
+    split = apply_context(module, group, rank, grid.context, ignore)
     log.info("context parallelism: groups of %d ranks split each sequence", grid.context)
+    return split
 
 
 def _compile(module: nn.Module, spec: RunSpec, grid: Layout) -> CompileClock | None:

@@ -3,11 +3,11 @@ drawn while the current step is queued, and copied to the device on a stream of 
 so the copy runs beside the step's kernels instead of before the next step's.
 
 The trainer keeps drawing host batches (their items are counted on the host, before they
-move); a batch's device copy waits here, under the batch, until its forward pass asks for
-it: the pass's stream then waits for the copy (an event, not the host), and the copy is
-marked as used on that stream for the caching allocator. A batch the pass never asks for
-(cut anew by grad_accum=auto, or run by a pipeline's schedule) moves as it would without
-the feed, and its early copy is dropped.
+move); each item comes with its batch's device copy as a field of its own (`DeviceCopy`,
+after the loader's fields), which the forward pass reads: the pass's stream then waits for
+the copy (an event, not the host), and the copy is marked as used on that stream for the
+caching allocator. A batch cut anew (grad_accum=auto) is a new item without a copy, and a
+pipeline's schedule takes host batches: both move as they would without the feed.
 
 Off on the CPU, and for an iterable training set: a checkpoint keeps such a stream's
 position, which drawing ahead would move past the batches not yet trained on.
@@ -15,8 +15,9 @@ position, which drawing ahead would move past the batches not yet trained on.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,9 +31,30 @@ def wanted(enabled: bool, device: str, streaming: bool) -> bool:
     return enabled and torch.device(device).type == "cuda" and not streaming
 
 
+@dataclass(frozen=True)
+class DeviceCopy:
+    """A batch's copy on the device, made on the feed's stream; `done` once it is made."""
+
+    moved: Any
+    done: Any  # a torch.cuda.Event recorded on the feed's stream
+
+    def ready(self, device: torch.device) -> Any:
+        """The copy, ready for `device`'s current stream to read."""
+        stream = torch.cuda.current_stream(device)
+        stream.wait_event(self.done)
+        for tensor in tensors_of(self.moved):
+            tensor.record_stream(stream)
+        return self.moved
+
+
+def copy_of(item: tuple[Any, ...]) -> DeviceCopy | None:
+    """The device copy a feed gave `item` (a loader's item, its batch first), if any."""
+    return next((part for part in item[1:] if isinstance(part, DeviceCopy)), None)
+
+
 class DeviceFeed:
     """The loader's items, `ahead` of them drawn and copying to `device` before they are
-    asked for. An item is (batch, ...), as the training loader gives it."""
+    asked for; each item comes out with its batch's DeviceCopy after the loader's fields."""
 
     def __init__(
         self, items: Iterator[Any], device: str, channels_last: bool = False, ahead: int = 1
@@ -41,7 +63,6 @@ class DeviceFeed:
         self.device, self.channels_last = torch.device(device), channels_last
         self.stream = torch.cuda.Stream(self.device)
         self.queue: deque[Any] = deque()
-        self.copies: OrderedDict[int, tuple[Any, Any, Any]] = OrderedDict()
         self.ended = False
 
     def __iter__(self) -> DeviceFeed:
@@ -62,27 +83,11 @@ class DeviceFeed:
             except StopIteration:
                 self.ended = True
                 return
-            self.queue.append(item)
-            self._copy(item[0])
+            self.queue.append((*item, self._copy(item[0])))
 
-    def _copy(self, batch: Any) -> None:
+    def _copy(self, batch: Any) -> DeviceCopy:
         with torch.cuda.stream(self.stream):
             moved = to_device(batch, self.device, self.channels_last)
             done = torch.cuda.Event()
             done.record(self.stream)
-        self.copies[id(batch)] = (batch, moved, done)  # the batch held: its id stays its own
-        while len(self.copies) > 2 * (self.ahead + 1):  # copies no pass asked for
-            self.copies.popitem(last=False)
-
-    def moved(self, batch: Any) -> Any | None:
-        """`batch`'s device copy, ready for the current stream to read; None where there is
-        none (it then moves as usual)."""
-        entry = self.copies.pop(id(batch), None)
-        if entry is None or entry[0] is not batch:
-            return None
-        _, moved, done = entry
-        stream = torch.cuda.current_stream(self.device)
-        stream.wait_event(done)
-        for tensor in tensors_of(moved):
-            tensor.record_stream(stream)
-        return moved
+        return DeviceCopy(moved, done)

@@ -42,7 +42,7 @@ class GlobalItems:
 
     def _reduced(self, microbatches: list[tuple[Any, bool]]) -> Any:
         on_host, on_device = 0, []
-        for batch, real in microbatches:
+        for batch, real, *_ in microbatches:
             if not real:
                 continue
             counted = self.count(split(batch)[2])
@@ -60,7 +60,7 @@ class GlobalItems:
 
 def _per_sample(count: Any, microbatches: list[tuple[Any, bool]]) -> float | None:
     """A sample's items, from the first real microbatch on the host (None: none here)."""
-    for batch, real in microbatches:
+    for batch, real, *_ in microbatches:
         targets = split(batch)[2]
         if real and isinstance(targets, torch.Tensor) and targets.device.type == "cpu":
             return int(count(targets)) / len(targets)

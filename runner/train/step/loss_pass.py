@@ -11,10 +11,11 @@ import torch
 
 from runner.engines.base import Engine
 from runner.engines.loss_parallel import loss_of
+from runner.engines.plan import ELSEWHERE, SAME_POSITIONS, Pairing
 from runner.engines.precision import autocast
 from runner.spec import RunSpec
 from runner.train.step.batch_parts import logits_of, split, to_device
-from runner.train.step.device_feed import DeviceFeed, wanted
+from runner.train.step.device_feed import DeviceCopy, DeviceFeed, copy_of, wanted
 
 
 class FaultHooks(Protocol):
@@ -31,22 +32,24 @@ class LossPass:
         spec: RunSpec,
         engine: Engine,
         loss_fn: Any,
+        *,
         device: str,
-        channels_last: bool,
         faults: FaultHooks,
+        channels_last: bool = False,
+        pairing: Pairing = SAME_POSITIONS,
         streaming: bool = False,
     ):
-        """`streaming`: the training set is an iterable one (see runner.train.step.device_feed)."""
+        """`pairing`: how this rank's logits meet their targets (the plan's); `streaming`:
+        the training set is an iterable one (see runner.train.step.device_feed)."""
         self.spec, self.engine, self.loss_fn, self.faults = spec, engine, loss_fn, faults
-        self.device, self.channels_last = device, channels_last
+        self.device, self.channels_last, self.pairing = device, channels_last, pairing
         self.device_type = torch.device(device).type
-        self.context = getattr(engine.module, "context", None)  # a context group's split
         # CUDA graphs (compile.mode=reduce-overhead): each pass starts a new replay, so the
         # outputs of the one before may be overwritten (none is read after its pass)
         graphs = spec.compile is not None and spec.compile.captures_graphs
         self.new_replay = graphs and self.device_type == "cuda"
         prefetch = wanted(spec.input_prefetch, device, streaming) and spec.grad_accum != "auto"
-        self.prefetch, self._feed = prefetch, None
+        self.prefetch = prefetch
 
     def feed(self, items: Iterator[Any]) -> Iterator[Any]:
         """The training loader's `items`, their batches copied to the device ahead where
@@ -54,13 +57,15 @@ class LossPass:
         if not self.prefetch:
             return items
         ahead = self.spec.accum_steps  # the next step's microbatches
-        self._feed = DeviceFeed(items, self.device, self.channels_last, ahead)
-        return self._feed
+        return DeviceFeed(items, self.device, self.channels_last, ahead)
 
-    def train(self, batch: Any, real: bool) -> tuple[torch.Tensor, Any, Any]:
-        """A training microbatch: (loss, items, targets)."""
+    def train(
+        self, batch: Any, real: bool, copy: DeviceCopy | None = None
+    ) -> tuple[torch.Tensor, Any, Any]:
+        """A training microbatch: (loss, items, targets). `copy`: the batch's device copy,
+        made ahead (input_prefetch)."""
         self.faults.forward(batch)
-        logits, targets = self.forward(batch)
+        logits, targets = self.forward(batch, copy=copy)
         loss, count = self._loss(logits, targets, real)
         return self.faults.loss(loss), count, targets
 
@@ -68,31 +73,35 @@ class LossPass:
         """(summed loss, items) of one microbatch."""
         return self._loss(*self.forward(batch), real)
 
-    def forward(self, batch: Any, model: Any = None) -> tuple[Any, Any]:
+    def forward(
+        self, batch: Any, model: Any = None, copy: DeviceCopy | None = None
+    ) -> tuple[Any, Any]:
         """(logits, targets) of one microbatch: through the engine's model, or `model` (an
-        evaluation's: the bare module). Under context parallelism, this rank's positions'
-        (runner.models.context_split)."""
-        moved = self._feed.moved(batch) if self._feed is not None else None
-        if moved is None:
+        evaluation's: the bare module), as the plan's pairing lays them out for this rank's
+        loss; ELSEWHERE for logits where the model's output is on other ranks."""
+        if copy is not None:
+            moved = copy.ready(torch.device(self.device))
+        else:
             moved = to_device(batch, self.device, self.channels_last)
         args, kwargs, targets = split(moved)
         if self.new_replay:
             torch.compiler.cudagraph_mark_step_begin()
         with autocast(self.spec.precision, self.device_type):
             outputs = (self.engine.model if model is None else model)(*args, **kwargs)
-        if self.context is not None and outputs is not None:
-            return self.context.local(logits_of(outputs), targets)
-        return logits_of(outputs), targets
+        if outputs is ELSEWHERE:
+            return ELSEWHERE, targets
+        return self.pairing.local(logits_of(outputs), targets)
 
     def tokens(self, targets: Any) -> int:
         """The tokens of a microbatch's `targets` (as forward returned them) this rank ran."""
         if not isinstance(targets, torch.Tensor):
             return 0
-        return self.context.tokens(targets) if self.context is not None else targets.numel()
+        return self.pairing.tokens(targets)
 
-    def warm_up(self, microbatch: tuple[Any, bool]) -> None:
+    def warm_up(self, microbatch: tuple[Any, ...]) -> None:
         """A forward and backward pass whose gradients are discarded (Engine.warm_up)."""
-        loss, _ = self.loss(*microbatch[:2])
+        logits, targets = self.forward(microbatch[0], copy=copy_of(microbatch))
+        loss, _ = self._loss(logits, targets, microbatch[1])
         (loss * 0.0).backward()
 
     def _loss(self, logits: Any, targets: Any, real: bool) -> tuple[torch.Tensor, Any]:

@@ -40,6 +40,7 @@ from runner.engines.base import Engine
 from runner.errors import first_line
 from runner.spec import RunSpec
 from runner.train.step.batch_parts import batch_size
+from runner.train.step.device_feed import copy_of
 from runner.train.step.loss_pass import LossPass
 from runner.train.step.pipelined import pipelined_passes
 
@@ -136,10 +137,9 @@ def accumulate(
     while len(done) < len(microbatches):
         i = len(done)
         batch, real = microbatches[i][:2]
+        one_pass = partial(passes.train, batch, real, copy_of(microbatches[i]))
         with engine.microbatch(i, len(microbatches)):
-            result = strategy.run(
-                partial(passes.train, batch, real), backward, engine.backward_communicates
-            )
+            result = strategy.run(one_pass, backward, engine.backward_communicates)
         if result is None:  # out of memory on some rank: cut finer, and go on
             engine.drop_pass()
             if not engine.keeps_microbatches:
@@ -276,7 +276,7 @@ class AutoMicrobatching:
 
     def start(self, microbatches: list[Any]) -> list[Any]:
         """The rank's share of the step (one microbatch from the sampler), cut in `accum`."""
-        self._uncut = batch, real = microbatches[0]
+        self._uncut = batch, real = microbatches[0][:2]
         return cut_batch(batch, real, 0, batch_size(batch) if real else 0, self.accum)
 
     def run(self, forward: Forward, backward: Backward, communicates: bool) -> Any:

@@ -76,14 +76,15 @@ def pipelined_passes(
         )
     records: dict[int, tuple[torch.Tensor, Any]] = {}
     scaler = passes.engine.scaler
-    whole = torch.cat(targets)
-    chunk = size * whole.stride(0) * whole.element_size()  # bytes of one microbatch's targets
+    # the schedule's targets are the microbatches' indices (on the host, one to each), so
+    # a loss knows which microbatch it scores (the schedule may also call it once on the
+    # first, to learn shapes)
+    indices = torch.arange(len(microbatches))
 
-    def loss(output: Any, target: Any) -> torch.Tensor:
-        """A microbatch's loss; which microbatch, its targets' place in the step's says
-        (the schedule may also call it once on the first, to learn shapes)."""
-        i = (target.data_ptr() - whole.data_ptr()) // chunk
-        logits, count = logits_of(output), rows[i]
+    def loss(output: Any, index: torch.Tensor) -> torch.Tensor:
+        """Microbatch `index`'s loss."""
+        i = int(index)
+        target, logits, count = targets[i], logits_of(output), rows[i]
         if not count:  # a placeholder: its passes run, it counts nothing
             return logits.sum() * 0.0
         value, items = loss_of(passes.loss_fn, logits[:count], target[:count])
@@ -95,7 +96,7 @@ def pipelined_passes(
     # under tensor parallelism the logits are split by vocabulary: their backward runs in
     # loss parallel's context
     with autocast(passes.spec.precision, passes.device_type), passes.engine.loss_context():
-        pipeline.run(torch.cat(inputs), whole, loss)
+        pipeline.run(torch.cat(inputs), indices, loss)
     done = []
     zero = torch.zeros((), device=passes.device)
     for i, (batch, real, *_) in enumerate(microbatches):

@@ -1,0 +1,131 @@
+"""A parallelism is one room: its files name no other parallelism, and the model, the step
+and the loop name none. runner.train.build.parallelize is where they meet (it decides), and
+runner.train.step.microbatching hands a step to the stages' schedule when there are stages.
+
+Read from the source: the identifiers of the code (names, attributes, imports, definitions,
+arguments), not its docstrings or comments, which may say what a file works beside.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.helpers.cli import REPO
+
+# each parallelism's files, and the names that say it (a substring of an identifier, or,
+# for the short common ones, the whole identifier)
+ROOMS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    # name: (files, substrings, whole identifiers)
+    "ddp": (("runner/engines/ddp.py", "runner/engines/shared_memory.py"), ("ddp",), ()),
+    "deepspeed": (
+        ("runner/engines/deepspeed.py", "runner/engines/deepspeed_ops.py"),
+        ("deepspeed",),
+        (),
+    ),
+    "fsdp": (("runner/engines/fsdp.py",), ("fsdp", "fully_shard"), ()),
+    "pipeline": (
+        (
+            "runner/engines/pipeline.py",
+            "runner/models/pipeline_stages.py",
+            "runner/train/step/pipelined.py",
+        ),
+        ("pipeline", "pipelined", "staged"),
+        (),
+    ),
+    "context": (
+        ("runner/models/context_split.py",),
+        ("context_split", "contextsplit", "apply_context", "context_mesh"),
+        ("context",),
+    ),
+    "float8": (("runner/engines/float8.py",), ("float8",), ()),
+}
+
+# the names another library or a documented config key gives a meeting of two (torchao's
+# float8 weights gathered by FSDP, `precision.fsdp_float8_all_gather`)
+SPOKEN_FOR = {
+    "runner/engines/float8.py": {
+        "fsdp_float8_all_gather",
+        "enable_fsdp_float8_all_gather",
+        "precompute_float8_dynamic_scale_for_fsdp",
+    },
+}
+
+# what every parallelism passes through: none of their names here
+SHARED = (
+    "runner/models/gpt.py",
+    "runner/engines/base.py",
+    "runner/train/trainer.py",
+    "runner/train/evaluation.py",
+    "runner/train/step/loss_pass.py",
+    "runner/train/step/batch_parts.py",
+    "runner/train/step/device_feed.py",
+)
+
+
+def identifiers(path: Path) -> set[str]:
+    """The names a file's code uses or defines, imported modules' dotted paths split."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.alias):
+            names.update(node.name.split("."))
+            if node.asname:
+                names.add(node.asname)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.update(node.module.split("."))
+    return names
+
+
+def named(path: Path, room: str) -> list[str]:
+    """The identifiers of `path` that name parallelism `room`."""
+    _, parts, wholes = ROOMS[room]
+    spoken_for = SPOKEN_FOR.get(str(path.relative_to(REPO)) if path.is_relative_to(REPO) else "")
+    return sorted(
+        name
+        for name in identifiers(path) - (spoken_for or set())
+        if name in wholes or any(part in name.lower() for part in parts)
+    )
+
+
+def test_every_room_file_exists() -> None:
+    for files, _, _ in ROOMS.values():
+        for file in files:
+            assert (REPO / file).is_file(), file
+    for file in SHARED:
+        assert (REPO / file).is_file(), file
+
+
+def test_no_parallelism_names_another() -> None:
+    found = []
+    for room, (files, _, _) in ROOMS.items():
+        for file in files:
+            for other in ROOMS:
+                if other != room and named(REPO / file, other):
+                    found.append(f"{file} ({room}) names {other}: {named(REPO / file, other)}")
+    assert not found, "\n".join(found)
+
+
+def test_the_shared_path_names_no_parallelism() -> None:
+    found = [
+        f"{file} names {room}: {named(REPO / file, room)}"
+        for file in SHARED
+        for room in ROOMS
+        if named(REPO / file, room)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_check_sees_a_name(tmp_path: Path) -> None:
+    """The reading finds a parallelism's name in code, and not in a docstring."""
+    code = tmp_path / "probe.py"
+    code.write_text('"""Works beside the pipeline."""\nfrom runner.engines.float8 import x\n')
+    assert named(code, "float8") == ["float8"]
+    assert named(code, "pipeline") == []
