@@ -64,7 +64,10 @@ def cropped(output: Any, time: int) -> Any:
 
 
 class Pipeline:
-    def __init__(self, spec: Any, model: nn.Module, grid: Layout, mesh: Any, device: str):
+    def __init__(
+        self, spec: Any, model: nn.Module, grid: Layout, mesh: Any, device: str, microbatches: int
+    ):
+        """`microbatches`: a step's, each rank's share cut so (grad_accum)."""
         options = spec.parallelism
         self.schedule_name = options.pipeline_schedule
         self.per_rank = options.stages_each
@@ -85,7 +88,7 @@ class Pipeline:
         self.module = StagedModel(model, self.parts, self.relay)
         names = [n for n, _ in (*model.named_parameters(), *model.named_buffers())]
         self.order = {unwrapped_name(n): i for i, n in enumerate(names)}  # model.pt's order
-        self.microbatches = spec.grad_accum
+        self.microbatches = microbatches
         self.whole_groups = whole_groups(spec, model)
         self._schedule: Any = None
         self._shape: tuple[Any, ...] = ()

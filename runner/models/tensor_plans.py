@@ -191,7 +191,6 @@ def gpt_plan(model: nn.Module, mesh: Any, split_logits: bool = False) -> None:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
-        PrepareModuleInput,
         RowwiseParallel,
         SequenceParallel,
         parallelize_module,
@@ -223,21 +222,31 @@ def gpt_plan(model: nn.Module, mesh: Any, split_logits: bool = False) -> None:
         },
     )
     for block in model.blocks:
-        parallelize_module(
-            block,
-            mesh,
-            {
-                "ln_1": SequenceParallel(),
-                "attn": PrepareModuleInput(
-                    input_layouts=(sequence, None), desired_input_layouts=(gathered, None)
-                ),
-                "attn.qkv": ColwiseParallel(),
-                "attn.proj": RowwiseParallel(output_layouts=sequence, use_local_output=False),
-                "ln_2": SequenceParallel(),
-                "mlp": PrepareModuleInput(
-                    input_layouts=(sequence,), desired_input_layouts=(gathered,)
-                ),
-                "mlp.0": ColwiseParallel(),
-                "mlp.2": RowwiseParallel(output_layouts=sequence, use_local_output=False),
-            },
-        )
+        parallelize_module(block, mesh, _gpt_block_plan())
+
+
+def _gpt_block_plan() -> dict[str, Any]:
+    """A gpt block's layers: norms on the rank's part of the sequence, attention and the MLP
+    on all of it, their first layers split by columns, their last by rows (reduced and
+    scattered back along the sequence)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    sequence, gathered = Shard(1), Replicate()
+    return {
+        "ln_1": SequenceParallel(),
+        "attn": PrepareModuleInput(
+            input_layouts=(sequence, None), desired_input_layouts=(gathered, None)
+        ),
+        "attn.qkv": ColwiseParallel(),
+        "attn.proj": RowwiseParallel(output_layouts=sequence, use_local_output=False),
+        "ln_2": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=(sequence,), desired_input_layouts=(gathered,)),
+        "mlp.0": ColwiseParallel(),
+        "mlp.2": RowwiseParallel(output_layouts=sequence, use_local_output=False),
+    }

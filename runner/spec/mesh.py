@@ -84,6 +84,34 @@ class Layout:
         return loss_sum / self.tensor if self.tensor > 1 else loss_sum
 
 
+@dataclass(frozen=True)
+class BatchSplit:
+    """How a step's global batch is cut on one rank: the one place a rank reads grad_accum,
+    the data ranks and the microbatch size from."""
+
+    global_batch: int  # samples per optimizer step, every rank together
+    data_world: int  # ranks that read their own part of each batch
+    data_rank: int  # which part this rank reads
+    accum: int  # microbatches a rank's share is cut into (grad_accum=auto: 1 to start with)
+    auto: bool = False  # grad_accum=auto: cut finer, while training, where memory runs out
+
+    @property
+    def per_rank(self) -> int:
+        """Samples of a step each data rank reads."""
+        return self.global_batch // self.data_world
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.per_rank // self.accum
+
+
+def batch_split(spec: Any, grid: Layout, rank: int) -> BatchSplit:
+    """The split of `spec`'s global batch for global rank `rank` of `grid`."""
+    auto = spec.grad_accum == "auto"
+    accum = 1 if auto else spec.grad_accum
+    return BatchSplit(spec.global_batch_size, grid.data_world, grid.data_rank(rank), accum, auto)
+
+
 def layout(spec: Any, world: int | None = None) -> Layout:
     """The run's grid: the world size (the spec's, or the running group's `world`) split by
     parallelism.pipeline, .replicate and .tensor (fsdp's; every other parallelism is data-parallel

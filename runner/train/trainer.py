@@ -13,11 +13,8 @@ import logging
 import time
 from typing import Any, TextIO
 
-import torch
-
 from runner import dist as rdist
 from runner.callbacks import Run
-from runner.components import instantiate
 from runner.errors import describe
 from runner.hardware import peak_rss_bytes
 from runner.heartbeat import Heartbeat, Phase
@@ -26,26 +23,23 @@ from runner.rundir.files import RunDir
 from runner.rundir.summary import Status, record_attempt
 from runner.spec import RunSpec
 from runner.spec.config_file import written_config
-from runner.spec.mesh import layout
-from runner.train.build.heap import give_back_freed_memory
-from runner.train.build.parallelize import parallelize
-from runner.train.build.rank_data import build_rank_data, with_warmup_steps
-from runner.train.build.sharded_init import build_for_rank
+from runner.spec.mesh import batch_split, layout
 from runner.train.callback_calls import Callbacks
-from runner.train.checkpoints.checkpointer import Checkpointer
 from runner.train.checkpoints.final_artifacts import write_final
-from runner.train.endings import COMPLETED, EVALUATED, Ending, Outcome, endings_of
-from runner.train.evaluation import Evaluator, metrics_for, write_evaluation
+from runner.train.endings import COMPLETED, EVALUATED, Ending, Outcome
+from runner.train.evaluation import Evaluator, write_evaluation
 from runner.train.guards import chaos
-from runner.train.guards.loss_spikes import LossSpikeError, LossSpikes, Spike
+from runner.train.guards.loss_spikes import LossSpikeError, Spike
 from runner.train.guards.nonfinite import NonFiniteGuard
+from runner.train.parts import Built, build_rank, resume_rank
 from runner.train.records.notices import notices
-from runner.train.records.step_figures import StepFigures, flops_per_token
+from runner.train.records.step_figures import StepFigures
 from runner.train.records.step_log import Step, StepLog, Trained
+from runner.train.records.step_times import StepTimes
 from runner.train.records.traces import StepTraces
-from runner.train.step.loss_items import GlobalItems, ItemCheck
+from runner.train.step.loss_items import ItemCheck
 from runner.train.step.loss_pass import LossPass
-from runner.train.step.microbatching import accumulate, is_out_of_memory, microbatch_steps
+from runner.train.step.microbatching import accumulate, is_out_of_memory
 from runner.train.step.sync_debug import SyncDebug
 
 log = logging.getLogger(__name__)
@@ -67,13 +61,14 @@ class Trainer:
         self.heart = heart or Heartbeat(None, 0, 0, 0)  # beats for the agent's hang watchdog
         self.rank, self.world = rdist.get_global_rank(), rdist.get_world_size()
         self.is_main = self.rank == 0
-        self.grid = layout(spec, self.world)  # the data ranks, the tensor groups
-        self.data_rank = self.grid.data_rank(self.rank)
-
+        self.grid = layout(spec, self.world)  # the run's dimensions: computed once, handed out
+        self.split = batch_split(spec, self.grid, self.rank)  # grad_accum, the data ranks
         self.written = written if written is not None else written_config(run_dir.root)
-        flops = self._build()
-        seed_everything(spec.seed + 1000 * self.data_rank)  # per-rank streams for augmentation
-
+        say = notices(terminal)
+        built = build_rank(spec, run_dir, device, self.grid, self.split, say)
+        self.data, self.engine, self.loss_fn = built.data, built.engine, built.loss_fn
+        self.items, self.compile_clock = built.items, built.compile_clock
+        seed_everything(spec.seed + 1000 * self.split.data_rank)  # augmentation's streams
         self.guard = NonFiniteGuard(
             self.world, self.rank, device, spec.nonfinite, spec.nonfinite_max_skips
         )
@@ -82,76 +77,47 @@ class Trainer:
         self.attempt = rdist.get_attempt()
         run = Run(run_dir.root, self.rank, self.world, self.written, self.engine.module)
         self.callbacks = Callbacks(spec, run)  # the user's hooks (runner.callbacks)
-        self._resume()
+        restarted = resume_rank(
+            spec, run_dir, built, split=self.split, device=device, heart=self.heart,
+            guard=self.guard, callbacks=self.callbacks, written=self.written, say=say,
+        )  # fmt: skip
+        self.checkpointer, self.start = restarted.checkpointer, restarted.start
+        self.spikes, self.endings = restarted.spikes, restarted.endings
+        self.microbatching = restarted.microbatching
         self.stand_in: Any = None  # the latest training microbatch (Evaluator.evaluate)
         self.faults = chaos.Faults(spec.chaos, self.rank, self.engine.module)  # chaos.*
         self.sync_debug = SyncDebug(spec.sync_debug, device)  # sync_debug: quiet steps' waits
         traced = (spec.profile, run_dir.root, self.rank, device, self.data.total_steps)
-        self.traces = StepTraces(*traced, notices(self.terminal))  # profile.*
-        self.passes = LossPass(
-            spec, self.engine, self.loss_fn, device=device, faults=self.faults,
-            channels_last=self.channels_last, pairing=self.plan.pairing,
-            streaming=self.data.streaming,
-        )  # fmt: skip
-        self.evaluator = Evaluator(self.passes, self.metrics, self.data.val_loader, self.heart)
-        start = self.start
-        self.heart.beat(Phase.START, start.step)  # where this attempt starts (a stop needs it)
+        self.traces = StepTraces(*traced, say)  # profile.*
+        self.passes, self.evaluator = self._passes(built)
+        self.heart.beat(Phase.START, self.start.step)  # where this attempt starts (for a stop)
         if self.is_main:  # this attempt in the run's history
-            record_attempt(run_dir, self.attempt, start.from_step)
-        figures = StepFigures(
-            spec, device, start.samples, flops, self.world, self.grid.counts_items(self.rank)
-        )
-        self.times = figures.times  # the step's parts (time/...)
-        self.step_log = StepLog(  # metrics.jsonl, trackers, progress, on_step_end, spikes
-            spec, run_dir, self.guard, self.spikes, self.callbacks, self.item_check, figures,
-            (start.step, self.data.total_steps), terminal, self.written,
-        )  # fmt: skip
+            record_attempt(run_dir, self.attempt, self.start.from_step)
+        self.step_log, self.times = self._step_log(built.flops)
         self.build_peak_rss = peak_rss_bytes()  # built, sharded, loaded: before any step
         self.ended: dict[str, Any] | None = None  # the summary, once written
 
-    def _build(self) -> float | None:
-        """The data, the model under its engine, the loss and the metrics.
-        Seeded alike on every rank: identical initial weights (or, under meta_init, each
-        rank's shards of them); the data is built first, as the seed weights were. Returns
-        the model's FLOPs per token (token data only)."""
-        spec, device = self.spec, self.device
-        data, module, fill = build_for_rank(spec, device, self.run_dir.seed_weights)
-        give_back_freed_memory()  # what building freed (zero.Init builds each module whole)
-        token_data = {"vocab_size", "block_size"} <= data.info.keys()
-        flops = flops_per_token(module) if token_data else None  # before sharding: all of it
-        self.loss_fn = instantiate(spec.loss.node, data.info)
-        fixed = bool(data.info.get("fixed_length"))  # items per sample: no count to reduce
-        self.items = GlobalItems(self.loss_fn, device, self.grid.copies, fixed)
-        self.metrics = metrics_for(spec, data.info, device)
-        cuda = torch.device(device).type == "cuda"
-        self.data = build_rank_data(spec, data, self.data_rank, self.grid.data_world, cuda)
-        with_warmup = with_warmup_steps(spec, self.data.steps_per_epoch)
-        splits_classes = getattr(self.loss_fn, "splits_classes", False)  # loss parallel
-        parallel = parallelize(
-            module, with_warmup, self.grid, device, self.data.total_steps, fill, splits_classes,
-            notices(self.terminal),
+    def _passes(self, built: Built) -> tuple[LossPass, Evaluator]:
+        """The microbatches' forward passes and losses, for training and evaluation."""
+        passes = LossPass(
+            self.spec, self.engine, self.loss_fn, device=self.device, faults=self.faults,
+            split=self.split, channels_last=built.channels_last, pairing=built.plan.pairing,
+            streaming=self.data.streaming,
         )  # fmt: skip
-        self.engine, self.channels_last = parallel.engine, parallel.channels_last
-        self.plan = parallel.plan
-        give_back_freed_memory()  # and what sharding freed, before the first step
-        self.compile_clock = parallel.compile_clock
-        return flops
+        return passes, Evaluator(passes, built.metrics, self.data.val_loader, self.heart)
 
-    def _resume(self) -> None:
-        """Where this attempt starts: the newest checkpoint's state (a first start has none)."""
-        spec = self.spec
-        stream = self.data.train_loader if self.data.streaming else None
-        self.checkpointer = Checkpointer(  # when and how checkpoints are written, resumed
-            spec, self.run_dir, self.engine, self.heart, self.guard, stream, self.written,
-            saved=self.callbacks.checkpoint_saved, say=notices(self.terminal),
+    def _step_log(self, flops: float | None) -> tuple[StepLog, StepTimes]:
+        """metrics.jsonl, trackers, progress, on_step_end and the spike watch; and the
+        step's parts' clock (time/...)."""
+        spec, start = self.spec, self.start
+        counts = self.grid.counts_items(self.rank)
+        figures = StepFigures(spec, self.device, start.samples, flops, self.world, counts)
+        step_log = StepLog(
+            spec, self.run_dir, guard=self.guard, spikes=self.spikes, callbacks=self.callbacks,
+            item_check=self.item_check, figures=figures, terminal=self.terminal,
+            steps=(start.step, self.data.total_steps), written=self.written,
         )  # fmt: skip
-        self.start = self.checkpointer.resume()
-        self.spikes = LossSpikes(spec.loss_spike, self.start.state)
-        # grad_accum: fixed, or auto (cut finer on OOM)
-        self.microbatching = microbatch_steps(spec, self.device, self.engine, self.start.state)
-        # how a run may end before its last step (early stopping's count goes on)
-        self.endings = endings_of(spec, self.heart, self.start.state)
-        self.checkpointer.keeps(self.microbatching, self.spikes, self.endings)
+        return step_log, figures.times
 
     # ------------------------------------------------------------------ the loop
 
@@ -198,7 +164,7 @@ class Trainer:
                 n_global = self.data.sampler.global_count(step_in_epoch)
                 lr = self.engine.lr
                 waited = time.perf_counter()
-                batch = [next(microbatches) for _ in range(self.data.sampler.grad_accum)]
+                batch = [next(microbatches) for _ in range(self.split.accum)]
                 waited = time.perf_counter() - waited
                 self.stand_in = batch[0][0]  # a placeholder for an evaluation that has none
                 self.heart.beat(Phase.BATCH, step)

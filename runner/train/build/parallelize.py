@@ -61,12 +61,14 @@ def parallelize(
     device: str,
     total_steps: int,
     fill: Fill | None = None,
+    microbatches: int = 1,
     splits_classes: bool = False,
     say: Callable[[str], None] = log.warning,
 ) -> Parallelized:
     """`module` (built on `device` from the spec, or without its weights: then `fill` fills
     in this rank's shards once the engine sharded it) in its distributed form over `grid`
-    (the running group's), ready to train for `total_steps` optimizer steps.
+    (the running group's), ready to train for `total_steps` optimizer steps of
+    `microbatches` microbatches on each rank (a pipeline's schedule runs them at once).
     `splits_classes`: the loss can run on logits split by class (loss parallel). `say`: a
     line for the user (rank 0's terminal too)."""
     kind = torch.device(device).type
@@ -90,7 +92,7 @@ def parallelize(
     if channels_last:
         module = module.to(memory_format=torch.channels_last)
     clock = _compile(module, spec, grid)
-    plan = _cut(module, spec, grid, mesh, device, total_steps, fill)
+    plan = _cut(module, spec, grid, mesh, device, total_steps, fill, microbatches)
     plan.pairing = pairing
     engine = build_engine(spec, plan)
     if spec.precision.name is Precision.FLOAT8 and engine.torch_optimizer is not None:
@@ -155,6 +157,7 @@ def _cut(
     device: str,
     total_steps: int,
     fill: Fill | None,
+    microbatches: int,
 ) -> Plan:
     """What this rank holds: the model, or under pipeline parallelism its stages, each
     sharded as a model of its own (`roots`), with the blocks among them."""
@@ -174,7 +177,7 @@ def _cut(
         return plan
     from runner.engines.pipeline import Pipeline
 
-    pipeline = Pipeline(spec, module, grid, mesh, device)
+    pipeline = Pipeline(spec, module, grid, mesh, device, microbatches)
     held = {id(m) for m in pipeline.module.modules()}
     plan.module, plan.roots, plan.stages = pipeline.module, pipeline.parts, pipeline
     plan.blocks = [b for b in blocks if id(b) in held]

@@ -20,6 +20,7 @@ from runner.data.streams import (
     splits_itself,
 )
 from runner.spec import RunSpec
+from runner.spec.mesh import BatchSplit
 
 
 @dataclass
@@ -43,17 +44,19 @@ class RankData:
         return round(step / self.steps_per_epoch, 4)
 
 
-def build_rank_data(spec: RunSpec, data: Datasets, rank: int, world: int, pin: bool) -> RankData:
+def build_rank_data(spec: RunSpec, data: Datasets, split: BatchSplit, pin: bool) -> RankData:
+    """This rank's part of the training and validation data, cut by `split`."""
+    rank, world = split.data_rank, split.data_world
     streaming = is_iterable(data.train)
     if streaming:  # no length: the run is max_steps long (the parent checked)
-        sampler = loader = _train_stream(spec, data, rank, world, pin)
+        sampler = loader = _train_stream(spec, data, split, pin)
     else:
         sampler = GlobalBatchSampler(
             len(data.train),
             spec.global_batch_size,
             world,
             rank,
-            spec.accum_steps,  # grad_accum=auto: the rank's whole share, cut in train_step
+            split.accum,  # grad_accum=auto: the rank's whole share, cut in train_step
             shuffle=True,
             seed=spec.seed,
             drop_last=spec.data.drop_last,
@@ -66,7 +69,7 @@ def build_rank_data(spec: RunSpec, data: Datasets, rank: int, world: int, pin: b
         streaming,
         sampler,
         loader,
-        _val_loader(spec, data, rank, world, pin),
+        _val_loader(spec, data, split, pin),
         steps_per_epoch,
         _total_steps(spec, steps_per_epoch, sampler),
     )
@@ -82,7 +85,7 @@ def with_warmup_steps(spec: RunSpec, steps_per_epoch: int) -> RunSpec:
     return dataclasses.replace(spec, scheduler=scheduler)
 
 
-def _train_stream(spec: RunSpec, data: Datasets, rank: int, world: int, pin: bool) -> TrainStream:
+def _train_stream(spec: RunSpec, data: Datasets, split: BatchSplit, pin: bool) -> TrainStream:
     if spec.max_steps is None:
         raise ValueError(
             f"max_steps=null: data={spec.data.name} is an iterable dataset (no length), "
@@ -94,27 +97,28 @@ def _train_stream(spec: RunSpec, data: Datasets, rank: int, world: int, pin: boo
             "is an iterable dataset, so an epoch has no length; use scheduler.warmup_steps"
         )
     return TrainStream(
-        rank_part(data.train, rank, world),
-        spec.micro_batch_size,
-        spec.accum_steps,
+        rank_part(data.train, split.data_rank, split.data_world),
+        split.micro_batch_size,
+        split.accum,
         spec.global_batch_size,
         spec.max_steps,
         spec.data.num_workers,
         pin,
         data.collate_fn,
-        seed=spec.seed + rank,
+        seed=spec.seed + split.data_rank,
     )
 
 
-def _val_loader(spec: RunSpec, data: Datasets, rank: int, world: int, pin: bool) -> Any:
+def _val_loader(spec: RunSpec, data: Datasets, split: BatchSplit, pin: bool) -> Any:
     """Every rank's share of the validation set: a loader over a map-style set, or a function
     giving a fresh pass over this rank's part of an iterable one."""
     if data.val is None:
         return None
+    rank, world = split.data_rank, split.data_world
     if is_iterable(data.val):  # its first samples, then this rank's part of them
         return eval_stream(
             rank_part(first_examples(data.val, spec.eval_limit), rank, world),
-            spec.per_rank_batch_size,
+            split.per_rank,
             spec.data.num_workers,
             pin,
             data.collate_fn,
@@ -122,7 +126,7 @@ def _val_loader(spec: RunSpec, data: Datasets, rank: int, world: int, pin: bool)
         )
     return build_eval_loader(
         data.val,
-        spec.per_rank_batch_size,
+        split.per_rank,
         world,
         rank,
         spec.data.num_workers,

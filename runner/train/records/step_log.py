@@ -75,6 +75,7 @@ class StepLog:
         self,
         spec: RunSpec,
         run_dir: RunDir,
+        *,
         guard: NonFiniteGuard,
         spikes: LossSpikes,
         callbacks: Callbacks,

@@ -14,6 +14,7 @@ from runner.engines.loss_parallel import loss_of
 from runner.engines.plan import ELSEWHERE, SAME_POSITIONS, Pairing
 from runner.engines.precision import autocast
 from runner.spec import RunSpec
+from runner.spec.mesh import BatchSplit
 from runner.train.step.batch_parts import logits_of, split, to_device
 from runner.train.step.device_feed import DeviceCopy, DeviceFeed, copy_of, wanted
 
@@ -35,6 +36,7 @@ class LossPass:
         *,
         device: str,
         faults: FaultHooks,
+        split: BatchSplit,
         channels_last: bool = False,
         pairing: Pairing = SAME_POSITIONS,
         streaming: bool = False,
@@ -48,16 +50,15 @@ class LossPass:
         # outputs of the one before may be overwritten (none is read after its pass)
         graphs = spec.compile is not None and spec.compile.captures_graphs
         self.new_replay = graphs and self.device_type == "cuda"
-        prefetch = wanted(spec.input_prefetch, device, streaming) and spec.grad_accum != "auto"
-        self.prefetch = prefetch
+        self.prefetch = wanted(spec.input_prefetch, device, streaming) and not split.auto
+        self.ahead = split.accum  # the next step's microbatches, drawn ahead
 
     def feed(self, items: Iterator[Any]) -> Iterator[Any]:
         """The training loader's `items`, their batches copied to the device ahead where
         input_prefetch applies (runner.train.step.device_feed)."""
         if not self.prefetch:
             return items
-        ahead = self.spec.accum_steps  # the next step's microbatches
-        return DeviceFeed(items, self.device, self.channels_last, ahead)
+        return DeviceFeed(items, self.device, self.channels_last, self.ahead)
 
     def train(
         self, batch: Any, real: bool, copy: DeviceCopy | None = None

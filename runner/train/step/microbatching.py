@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from runner.engines.base import Engine
 from runner.errors import first_line
-from runner.spec import RunSpec
+from runner.spec.mesh import BatchSplit
 from runner.train.step.batch_parts import batch_size
 from runner.train.step.device_feed import copy_of
 from runner.train.step.loss_pass import LossPass
@@ -152,15 +152,15 @@ def accumulate(
 
 
 def microbatch_steps(
-    spec: RunSpec, device: str, engine: Engine, resumed: Mapping[str, Any] | None = None
+    split: BatchSplit, device: str, engine: Engine, resumed: Mapping[str, Any] | None = None
 ) -> FixedMicrobatches | AutoMicrobatching:
-    """The step strategy of `spec.grad_accum`. Under auto: the count to start at (that of
-    the checkpoint this attempt resumes from, `resumed` its client state), and a round of
-    agreement before each collective of a forward pass (FSDP's blocks)."""
-    if spec.grad_accum != "auto":
-        return FixedMicrobatches(spec)
+    """The step strategy of the batch's `split` (its grad_accum). Under auto: the count to
+    start at (that of the checkpoint this attempt resumes from, `resumed` its client state),
+    and a round of agreement before each collective of a forward pass (FSDP's blocks)."""
+    if not split.auto:
+        return FixedMicrobatches(split)
     start = (resumed or {}).get("grad_accum", 1)
-    auto = AutoMicrobatching(spec.per_rank_batch_size, device, start)
+    auto = AutoMicrobatching(split.per_rank, device, start)
     for module in engine.communicating_modules():
         hook = torch.compiler.disable(auto.before_collective)
         module.register_forward_pre_hook(hook, prepend=True)
@@ -173,8 +173,8 @@ class FixedMicrobatches:
 
     cuts = False  # the batch comes cut by the sampler
 
-    def __init__(self, spec: RunSpec):
-        self.accum, self.micro_batch_size = spec.grad_accum, spec.micro_batch_size
+    def __init__(self, split: BatchSplit):
+        self.accum, self.micro_batch_size = split.accum, split.micro_batch_size
 
     def start(self, microbatches: list[Any]) -> list[Any]:
         return microbatches

@@ -55,12 +55,10 @@ def stage_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
     return given[0]
 
 
-def pipelined_passes(
-    pipeline: Any, passes: LossPass, microbatches: list[Any], weight: Any, size: int
-) -> list[tuple[torch.Tensor, Any, Any, bool]]:
-    """Every microbatch's (loss sum, items, targets, real) of one step, run by the
-    pipeline's schedule; gradients left in the stages' parameters."""
-    rows = [batch_size(batch) if real else 0 for batch, real, *_ in microbatches]
+def _on_device(
+    passes: LossPass, microbatches: list[Any], size: int
+) -> tuple[list[torch.Tensor], list[Any]]:
+    """Each microbatch's stage input and targets on the device, padded to `size` samples."""
     inputs, targets = [], []
     for batch, real, *_ in microbatches:
         if real:
@@ -74,6 +72,16 @@ def pipelined_passes(
             f"({sorted({tuple(x.shape) for x in inputs})}); a pipeline runs one shape per "
             "step: samples of one length (data.min_length=null with data.pack=true)"
         )
+    return inputs, targets
+
+
+def pipelined_passes(
+    pipeline: Any, passes: LossPass, microbatches: list[Any], weight: Any, size: int
+) -> list[tuple[torch.Tensor, Any, Any, bool]]:
+    """Every microbatch's (loss sum, items, targets, real) of one step, run by the
+    pipeline's schedule; gradients left in the stages' parameters."""
+    rows = [batch_size(batch) if real else 0 for batch, real, *_ in microbatches]
+    inputs, targets = _on_device(passes, microbatches, size)
     records: dict[int, tuple[torch.Tensor, Any]] = {}
     scaler = passes.engine.scaler
     # the schedule's targets are the microbatches' indices (on the host, one to each), so
