@@ -347,22 +347,28 @@ class RunSpec:
         return None if self.eval_batches is None else self.eval_batches * self.global_batch_size
 
     @property
+    def batch_split(self) -> Any:
+        """How a step's global batch is cut (runner.spec.mesh.BatchSplit, rank 0's): what the
+        parent checks and DeepSpeed's config say, by the arithmetic every rank uses."""
+        from runner.spec.mesh import batch_split, layout
+
+        return batch_split(self, layout(self), 0)
+
+    @property
     def data_world_size(self) -> int:
         """Ranks that read their own part of each batch (runner.spec.mesh): the world size, but
         under tensor parallelism its groups, which each read one."""
-        from runner.spec.mesh import layout
-
-        return layout(self).data_world
+        return self.batch_split.data_world
 
     @property
     def per_rank_batch_size(self) -> int:
-        return self.global_batch_size // self.data_world_size
+        return self.batch_split.per_rank
 
     @property
     def accum_steps(self) -> int:
         """Microbatches per step to start with (grad_accum=auto starts at one)."""
-        return 1 if self.grad_accum == "auto" else self.grad_accum
+        return self.batch_split.accum
 
     @property
     def micro_batch_size(self) -> int:
-        return self.per_rank_batch_size // self.accum_steps
+        return self.batch_split.micro_batch_size
