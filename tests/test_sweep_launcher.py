@@ -154,9 +154,10 @@ def test_four_jobs_share_two_slots_without_overlapping(tmp_path: Path) -> None:
 @pytest.mark.sweeps
 def test_fail_fast_stops_the_sweep_at_the_first_failure(tmp_path: Path) -> None:
     """Cores as slots (nproc=1: one core each): job 0 loses its rank at step 2 and is
-    reported at once; job 1, running beside it, is stopped; job 2 never starts."""
+    reported at once; job 1, running beside it, is stopped; job 2 never starts. Job 0 has
+    evaluated at step 1: a failed job is found by its summary, not by its missing metric."""
     proc, root = sweep(
-        tmp_path, *FAST, "max_epochs=null", "max_steps=100000", "nproc=1",
+        tmp_path, *FAST, "max_epochs=null", "max_steps=100000", "nproc=1", "eval_interval=1",
         "checkpoint.interval=null", "hydra.launcher.devices=[0,1]", "hydra.launcher.fail_fast=true",
         "chaos.kill_rank=0", "chaos.at_step=2,99998,99999",
     )  # fmt: skip

@@ -215,10 +215,9 @@ def _resume(jobs: list[SweepJob], rerun_failed: bool, sweep_dir: Path) -> dict[i
 
 def _failure(job: SweepJob, result: JobReturn) -> str | None:
     """Why the job failed (its summary's error), or None when it did not: it completed, a
-    pruner ended it, or it was stopped (interrupted: stopped_line says so)."""
-    value = result._return_value
-    if not (isinstance(value, float) and math.isnan(value)):
-        return None
+    pruner ended it, or it was stopped (interrupted: stopped_line says so). Read from the
+    summary whatever the job returned: a run that fails after an evaluation returns that
+    evaluation's metric (the sweeper's), yet failed."""
     job_dir = job.dir
     ending = how_it_ended(job_dir)
     if not ending.failed:
