@@ -16,6 +16,15 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def rss_bytes() -> int:
+    """The resident memory this process holds now (Linux; 0 where /proc is absent)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
 def cpu_cores() -> int:
     """Cores this process may run on (respects taskset/cgroup affinity)."""
     try:

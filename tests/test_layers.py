@@ -45,6 +45,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     # launch's pre-launch check builds the optimizer and schedule the engines will build
     "launch": {"engines", "models", "data", "spec", SHARED},
     "export": {"models", "data", "spec", SHARED},  # `runner export`: a process of its own
+    # parallelism=auto's planner, a process of its own (the parent reads its plan): it
+    # resolves each layout as the parent would and checks its model as the agent would
+    "layouts": {"launch", "train", "engines", "models", "data", "spec", SHARED},
     "train": {"engines", "models", "data", "trackers", "sweeps", "spec", SHARED},
     "engines": {"models", "data", "spec", SHARED},
     "models": {"data", "spec", SHARED},

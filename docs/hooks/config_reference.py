@@ -32,6 +32,7 @@ OPTION_CLASSES: dict[str, type | None] = {
     "parallelism/zero2": parallelism_specs.ZeroSpec,
     "parallelism/zero3": parallelism_specs.Zero3Spec,
     "parallelism/fsdp": parallelism_specs.FSDPSpec,
+    "parallelism/auto": parallelism_specs.AutoSpec,
     "launcher/elastic": schema.ElasticLauncherSpec,
     "launcher/ray": schema.RayLauncherSpec,
 }
@@ -60,6 +61,7 @@ TOP_NESTED = {
     "early_stop": schema.EarlyStopSpec,
     "init_from": schema.InitFromSpec,
     "sweep": schema.SweepSpec,
+    "plan": schema.PlanSpec,
 }
 
 

@@ -1,5 +1,5 @@
 """The `runner` command line as Hydra gets it: a subcommand's arguments (eval, rerun,
-prepare, k8s-manifest) made overrides, the user's config directory, shorthands expanded and
+prepare, plan, k8s-manifest) made overrides, the user's config directory, shorthands expanded and
 secrets given literally hidden."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 from runner.cli.conf_files import conf_dir
 from runner.cli.evaluate import eval_argv
 from runner.cli.k8s_manifest import manifest_argv, manifest_task
+from runner.cli.layout_plan import plan_argv, plan_task
 from runner.cli.prepare import prepare_argv, prepare_task
 from runner.cli.rerun import rerun_argv
 from runner.secrets import hide_literal_secrets
@@ -34,6 +35,8 @@ def hydra_argv(argv: list[str]) -> tuple[list[str], Callable[[Any], Any] | None]
     else:
         if argv[1:2] == ["prepare"]:
             argv, task = [argv[0], *prepare_argv(argv[2:])], prepare_task
+        elif argv[1:2] == ["plan"]:
+            argv, task = [argv[0], *plan_argv(argv[2:])], plan_task
         elif argv[1:2] == ["k8s-manifest"]:
             argv, task = [argv[0], *manifest_argv(argv[2:])], manifest_task
         if os.environ.get(USER_CONFIG_ENV) and not any(

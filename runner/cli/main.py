@@ -29,6 +29,14 @@ from runner.cli.command_line import COMMAND_LINE_ENV, hydra_argv
 from runner.cli.compose_errors import composition_problems, with_origins
 from runner.cli.conf_files import conf_dir
 from runner.cli.hydra_files import write_hydra_files
+from runner.cli.layout_plan import (
+    apply_layout,
+    chosen_row,
+    make_plan,
+    plan_table,
+    wants_plan,
+    write_plan,
+)
 from runner.cli.other_node import run_other_node
 from runner.cli.outcome import report_outcome, shown
 from runner.cli.requeue import continue_after_stop, first_run_dir
@@ -99,6 +107,7 @@ def _run(cfg: DictConfig) -> float | None:
             return kept
         quiet_beside_others(cfg, hydra_cfg)
     try:
+        plan = _plan_layout(cfg, run_dir.root) if wants_plan(cfg) else None
         spec, secrets = resolve_cfg(cfg, run_dir.root, requeued)
     except SpecError as err:
         return _never_started(err.problems, cfg, run_dir, hydra_cfg, start_time)
@@ -116,7 +125,23 @@ def _run(cfg: DictConfig) -> float | None:
     if spec.node_rank > 0:
         return run_other_node(spec, secrets, run_dir, start_time)
     file_run(spec, secrets, run_dir, sweep_dir)
+    if plan is not None:
+        write_plan(run_dir.root, plan)
     return _launch(spec, secrets, run_dir, hydra_cfg, start_time)
+
+
+def _plan_layout(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """parallelism=auto: plan the layout (runner.cli.layout_plan), say it, and give `cfg`
+    the chosen layout's keys."""
+    plan = make_plan(cfg, conf_dir(), run_dir)
+    log.info("%s", plan_table(plan))
+    if cfg.plan.trials:
+        from runner.cli.plan_trials import run_trials
+
+        plan = run_trials(cfg, plan, run_dir, conf_dir())
+        log.info("%s", plan_table(plan))
+    apply_layout(cfg, chosen_row(plan)["overrides"], conf_dir())
+    return plan
 
 
 def _launch(

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from runner.cli.conf_files import conf_dir
+from runner.cli.layout_plan import apply_layout, wants_plan
 from runner.secrets import SECRETS_ENV
 from runner.spec import SpecError, save_spec
 from runner.spec.composed import problems_text, resolve_cfg
@@ -45,6 +47,8 @@ def prepare_argv(args: list[str]) -> list[str]:
 def prepare_task(cfg: DictConfig) -> None:
     """Hydra's task for `runner prepare`: check the config, then build in a child."""
     workdir = Path(_Request.workdir)
+    if wants_plan(cfg):  # the data is the same under every layout
+        apply_layout(cfg, {"parallelism": "ddp", "activation_checkpointing": "none"}, conf_dir())
     try:
         spec, secrets = resolve_cfg(cfg, workdir)
     except SpecError as err:

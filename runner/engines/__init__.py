@@ -17,6 +17,15 @@ if TYPE_CHECKING:
     from runner.spec import RunSpec
 
 
+def import_library(name: str) -> None:
+    """Import the library parallelism `name` runs on (DeepSpeed for zero1/2/3), so that its
+    memory is part of a rank's base, measured before the model is built."""
+    if name in ("zero1", "zero2", "zero3"):
+        import deepspeed  # noqa: F401
+    elif name == "fsdp":
+        import torch.distributed.fsdp  # noqa: F401
+
+
 def build_engine(spec: RunSpec, plan: Plan) -> Engine:
     """The engine of `spec.parallelism` around what `plan` says this rank holds. A plan's
     `fill`: the module was built without its weights (runner.train.build.sharded_init); the

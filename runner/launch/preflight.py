@@ -81,7 +81,7 @@ def component_problems(spec: RunSpec) -> list[str]:
     grid = layout(spec)
     split = max(grid.tensor, grid.pipeline, grid.context) > 1
     if (spec.checkpoint_every or wrap or split) and not found:
-        found += _block_problems(spec, provided())
+        found += model_problems(spec, provided())
     if (spec.optimizer.lr_multipliers or spec.optimizer.no_weight_decay) and not found:
         found += _pattern_problems(spec, provided())
     if spec.init_from.path is not None and not found:
@@ -202,7 +202,7 @@ def _sample(names: list[str]) -> str:
     return shown + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
 
 
-def _block_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
+def model_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
     """Activation checkpointing needs blocks, tensor parallelism a plan that fits the model:
     build the model on the meta device (no memory, no init cost) and look."""
     import torch

@@ -12,6 +12,7 @@ from pathlib import Path
 from runner import hardware
 from runner.spec.device_checks import check_compile, check_float8, check_profile
 from runner.spec.parallelism_specs import ONE_STAGE_PER_RANK
+from runner.spec.plan_specs import parse_size
 from runner.spec.schema import (
     DEEPSPEED_SPECS,
     RunSpec,
@@ -37,6 +38,7 @@ def check_spec(spec: RunSpec, problems: list[str], run_dir: Path | None) -> None
     _check_trackers(spec, problems)
     _check_mfu(spec, problems)
     _check_async_checkpoints(spec, problems)
+    _check_plan(spec, problems)
     _check_resume(spec, problems, run_dir)
 
 
@@ -271,6 +273,15 @@ def _check_run_control(spec: RunSpec, problems: list[str]) -> None:
     elif chaos.kill_rank is not None and chaos.kill_rank >= spec.world_size:
         problems.append(
             f"chaos.kill_rank={chaos.kill_rank}: must be a rank in 0..{spec.world_size - 1}"
+        )
+
+
+def _check_plan(spec: RunSpec, problems: list[str]) -> None:
+    given = spec.plan.memory_per_rank
+    if given is not None and parse_size(given) is None:
+        problems.append(
+            f"plan.memory_per_rank={given}: not a size; give bytes with a unit, such as "
+            "300MB, 2GB or 1.5GB (or null: a share of the device's memory)"
         )
 
 

@@ -122,3 +122,11 @@ class FSDPSpec:
 
 
 ParallelismSpec = DDPSpec | ZeroSpec | Zero3Spec | FSDPSpec
+
+
+@dataclass(frozen=True)
+class AutoSpec:
+    """parallelism=auto: the parent plans the layout (runner.layouts) and puts the chosen
+    engine's keys in its place before the spec is resolved; no run spec holds it."""
+
+    name: Literal["auto"] = "auto"

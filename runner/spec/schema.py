@@ -29,6 +29,7 @@ from runner.spec.parallelism_specs import (  # noqa: F401  (the schema's names, 
     Zero3Spec,
     ZeroSpec,
 )
+from runner.spec.plan_specs import PlanSpec
 from runner.spec.tracker_specs import TensorBoardTrackerSpec, TrackersSpec
 
 
@@ -285,6 +286,7 @@ class RunSpec:
     early_stop: EarlyStopSpec = field(default_factory=EarlyStopSpec)
     init_from: InitFromSpec = field(default_factory=InitFromSpec)
     sweep: SweepSpec = field(default_factory=SweepSpec)
+    plan: PlanSpec = field(default_factory=PlanSpec)  # how parallelism=auto chooses
 
     nproc: int | Literal["auto"] = _bound(1, min=1)
     nodes: int | Literal["auto"] = _bound(1, min=1)

@@ -11,8 +11,10 @@ from typing import Any
 import torch
 
 from runner.components import instantiate
+from runner.engines import import_library
 from runner.engines.base import Engine
 from runner.engines.plan import Plan
+from runner.hardware import rss_bytes
 from runner.heartbeat import Heartbeat
 from runner.rundir.files import RunDir
 from runner.spec import RunSpec
@@ -47,6 +49,7 @@ class Built:
     channels_last: bool  # inputs go to the device in channels_last too
     compile_clock: CompileClock | None  # the seconds spent compiling (summary.json)
     flops: float | None  # the model's FLOPs per token (token data only)
+    base_rss: int  # resident bytes before any of it was built (libraries imported)
 
 
 def build_rank(
@@ -56,6 +59,8 @@ def build_rank(
     `split.data_rank` of the running group's `grid`). Seeded alike on every rank: identical
     initial weights (or, under meta_init, each rank's shards of them); the data is built
     first, as the seed weights were."""
+    import_library(spec.parallelism.name)  # the engine's library is in the base
+    base_rss = rss_bytes()  # what the model, its data and its engine add comes on top
     data, module, fill = build_for_rank(spec, device, run_dir.seed_weights)
     give_back_freed_memory()  # what building freed (zero.Init builds each module whole)
     token_data = {"vocab_size", "block_size"} <= data.info.keys()
@@ -83,6 +88,7 @@ def build_rank(
         channels_last=parallel.channels_last,
         compile_clock=parallel.compile_clock,
         flops=flops,
+        base_rss=base_rss,
     )
 
 

@@ -94,7 +94,7 @@ class Trainer:
         if self.is_main:  # this attempt in the run's history
             record_attempt(run_dir, self.attempt, self.start.from_step)
         self.step_log, self.times = self._step_log(built.flops)
-        self.build_peak_rss = peak_rss_bytes()  # built, sharded, loaded: before any step
+        self.rss = (built.base_rss, peak_rss_bytes())  # before building; and before any step
         self.ended: dict[str, Any] | None = None  # the summary, once written
 
     def _passes(self, built: Built) -> tuple[LossPass, Evaluator]:
@@ -294,7 +294,8 @@ class Trainer:
         self.heart.beat(Phase.FINISH)
         self.guard.check_before_saving(self.engine.module, self.data.total_steps)
         summary = write_final(
-            self.run_dir, self.spec, self.engine, self.step_log.records, self.build_peak_rss,
+            self.run_dir, self.spec, self.engine, self.step_log.records,
+            self.rss,
             weights=ending.weights, status=ending.status, start_time=start_time,
             **self._facts(ending),
         )  # fmt: skip

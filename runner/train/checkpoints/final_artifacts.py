@@ -21,25 +21,36 @@ from runner.spec import RunSpec
 from runner.train.checkpoints.weights_file import write_weights
 
 
+def peak_device_bytes(device: str) -> int | None:
+    """The most bytes this rank's CUDA device had allocated (None on a CPU)."""
+    if device != "cuda":
+        return None
+    import torch
+
+    return int(torch.cuda.max_memory_allocated())
+
+
 def write_final(
     run_dir: RunDir,
     spec: RunSpec,
     engine: Engine,
     records: list[dict[str, Any]],
-    build_peak_rss: int,
+    rss: tuple[int, int],
     weights: bool = True,
     status: Status = Status.COMPLETED,
     **facts: Any,
 ) -> dict[str, Any]:
     """Every rank: gather the weights and each rank's memory; rank 0: write model.pt, then
     summary.json with `facts` (start_time, restarts, resumed_from, first_step_at,
-    compile_s, the microbatching keys). `build_peak_rss`: this rank's peak before its first
-    step (building, sharding, loading). Returns the summary (empty on other ranks)."""
+    compile_s, the microbatching keys). `rss`: this rank's resident memory before it built
+    anything (its base: the interpreter, torch, the engine's library), and its peak before
+    its first step (building, sharding, loading). Returns the summary (empty on other
+    ranks)."""
     if weights:  # not after eval_only: the weights are the ones it started from
         write_weights(run_dir.model, engine.final_tensors())
         if rdist.get_global_rank() == 0:
             safetensors_beside(run_dir.model)  # the same weights, without pickle
-    memory = (engine.state_bytes(), peak_rss_bytes(), build_peak_rss)
+    memory = (engine.state_bytes(), peak_rss_bytes(), *rss, peak_device_bytes(spec.device))
     per_rank = rdist.all_gather_object(memory)
     if rdist.get_global_rank() != 0:
         return {}
@@ -49,9 +60,11 @@ def write_final(
         rdist.get_world_size(),
         start_time,
         records,
-        state_bytes=[state for state, _, _ in per_rank],
-        peak_rss_bytes=[rss for _, rss, _ in per_rank],
-        build_peak_rss_bytes=[built for _, _, built in per_rank],
+        state_bytes=[rank[0] for rank in per_rank],
+        peak_rss_bytes=[rank[1] for rank in per_rank],
+        base_rss_bytes=[rank[2] for rank in per_rank],
+        build_peak_rss_bytes=[rank[3] for rank in per_rank],
+        peak_device_bytes=[rank[4] for rank in per_rank] if spec.device == "cuda" else None,
         nodes=spec.nodes,
         nproc=spec.nproc,
         device=spec.device,

@@ -1,0 +1,164 @@
+"""parallelism=auto in the parent: the plan (made in a child process that may import torch,
+runner.layouts.planner), its table, plan.json, and the chosen layout's keys put into the
+config as if the user had given them. `runner plan [overrides]` prints the plan and stops.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from runner.errors import first_line
+from runner.spec import SpecError
+from runner.spec.plan_specs import group_option
+
+log = logging.getLogger("runner")
+AUTO = "auto"
+PLAN_FILE = "plan.json"
+SHOWN = 12  # rows of the table: the fastest valid layouts
+
+
+def wants_plan(cfg: DictConfig) -> bool:
+    return str(OmegaConf.select(cfg, "parallelism.name", default="")) == AUTO
+
+
+def make_plan(cfg: DictConfig, conf_dir: str, run_dir: Path | None) -> dict[str, Any]:
+    """The plan of `cfg`, made in a child process. Raises SpecError with the problems of a
+    config no layout makes valid, or when no layout fits."""
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "config"
+        raise SpecError([f"{key}: {first_line(exc)}"]) from None
+    request = {"config": config, "conf_dir": conf_dir, "run_dir": str(run_dir or "")}
+    child = subprocess.run(
+        [sys.executable, "-m", "runner.layouts.planner"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    if child.returncode != 0:
+        tail = child.stderr.strip().splitlines()[-1:] or [f"exit code {child.returncode}"]
+        raise SpecError([f"parallelism=auto: planning the layout failed: {tail[0]}"])
+    plan = json.loads(child.stdout)
+    if "problems" in plan:
+        raise SpecError(plan["problems"])
+    return plan
+
+
+def chosen_row(plan: dict[str, Any]) -> dict[str, Any]:
+    return next(r for r in plan["candidates"] if r["name"] == plan["chosen"])
+
+
+def apply_layout(cfg: DictConfig, overrides: dict[str, Any], conf_dir: str) -> None:
+    """Put a layout's keys into `cfg`: its engine's group option (the YAML's defaults), its
+    mesh, activation_checkpointing and grad_accum, as ordinary keys."""
+    options = group_option(Path(conf_dir), "parallelism", overrides["parallelism"])
+    for key, value in overrides.items():
+        if key.startswith("parallelism."):
+            options[key.split(".", 1)[1]] = value
+    with open_dict(cfg):
+        cfg.parallelism = OmegaConf.create(options)
+        for key in ("activation_checkpointing", "grad_accum"):
+            if key in overrides:
+                cfg[key] = overrides[key]
+
+
+def write_plan(run_dir: Path, plan: dict[str, Any]) -> None:
+    from runner.rundir.files import write_json
+
+    write_json(run_dir / PLAN_FILE, plan)
+
+
+def plan_table(plan: dict[str, Any], shown: int = SHOWN) -> str:
+    """The plan as a terminal reads it: the fastest valid layouts, predicted (and measured,
+    after trials), the pick marked; then how many were refused, and why."""
+    valid = sorted(
+        (r for r in plan["candidates"] if r["valid"]), key=lambda r: r["predicted"]["step_s"]
+    )
+    measured = any("measured" in r for r in valid)
+    head = f"{'':2}{'layout':34} {'state MB':>9} {'peak MB':>9} {'step s':>8}  fits"
+    if measured:
+        head += f"  {'measured s':>10} {'peak MB':>9}"
+    lines = [
+        f"runner: layout plan for {plan['world_size']} rank(s) on "
+        f"{plan['device']['kind']} ({plan['device']['name']}); "
+        f"budget {plan['budget_bytes'] / 2**20:,.0f} MB per rank ({plan['budget']})",
+        head,
+    ]
+    chosen = plan.get("chosen")
+    for row in valid[:shown] + [r for r in valid[shown:] if r["name"] == chosen]:
+        predicted = row["predicted"]
+        line = (
+            f"{'*' if row['name'] == chosen else ' ':2}{row['name']:34} "
+            f"{predicted['state_bytes'] / 2**20:9.1f} {predicted['peak_bytes'] / 2**20:9.1f} "
+            f"{predicted['step_s']:8.3f}  {'yes' if row['fits'] else 'no'}"
+        )
+        got = row.get("measured")
+        if got is not None and "failed" in got:
+            line += f"  {'failed':>10}"
+        elif got is not None:
+            line += f"  {got['step_s']:10.3f} {got['peak_bytes'] / 2**20:9.1f}"
+        lines.append(line)
+    if len(valid) > shown:
+        lines.append(f"  ... {len(valid) - shown} more valid layouts in {PLAN_FILE}")
+    refused = [r for r in plan["candidates"] if not r["valid"]]
+    if refused:
+        reasons = sorted({p for r in refused for p in r["problems"]})
+        lines.append(f"  {len(refused)} layouts refused by the checks:")
+        lines += [f"    - {reason}" for reason in reasons[:6]]
+    if chosen:
+        lines.append(f"  chosen: {chosen}  ({_keys(chosen_row(plan)['overrides'])})")
+    return "\n".join(lines)
+
+
+def _keys(overrides: dict[str, Any]) -> str:
+    return " ".join(f"{key}={value}" for key, value in overrides.items())
+
+
+class _Request:
+    workdir: str = ""
+
+
+def plan_argv(args: list[str]) -> list[str]:
+    """Hydra's arguments for `runner plan ARGS`: the run's overrides, parallelism=auto, and
+    a temporary run directory nothing is written to."""
+    import atexit
+    import shutil
+    import tempfile
+
+    _Request.workdir = tempfile.mkdtemp(prefix="runner-plan-")
+    atexit.register(shutil.rmtree, _Request.workdir, True)
+    given = [a for a in args if not a.startswith(("parallelism=", "+parallelism="))]
+    if len(given) < len(args):
+        print(
+            "runner plan: weighs every layout; the parallelism given is left out", file=sys.stderr
+        )
+    return [
+        *given,
+        "parallelism=auto",
+        f"hydra.run.dir={_Request.workdir}",
+        "hydra.output_subdir=null",
+    ]
+
+
+def plan_task(cfg: DictConfig) -> None:
+    """Hydra's task for `runner plan`: the plan, printed; nothing trains."""
+    from runner.cli.conf_files import conf_dir
+    from runner.spec.composed import problems_text
+
+    try:
+        plan = make_plan(cfg, conf_dir(), None)
+    except SpecError as err:
+        log.error("%s", problems_text(err.problems))
+        sys.exit(2)
+    print(plan_table(plan))

@@ -1,0 +1,107 @@
+"""plan.trials=K: the K fastest predicted layouts that fit, each run for plan.trial_steps
+steps (a real launch each, one after the other, as a sweep's jobs run), timed and measured;
+the fastest measured one that fits is the pick.
+
+A trial is `runner rerun` of the run's config with the candidate's keys, into the run
+directory's `plan_trials/N/`, without checkpoints, trackers or a progress bar. Its step time
+is the median of `time/step_s` over its steps after the first (the first builds caches and
+compiles); its memory is the most any rank used (above its base on a CPU; CUDA's most
+allocated on a GPU). A trial that fails is recorded with its error, and never picked.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from runner.cli.layout_plan import apply_layout
+from runner.spec.composed import resolve_cfg
+from runner.spec.config_file import save_spec
+
+log = logging.getLogger("runner")
+TRIALS_DIR = "plan_trials"
+
+
+def run_trials(
+    cfg: DictConfig, plan: dict[str, Any], run_dir: Path, conf_dir: str
+) -> dict[str, Any]:
+    """`plan` with each trial's `measured` figures, its `trials` (the names run, in order)
+    and its `chosen` the fastest measured one that fits (the prediction's, if none did)."""
+    trials, steps = int(cfg.plan.trials), int(cfg.plan.trial_steps)
+    fitting = [r for r in plan["candidates"] if r["valid"] and r["fits"]]
+    best = sorted(fitting, key=lambda r: r["predicted"]["step_s"])[:trials]
+    plan["trials"] = []
+    for number, row in enumerate(best):
+        log.info(
+            "runner: plan trial %d of %d: %s, %d steps", number + 1, len(best), row["name"], steps
+        )
+        row["measured"] = _trial(
+            cfg, row["overrides"], run_dir / TRIALS_DIR / str(number), conf_dir, steps
+        )
+        plan["trials"].append(row["name"])
+    measured = [
+        r for r in best
+        if "step_s" in r["measured"] and r["measured"]["peak_bytes"] <= plan["budget_bytes"]
+    ]  # fmt: skip
+    if measured:
+        plan["chosen"] = min(measured, key=lambda r: r["measured"]["step_s"])["name"]
+    else:
+        log.warning("runner: no plan trial completed within the budget; the prediction picks")
+    return plan
+
+
+def _trial(
+    cfg: DictConfig, overrides: dict[str, Any], trial_dir: Path, conf_dir: str, steps: int
+) -> dict[str, Any]:
+    """Run one candidate for `steps` steps in `trial_dir`; what it measured, or its error."""
+    trial = copy.deepcopy(cfg)
+    apply_layout(trial, overrides, conf_dir)
+    with tempfile.TemporaryDirectory(prefix="runner-trial-") as source:
+        spec, secrets = resolve_cfg(trial, Path(source))
+        save_spec(spec, source, secrets)
+        command = [
+            sys.executable, "-m", "runner.cli.entry", "rerun", source,
+            f"max_steps={steps}", "max_epochs=null", "checkpoint.interval=null",
+            "eval_batches=1", "eval_interval=null", "log_interval=1", "logger=none",
+            "progress_bar=false", "early_stop.patience=null", f"hydra.run.dir={trial_dir}",
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True)
+    summary = _read(trial_dir / "summary.json")
+    if done.returncode != 0 or summary.get("status") != "completed":
+        message = (summary.get("error") or {}).get("message") or _tail(done.stderr)
+        return {"failed": message, "run_dir": str(trial_dir)}
+    return {**measured(trial_dir, summary), "run_dir": str(trial_dir)}
+
+
+def measured(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """A finished run's step time (the median over its steps after the first) and the most
+    memory any rank used: CUDA's most allocated, or resident memory above the base."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    times = [r["time/step_s"] for r in records if r.get("step", 0) > 1 and "time/step_s" in r]
+    if summary.get("peak_device_bytes"):
+        peak = max(summary["peak_device_bytes"])
+    else:
+        pairs = zip(summary["peak_rss_bytes"], summary["base_rss_bytes"], strict=True)
+        peak = max(top - base for top, base in pairs)
+    return {"step_s": statistics.median(times) if times else float("nan"), "peak_bytes": peak}
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _tail(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"

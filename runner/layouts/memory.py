@@ -1,0 +1,172 @@
+"""A layout's memory on one rank, predicted from the model's facts (runner.layouts.model_facts):
+no torch here.
+
+- **State** (`state_bytes`): the parameters, gradients and optimizer state the rank holds,
+  as each engine holds them and as runner measures them (summary.json's `state_bytes`):
+  - ddp: everything, whole;
+  - zero1 and zero2: the whole model, plus a partition of fp32 master weights, the
+    gradients reduced into a partition, the optimizer state of that partition;
+  - zero3: each parameter's partition (the small ones whole as well, under
+    `param_persistence_threshold`), a buffer of gradient partitions and a flat copy of one
+    sub-group's for the step, the partition's optimizer state;
+  - fsdp: each parameter's shard, its gradient and optimizer state.
+
+  Tensor parallelism splits every layer across its group; a pipeline stage holds its
+  blocks (the heaviest stage holds the model's other layers too).
+- **Peak** (`peak_bytes`): the state, plus whichever is larger of the forward and backward
+  pass (its activations, traced; the weights a sharded engine gathers; the gradient
+  buckets) and the optimizer's step (its temporaries, traced), plus the allocator's margin.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from runner.layouts.candidates import Candidate
+
+CUDA_MARGIN = 1.05  # the caching allocator's rounding and fragmentation
+CPU_MARGIN = 1.0
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The run's ranks, the engine's options and the microbatch, as the spec resolves them."""
+
+    world: int
+    global_batch: int
+    options: dict[str, Any]  # the candidate's parallelism node (its group's defaults)
+    device: str  # cpu | cuda
+    precision: str  # fp32 | bf16 | fp16 | float8
+    nodes: int = 1
+
+    def micro_batch(self, candidate: Candidate) -> int:
+        return self.global_batch // candidate.data_ranks(self.world) // candidate.grad_accum
+
+
+def state_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> dict[str, int]:
+    """Parameters, gradients and optimizer state on the rank that holds the most."""
+    params = _held_params(facts, candidate)
+    width = facts["element_bytes"]
+    whole = sum(params) * width
+    data = candidate.data_ranks(ranks.world)
+    optimizer = facts["optimizer_state"]
+    engine = candidate.engine
+    if engine == "ddp":
+        state = {"params": whole, "grads": whole, "optimizer": optimizer * whole}
+    elif engine in ("zero1", "zero2"):
+        part = math.ceil(sum(params) / data) * 4  # fp32 masters, flat
+        low = _low_precision(ranks)
+        model = whole // 2 if low else whole
+        state = {"params": model + part, "grads": part // 2 if low else part}
+        state["optimizer"] = optimizer * part
+    elif engine == "zero3":
+        part = sum(math.ceil(n / data) for n in params)
+        threshold = ranks.options.get("param_persistence_threshold", 100000)
+        persistent = sum(n for n in params if n <= threshold) if data > 1 else 0
+        group = min(part, ranks.options.get("sub_group_size", 10**7))
+        state = {"params": (part + persistent) * width, "grads": (part + group) * width}
+        state["optimizer"] = optimizer * part * width
+    else:  # fsdp: shards over the data ranks and the context ranks (one batch between them)
+        shards = data * candidate.context
+        shard = sum(math.ceil(n / shards) for n in params) * width
+        state = {"params": shard, "grads": shard, "optimizer": optimizer * shard}
+    state = {key: int(value) for key, value in state.items()}
+    return {**state, "total": sum(state.values())}
+
+
+def _low_precision(ranks: Ranks) -> bool:
+    """DeepSpeed holds the model in bf16 or fp16 under those precisions (fp32 masters)."""
+    return ranks.precision in ("bf16", "fp16")
+
+
+def _held_params(facts: dict[str, Any], candidate: Candidate) -> list[float]:
+    """Elements of each parameter on the rank that holds the most: a pipeline's heaviest
+    stage (its share of the blocks, and the layers outside them), split by tensor."""
+    params: list[float] = list(facts["params"])
+    blocks = facts["blocks"]
+    if candidate.pipeline > 1 and blocks:
+        per_block = sum(blocks) / len(blocks)
+        outside = sum(params) - sum(blocks)
+        stage_blocks = math.ceil(len(blocks) / candidate.pipeline)
+        params = [outside, *[per_block] * stage_blocks]  # stage's block params, one entry each
+    if candidate.tensor > 1:
+        params = [n / candidate.tensor for n in params]
+    return params
+
+
+def peak_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> dict[str, int]:
+    """The predicted peak of one rank, with its parts: state, activations, gathered weights
+    and buckets (forward and backward), the optimizer step's temporaries."""
+    state = state_bytes(facts, candidate, ranks)
+    activations = activation_bytes(facts, candidate, ranks)
+    gathered = _gathered_bytes(facts, candidate, ranks)
+    step = _step_bytes(facts, candidate, ranks, state)
+    passes = activations + gathered
+    margin = CUDA_MARGIN if ranks.device == "cuda" else CPU_MARGIN
+    peak = (state["total"] + max(passes, step)) * margin
+    return {
+        "state": state["total"],
+        "activations": int(activations),
+        "gathered": int(gathered),
+        "step": int(step),
+        "peak": int(peak),
+    }
+
+
+def activation_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> float:
+    """The forward and backward pass's own peak on one rank: the traced pass at this
+    microbatch, split by tensor and context parallelism; a pipeline stage holds its share of
+    the blocks' for the microbatches in flight (every one under gpipe, one per stage under
+    1f1b)."""
+    mode = candidate.checkpointing if candidate.checkpointing in facts["passes"] else "none"
+    traced = facts["passes"][mode]
+    samples = ranks.micro_batch(candidate)
+    peak = traced["base"] + traced["per_sample"] * samples
+    peak /= candidate.tensor * candidate.context
+    if candidate.pipeline > 1:
+        schedule = ranks.options.get("pipeline_schedule", "1f1b")
+        in_flight = candidate.grad_accum if schedule == "gpipe" else candidate.pipeline
+        peak = peak / candidate.pipeline * min(in_flight, candidate.grad_accum)
+    return max(0.0, peak)
+
+
+def _gathered_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> float:
+    """What a sharded engine gathers while it computes: fsdp and zero3 a block's weights at a
+    time (the next one's too, prefetched) and their unsharded gradients, fsdp its root's
+    layers for the whole pass; zero1 and zero2 a bucket of gradients."""
+    width = facts["element_bytes"]
+    blocks = facts["blocks"]
+    block = (max(blocks) if blocks else max(facts["params"])) / candidate.tensor * width
+    outside = (sum(facts["params"]) - sum(blocks)) / candidate.tensor * width
+    if candidate.engine == "fsdp":
+        keep = ranks.options.get("reshard_after_forward", True)
+        held = 3 * block if keep else sum(_held_params(facts, candidate)) * width
+        return held + outside
+    if candidate.engine == "zero3":
+        return 3 * block
+    if candidate.engine in ("zero1", "zero2"):
+        bucket = ranks.options.get("reduce_bucket_size", 5 * 10**8)
+        return min(bucket, sum(_held_params(facts, candidate))) * width
+    return 0.0
+
+
+def _step_bytes(
+    facts: dict[str, Any], candidate: Candidate, ranks: Ranks, state: dict[str, int]
+) -> float:
+    """The optimizer step's temporaries: traced on the whole model's parameters, one tensor
+    at a time, as bytes per byte of its largest tensor, and scaled to what this rank steps at
+    once: its largest shard, or DeepSpeed's flat partition (zero3's sub-group of it)."""
+    width = facts["element_bytes"]
+    largest = max(facts["params"]) * width
+    per_byte = facts["optimizer_temporaries"] / max(1, largest)
+    if candidate.engine in ("zero1", "zero2", "zero3"):
+        stepped = state["optimizer"] / max(facts["optimizer_state"], 1e-9)
+        if candidate.engine == "zero3":
+            stepped = min(stepped, ranks.options.get("sub_group_size", 10**7) * 4)
+        return per_byte * stepped
+    shards = (
+        candidate.data_ranks(ranks.world) * candidate.context if candidate.engine == "fsdp" else 1
+    )
+    return per_byte * largest / (shards * candidate.tensor)

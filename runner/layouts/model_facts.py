@@ -1,0 +1,258 @@
+"""What the planner needs to know of a model, measured without training it and without its
+memory: its parameters, its blocks, the activations and FLOPs of one forward and backward
+pass under each activation-checkpointing mode, its optimizer's state and temporaries, and
+the device's speed.
+
+The model is built on the meta device and given fake storages (torch's FakeTensorMode):
+the real model's code runs, with its real shapes and dtypes (autocast included), and no
+byte is allocated nor a FLOP computed. `LiveBytes` counts the tensors a pass makes as they
+live and die, and the FLOPs of its matrix products, the recomputed ones too
+(runner.layouts.live_bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from runner.components import instantiate
+from runner.data.datasets import build_datasets
+from runner.hardware import cpu_cores, peak_tflops, threads_per_rank
+from runner.layouts.live_bytes import LiveBytes
+from runner.models.blocks import apply_activation_checkpointing, find_blocks
+from runner.models.builders import build_model
+from runner.spec import RunSpec
+from runner.train.step.batch_parts import logits_of, split
+
+MODES = ("none", "full", "selective")
+
+
+@dataclass
+class Pass:
+    """One microbatch's forward and backward pass under one checkpointing mode: the peak
+    bytes of what it makes (activations, their gradients, temporaries), as `base` plus
+    `per_sample` for each sample of the microbatch, and its FLOPs per sample."""
+
+    base: float
+    per_sample: float
+    flops_per_sample: float
+    ops: int  # operations a microbatch runs (each costs a launch, whatever its size)
+
+    def peak(self, samples: float) -> float:
+        return self.base + self.per_sample * samples
+
+
+@dataclass
+class ModelFacts:
+    params: list[int]  # elements of each parameter (each once, tied ones too)
+    element_bytes: int  # of a parameter (the model's dtype; fp32 for runner's precisions)
+    blocks: list[int]  # elements of each block's parameters (the model's repeated layers)
+    heads: int | None  # attention heads (what tensor parallelism splits), when the model says
+    sequence: int | None  # tokens per sample (token data)
+    passes: dict[str, Pass]  # by activation_checkpointing mode
+    optimizer_state: float  # optimizer state bytes per parameter byte
+    optimizer_temporaries: float  # the peak bytes an optimizer step makes, beyond its state
+    device: dict[str, Any] = field(default_factory=dict)  # kind, name, memory, flops
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measure(spec: RunSpec, nproc: int, device: str) -> ModelFacts:
+    """The facts of `spec`'s model and data, with `nproc` ranks on a `device` (cpu|cuda)."""
+    data = build_datasets(spec.data)
+    tracer = _Tracer(spec, data.info, data.train[0])
+    model = tracer.model()
+    blocks = find_blocks(model)
+    unique = list({id(p): p for p in model.parameters()}.values())
+    passes = {mode: tracer.one_step(mode, len(blocks)) for mode in MODES[: 3 if blocks else 1]}
+    state, temporaries = tracer.optimizer_step(model)
+    return ModelFacts(
+        params=[p.numel() for p in unique],
+        element_bytes=unique[0].element_size() if unique else 4,
+        blocks=[sum(p.numel() for p in b.parameters()) for b in blocks],
+        heads=_heads(spec, model),
+        sequence=data.info.get("block_size"),
+        passes=passes,
+        optimizer_state=state,
+        optimizer_temporaries=temporaries,
+        device=device_facts(device, nproc),
+    )
+
+
+class _Tracer:
+    """Passes of `spec`'s model on fake tensors (torch's FakeTensorMode), on batches of
+    copies of `sample`. The model is built on the meta device once, and each pass's copy
+    given fake storages (a model that cannot be built there is built under the fake mode).
+    Meta tensors alone would run faster, but their operations are not a CPU's or a GPU's:
+    attention on them keeps its whole matrix of scores, which flash attention never holds."""
+
+    def __init__(self, spec: RunSpec, info: dict[str, Any], sample: Any) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.spec, self.info, self.sample = spec, info, sample
+        self.loss_fn = instantiate(spec.loss.node, info)
+        self.fake = FakeTensorMode(allow_non_fake_inputs=True)
+        try:
+            with torch.device("meta"):
+                self.meta: nn.Module | None = build_model(spec.model, info)
+        except Exception:  # it reads values as it is built: built under the fake mode each time
+            self.meta = None
+
+    def model(self, mode: str = "none", blocks: int | None = None) -> nn.Module:
+        """The model with fake storages, checkpointed by `mode`, cut to its first `blocks`."""
+        if self.meta is None:
+            with self.fake:
+                model = build_model(self.spec.model, self.info)
+        else:
+            model = copy.deepcopy(self.meta)
+        whole = find_blocks(model)
+        if mode != "none":
+            apply_activation_checkpointing(model, 1, mode == "selective")
+        if blocks is not None:
+            _keep_blocks(model, whole, blocks)
+        if self.meta is not None:
+            with self.fake:
+                model = model.to_empty(device="cpu")
+        return model
+
+    def one_step(self, mode: str, blocks: int) -> Pass:
+        """One forward and backward pass under activation_checkpointing=`mode`, traced on
+        the model cut to its first two blocks (at 1 and 2 samples: the peak is a line in the
+        microbatch's samples) and to its first three (what each further block adds to the
+        peak, and its FLOPs): every further block of the model's `blocks` adds alike. (A cut
+        to one block would not do: a single checkpointed block is recomputed whole, as if it
+        were not.)"""
+        cut = 2 if blocks > 2 else None
+        one, two_samples = self.traced(mode, 1, cut), self.traced(mode, 2, cut)
+        per_sample, flops, ops = two_samples.peak - one.peak, one.flops, one.ops
+        if cut is not None:
+            three = self.traced(mode, 1, cut + 1)
+            per_sample += (three.peak - one.peak) * (blocks - cut)  # traced at one sample
+            flops += (three.flops - one.flops) * (blocks - cut)
+            ops += (three.ops - one.ops) * (blocks - cut)
+        return Pass(one.peak - (two_samples.peak - one.peak), per_sample, flops, ops)
+
+    def traced(self, mode: str, samples: int, blocks: int | None) -> _Traced:
+        model = self.model(mode, blocks)
+        with self.fake:
+            for p in model.parameters():  # the gradients are state: made before the count
+                p.grad = torch.zeros_like(p)
+            args, kwargs, targets = split(self._batch(samples))
+            live = LiveBytes()
+            with live:
+                with _autocast(self.spec):
+                    logits = logits_of(model(*args, **kwargs))
+                loss_sum = self.loss_fn(logits, targets)[0]
+                loss_sum.backward()
+                del logits, loss_sum
+        return _Traced(float(live.peak), live.flops / samples, live.ops)
+
+    def _batch(self, samples: int) -> Any:
+        """`samples` copies of the sample, collated, as fake tensors."""
+        from torch.utils._pytree import tree_map
+        from torch.utils.data import default_collate
+
+        def fake(t: Any) -> Any:
+            return self.fake.from_tensor(t) if isinstance(t, torch.Tensor) else t
+
+        return tree_map(fake, default_collate([self.sample] * samples))
+
+    def optimizer_step(self, model: nn.Module) -> tuple[float, float]:
+        """The optimizer's state per parameter byte, and the most bytes a step makes beyond
+        its state, on `model` (fake)."""
+        from runner.engines.optim import build_optimizer, optimizer_state_bytes
+
+        with self.fake:
+            params = list({id(p): p for p in model.parameters()}.values())
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            optimizer = build_optimizer(self.spec.optimizer, model)
+            live = LiveBytes()
+            with live:
+                optimizer.step()  # makes the state
+                before = live.now
+                live.reset()
+                optimizer.step()
+            state = optimizer_state_bytes(optimizer)
+        param_bytes = sum(p.numel() * p.element_size() for p in params)
+        return state / max(1, param_bytes), float(live.peak - before)
+
+
+@dataclass
+class _Traced:
+    peak: float  # the most bytes alive at once
+    flops: float  # per sample
+    ops: int
+
+
+def _heads(spec: RunSpec, model: nn.Module) -> int | None:
+    heads = spec.model.args.get("n_head")
+    config = getattr(model, "config", None)
+    heads = heads or getattr(config, "num_attention_heads", None)
+    return heads if isinstance(heads, int) else None
+
+
+def _autocast(spec: RunSpec) -> Any:
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "float8": torch.bfloat16}.get(
+        spec.precision.name.value
+    )
+    return torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
+
+
+def _keep_blocks(model: nn.Module, blocks: list[nn.Module], keep: int) -> None:
+    """Cut `model`'s container of `blocks` to its first `keep`."""
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, (nn.ModuleList, nn.Sequential)) and list(child) == blocks:
+                setattr(parent, name, type(child)(blocks[:keep]))
+                return
+
+
+def device_facts(device: str, nproc: int) -> dict[str, Any]:
+    """The device a rank runs on: its memory and the FLOP/s it reaches (a GPU's from the
+    table of peaks; a CPU's from a short matrix product with the threads a rank gets)."""
+    if device == "cuda":
+        properties = torch.cuda.get_device_properties(0)
+        name = properties.name
+        return {
+            "kind": "cuda",
+            "name": name,
+            "memory": properties.total_memory,
+            "flops": {d: (peak_tflops(name, d) or 0.0) * 1e12 for d in ("fp32", "bf16", "fp16")},
+        }
+    threads = threads_per_rank(nproc)
+    return {
+        "kind": "cpu",
+        "name": f"{cpu_cores()} cores",
+        "memory": _ram_bytes() // max(1, nproc),
+        "flops": {"fp32": cpu_flops(threads)},
+        "threads": threads,
+    }
+
+
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def cpu_flops(threads: int, seconds: float = 0.3) -> float:
+    """FP32 FLOP/s of a 512x1024 by 1024x1024 product on `threads` threads, timed."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(512, 1024), torch.randn(1024, 1024)
+        a @ b  # warm
+        runs, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            a @ b
+            runs += 1
+        return 2 * 512 * 1024 * 1024 * runs / (time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,189 @@
+"""The plan of a parallelism=auto run: every candidate layout checked by the spec's own
+checks, its memory and step time predicted, and the fastest that fits chosen.
+
+The parent (`runner plan`, or a run with parallelism=auto) never imports torch: it runs
+`python -m runner.layouts.planner` with the composed config (resolved, as JSON) on stdin
+and reads the plan, as JSON, from its stdout. This process measures the model once
+(runner.layouts.model_facts), lists the candidates (runner.layouts.candidates), gives each
+the config keys a user would have given, and resolves it as a run would be: a candidate the
+spec's checks or the agent's model checks refuse is listed with their words.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from runner.layouts.candidates import Candidate, candidates
+from runner.layouts.memory import Ranks, peak_bytes, state_bytes
+from runner.layouts.speed import step_seconds
+from runner.spec import RunSpec, SpecError, resolve_spec
+from runner.spec.plan_specs import group_option, parse_size
+
+log = logging.getLogger("runner")
+STAND_IN = "ddp"  # the layout the model is measured under: any will do
+
+
+def with_layout(config: dict[str, Any], candidate: Candidate, conf_dir: Path) -> dict[str, Any]:
+    """`config` with `candidate`'s keys given, over its engine's defaults."""
+    config = copy.deepcopy(config)
+    options = group_option(conf_dir, "parallelism", candidate.engine)
+    for key, value in candidate.overrides().items():
+        if key.startswith("parallelism."):
+            options[key.split(".", 1)[1]] = value
+    config["parallelism"] = options
+    config["activation_checkpointing"] = candidate.checkpointing
+    config["grad_accum"] = candidate.grad_accum
+    return config
+
+
+def make_plan(config: dict[str, Any], conf_dir: Path, run_dir: Path | None) -> dict[str, Any]:
+    """The plan of `config` (its parallelism `auto`). Raises SpecError for a config that no
+    layout could make valid (a problem of its own), or when no valid layout fits."""
+    from runner.layouts.model_facts import measure
+
+    stand_in = _resolve(with_layout(config, Candidate(STAND_IN), conf_dir), run_dir)
+    if isinstance(stand_in, list):
+        raise SpecError(stand_in)
+    facts = measure(stand_in, stand_in.nproc, stand_in.device).as_dict()
+    listed = candidates(
+        nproc=stand_in.nproc, nodes=stand_in.nodes, global_batch=stand_in.global_batch_size,
+        blocks=len(facts["blocks"]), heads=facts["heads"], sequence=facts["sequence"],
+        model_splits=_splits_model(stand_in),
+    )  # fmt: skip
+    budget, budget_from = _budget(stand_in, facts)
+    rows = [_weigh(config, c, conf_dir, run_dir, facts, budget) for c in listed]
+    fitting = [r for r in rows if r["valid"] and r["fits"]]
+    plan = {
+        "world_size": stand_in.world_size,
+        "device": facts["device"],
+        "budget_bytes": budget,
+        "budget": budget_from,
+        "model": {"parameters": sum(facts["params"]), "blocks": len(facts["blocks"])},
+        "candidates": rows,
+        "chosen": None,
+    }
+    if not fitting:
+        raise SpecError([_none_fits(rows, budget, budget_from)])
+    best = min(fitting, key=lambda r: r["predicted"]["step_s"])
+    plan["chosen"] = best["name"]
+    return plan
+
+
+def _resolve(config: dict[str, Any], run_dir: Path | None) -> RunSpec | list[str]:
+    try:
+        return resolve_spec(config, run_dir=run_dir)
+    except SpecError as err:
+        return err.problems
+
+
+def _splits_model(spec: RunSpec) -> bool:
+    """Whether the model has tensor, pipeline and context plans: runner's gpt, a Hugging
+    Face model (their own), or the user's (tp_plan, pp_plan)."""
+    target = spec.model.target
+    return target.endswith(".GPT") or "transformers" in target or "hugging_face" in target
+
+
+def _budget(spec: RunSpec, facts: dict[str, Any]) -> tuple[int, str]:
+    """The bytes a rank may fill, and where that number comes from."""
+    given = spec.plan.memory_per_rank
+    if given is not None:
+        return int(parse_size(given) or 0), f"plan.memory_per_rank={given}"
+    memory = facts["device"]["memory"]
+    fraction = spec.plan.memory_fraction
+    where = "a GPU's memory" if facts["device"]["kind"] == "cuda" else "RAM over the ranks"
+    return int(memory * fraction), f"plan.memory_fraction={fraction:g} of {where}"
+
+
+def _weigh(
+    config: dict[str, Any],
+    candidate: Candidate,
+    conf_dir: Path,
+    run_dir: Path | None,
+    facts: dict[str, Any],
+    budget: int,
+) -> dict[str, Any]:
+    """One row of the plan: the candidate's keys, the checks' verdict, its prediction."""
+    row: dict[str, Any] = {"name": candidate.name, "overrides": candidate.overrides()}
+    spec = _resolve(with_layout(config, candidate, conf_dir), run_dir)
+    problems = spec if isinstance(spec, list) else _model_problems(spec, facts)
+    row["valid"] = not problems
+    if problems:
+        return {**row, "problems": problems, "fits": False}
+    assert isinstance(spec, RunSpec)
+    ranks = Ranks(
+        world=spec.world_size, global_batch=spec.global_batch_size,
+        options=group_option(conf_dir, "parallelism", candidate.engine), device=spec.device,
+        precision=spec.precision.name.value, nodes=spec.nodes,
+    )  # fmt: skip
+    memory = peak_bytes(facts, candidate, ranks)
+    speed = step_seconds(facts, candidate, ranks)
+    row["predicted"] = {
+        "state_bytes": state_bytes(facts, candidate, ranks)["total"],
+        "peak_bytes": memory["peak"],
+        "step_s": speed["step_s"],
+    }
+    row["parts"] = {"memory": memory, "time": speed}
+    row["fits"] = memory["peak"] <= budget
+    return row
+
+
+_MODEL_CHECKS: dict[tuple[int, ...], list[str]] = {}
+
+
+def _model_problems(spec: RunSpec, facts: dict[str, Any]) -> list[str]:
+    """The agent's checks of the model against the layout (blocks to checkpoint, a tensor
+    plan that fits, stages that divide the layers), as a run's preflight makes them: once
+    per mesh."""
+    from runner.launch.preflight import model_problems
+    from runner.spec.mesh import layout
+
+    grid = layout(spec)
+    key = (grid.tensor, grid.pipeline, grid.context, spec.checkpoint_every, grid.replicate)
+    if key not in _MODEL_CHECKS:
+        if key[:4] == (1, 1, 1, 0):
+            _MODEL_CHECKS[key] = []
+        else:
+            from runner.data.datasets import build_datasets
+
+            _MODEL_CHECKS[key] = model_problems(spec, build_datasets(spec.data).info)
+    return _MODEL_CHECKS[key]
+
+
+def _none_fits(rows: list[dict[str, Any]], budget: int, budget_from: str) -> str:
+    valid = [r for r in rows if r["valid"]]
+    if not valid:
+        reasons = sorted({p for r in rows for p in r.get("problems", [])})
+        return "parallelism=auto: no layout is valid: " + "; ".join(reasons[:5])
+    smallest = min(valid, key=lambda r: r["predicted"]["peak_bytes"])
+    need = smallest["predicted"]["peak_bytes"]
+    return (
+        f"parallelism=auto: no layout fits {megabytes(budget)} per rank ({budget_from}); "
+        f"the smallest, {smallest['name']}, needs {megabytes(need)} "
+        f"({megabytes(need - budget)} more); give more memory (plan.memory_per_rank), more "
+        "ranks (nproc), or a smaller microbatch (global_batch_size)"
+    )
+
+
+def megabytes(value: float) -> str:
+    return f"{value / 2**20:,.0f} MB"
+
+
+def main() -> None:
+    """stdin: {"config": ..., "conf_dir": ..., "run_dir": ...}; stdout: the plan, or
+    {"problems": [...]}."""
+    request = json.loads(sys.stdin.read())
+    run_dir = Path(request["run_dir"]) if request.get("run_dir") else None
+    try:
+        plan = make_plan(request["config"], Path(request["conf_dir"]), run_dir)
+    except SpecError as err:
+        plan = {"problems": err.problems}
+    json.dump(plan, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

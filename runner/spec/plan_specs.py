@@ -1,0 +1,47 @@
+"""The run spec's `plan` keys: how parallelism=auto chooses a layout (runner.layouts), and
+memory sizes as a user writes them (`300MB`, `2GB`); re-exported by runner.spec.schema."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runner.spec.bounds import bound as _bound
+
+UNITS = {"": 1, "B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
+SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int | None:
+    """Bytes of a size such as `300MB`, `2GB`, `1.5GiB` or `4096` (binary units: a MB is
+    2**20 bytes, as memory/peak_mb counts them); None when it is not one."""
+    if isinstance(text, int):
+        return text if text > 0 else None
+    match = SIZE.match(str(text))
+    if not match:
+        return None
+    number, prefix, _ = match.groups()
+    value = float(number) * UNITS[prefix.upper() + "B" if prefix else ""]
+    return int(value) if value > 0 else None
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """parallelism=auto: the fastest predicted layout that fits `memory_fraction` of a GPU's
+    memory, or `memory_per_rank` (on a CPU by default: RAM over the node's ranks); with
+    `trials` > 0 the best `trials` layouts each run `trial_steps` steps and the fastest
+    measured one trains."""
+
+    memory_per_rank: str | int | None = None
+    memory_fraction: float = _bound(0.9, gt=0.0, max=1.0)
+    trials: int = _bound(0, min=0)
+    trial_steps: int = _bound(6, min=2)
+
+
+def group_option(conf_dir: Path, group: str, option: str) -> dict[str, Any]:
+    """A config group's option as its file holds it (conf/parallelism/fsdp.yaml)."""
+    return yaml.safe_load((conf_dir / group / f"{option}.yaml").read_text()) or {}
