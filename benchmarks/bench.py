@@ -40,6 +40,7 @@ from suites_memory import (
     tensor_parallel_notes,
     tensor_parallel_suite,
 )
+from suites_plan import plan_table
 from suites_speed import (
     CHECKPOINT_BLOCKED,
     CHECKPOINT_WRITTEN,
@@ -280,7 +281,7 @@ SUITES |= {
 
 
 # suites that write their own table (no interleaving)
-TABLES = {"capacity": capacity_table, "export": export_table}
+TABLES = {"capacity": capacity_table, "export": export_table, "plan": plan_table}
 
 
 def main() -> None:

@@ -116,6 +116,56 @@ def test_split_trains_the_same_language_model(
     assert all(r["throughput/tokens_per_sec"] > 0 and r["memory/peak_mb"] > 0 for r in records)
 
 
+# Each engine at 1, 2 and 4 ranks; make test's are the runs above (KEPT), the rest the matrix's.
+STATE_CASES = [(n, p) for n in (1, 2, 4) for p in ENGINES]
+ACCUM = {1: 4, 2: 2, 4: 1}
+
+
+@pytest.fixture(scope="module")
+def model_facts(reference_spec: RunSpec) -> dict:
+    """What parallelism=auto's planner measures of this gpt (runner.layouts.model_facts)."""
+    from runner.layouts.model_facts import measure
+
+    return measure(reference_spec, 1, "cpu").as_dict()
+
+
+@pytest.mark.parametrize(
+    ("nproc", "parallelism"),
+    [
+        pytest.param(
+            n, p, id=f"{n}-{p}",
+            marks=() if any(s[0] == n and q == p for s, q in KEPT) else MATRIX,
+        )
+        for n, p in STATE_CASES
+    ],
+)  # fmt: skip
+def test_the_plan_predicts_each_engine_s_state_bytes(
+    lm_run, model_facts: dict, nproc: int, parallelism: str
+) -> None:
+    """parallelism=auto's prediction of the parameters, gradients and optimizer state a rank
+    holds, within 5% of what runner measures (summary.json's state_bytes), under the run's
+    own engine options (zero3's persistence threshold and sub-groups)."""
+    from runner.layouts.candidates import Candidate
+    from runner.layouts.memory import Ranks, state_bytes
+    from runner.spec import to_dict
+
+    accum = 3 if (nproc, parallelism) == (2, "zero3") else ACCUM[nproc]  # KEPT's split
+    result = lm_run(
+        f"nproc={nproc}",
+        f"grad_accum={accum}",
+        f"parallelism={parallelism}",
+        *ENGINE_OPTIONS.get(parallelism, []),
+    )
+    assert result.returncode == 0, result.output
+    spec = load_spec(result.run_dir)
+    options = to_dict(spec.parallelism)
+    ranks = Ranks(nproc, GLOBAL_BATCH, options, "cpu", spec.precision.name.value)
+    predicted = state_bytes(model_facts, Candidate(parallelism, grad_accum=accum), ranks)
+    for part in ("params", "grads", "optimizer", "total"):
+        held = max(rank[part] for rank in result.summary()["state_bytes"])
+        assert predicted[part] == pytest.approx(held, rel=0.05), (part, predicted, held)
+
+
 @pytest.mark.parametrize(
     ("nproc", "grad_accum", "parallelism", "every"),
     [

@@ -127,17 +127,21 @@ def _keys(overrides: dict[str, Any]) -> str:
 
 class _Request:
     workdir: str = ""
+    as_json: bool = False
 
 
 def plan_argv(args: list[str]) -> list[str]:
-    """Hydra's arguments for `runner plan ARGS`: the run's overrides, parallelism=auto, and
-    a temporary run directory nothing is written to."""
+    """Hydra's arguments for `runner plan ARGS [--json]`: the run's overrides,
+    parallelism=auto, and a temporary run directory nothing is written to. `--json`: print
+    the plan as plan.json holds it, not its table."""
     import atexit
     import shutil
     import tempfile
 
     _Request.workdir = tempfile.mkdtemp(prefix="runner-plan-")
     atexit.register(shutil.rmtree, _Request.workdir, True)
+    _Request.as_json = "--json" in args
+    args = [a for a in args if a != "--json"]
     given = [a for a in args if not a.startswith(("parallelism=", "+parallelism="))]
     if len(given) < len(args):
         print(
@@ -161,4 +165,4 @@ def plan_task(cfg: DictConfig) -> None:
     except SpecError as err:
         log.error("%s", problems_text(err.problems))
         sys.exit(2)
-    print(plan_table(plan))
+    print(json.dumps(plan, indent=2) if _Request.as_json else plan_table(plan))

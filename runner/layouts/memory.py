@@ -5,10 +5,12 @@ no torch here.
   as each engine holds them and as runner measures them (summary.json's `state_bytes`):
   - ddp: everything, whole;
   - zero1 and zero2: the whole model, plus a partition of fp32 master weights, the
-    gradients reduced into a partition, the optimizer state of that partition;
+    gradients reduced into a partition (zero1 accumulates them whole over grad_accum's
+    microbatches), the optimizer state of that partition;
   - zero3: each parameter's partition (the small ones whole as well, under
-    `param_persistence_threshold`), a buffer of gradient partitions and a flat copy of one
-    sub-group's for the step, the partition's optimizer state;
+    `param_persistence_threshold`), a buffer of gradient partitions (and, when one
+    sub-group is the whole partition, its flat copy for the step), the partition's
+    optimizer state;
   - fsdp: each parameter's shard, its gradient and optimizer state.
 
   Tensor parallelism splits every layer across its group; a pipeline stage holds its
@@ -59,14 +61,20 @@ def state_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> di
         part = math.ceil(sum(params) / data) * 4  # fp32 masters, flat
         low = _low_precision(ranks)
         model = whole // 2 if low else whole
-        state = {"params": model + part, "grads": part // 2 if low else part}
+        grads = part // 2 if low else part
+        if engine == "zero1" and candidate.grad_accum > 1:  # accumulated whole until the
+            grads = model  # step's boundary, where stage 1 reduces them into its partition
+        state = {"params": model + part, "grads": grads}
         state["optimizer"] = optimizer * part
     elif engine == "zero3":
         part = sum(math.ceil(n / data) for n in params)
         threshold = ranks.options.get("param_persistence_threshold", 100000)
         persistent = sum(n for n in params if n <= threshold) if data > 1 else 0
-        group = min(part, ranks.options.get("sub_group_size", 10**7))
-        state = {"params": (part + persistent) * width, "grads": (part + group) * width}
+        # the step's flat copy of a sub-group's gradients: held at the step when one
+        # sub-group is the whole partition; a sub-group at a time comes and goes within it
+        whole = ranks.options.get("sub_group_size", 10**7) >= part
+        copy = part if whole else 0
+        state = {"params": (part + persistent) * width, "grads": (part + copy) * width}
         state["optimizer"] = optimizer * part * width
     else:  # fsdp: shards over the data ranks and the context ranks (one batch between them)
         shards = data * candidate.context

@@ -1,0 +1,134 @@
+"""parallelism=auto's plan against measurement (benchmarks/results/plan.md).
+
+1. How long `runner plan` takes to answer for a 12-layer gpt (the command, timed from
+   outside; no training process starts).
+2. Every valid candidate of one gpt's plan at 2 ranks on this machine, each trained for a
+   few steps, interleaved over the repetitions: its measured step time (the median of
+   `time/step_s` after the first step) and peak memory per rank (resident memory above the
+   rank's base on a CPU), against the prediction. The pick's measured step time is compared
+   with the fastest candidate's measured one.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import REPO, machine, thread_env, venv_tool
+
+sys.path.insert(0, str(REPO))
+from runner.cli.plan_trials import measured  # noqa: E402  (runner's own reading of a run)
+
+# A gpt whose state and activations dominate a rank's memory, small enough to train each of
+# its layouts for a few steps on 2 CPU cores; a batch of 4 over 2 ranks: grad_accum 1 or 2.
+GPT = (
+    "+recipe=gpt_text", "model.n_layer=4", "model.n_embd=384", "model.n_head=6",
+    "data.block_size=256", "global_batch_size=4", "nproc=2", "data.min_length=null",
+)  # fmt: skip
+QUIET = ("progress_bar=false", "logger=none", "eval_batches=1", "checkpoint.interval=null")
+TWELVE = ("+recipe=gpt_text", "model.n_layer=12", "model.n_embd=768", "model.n_head=12")
+STEPS = 6
+
+
+def _plan(*overrides: str) -> tuple[dict, float]:
+    start = time.perf_counter()
+    out = subprocess.run(
+        [venv_tool("runner"), "plan", *overrides, "--json"],
+        capture_output=True, text=True, check=True, env=thread_env(2), cwd=REPO,
+    ).stdout  # fmt: skip
+    return json.loads(out[out.index("{") :]), time.perf_counter() - start
+
+
+def _train(overrides: dict, root: Path, name: str) -> dict[str, float]:
+    run_dir = root / name
+    keys = [f"{k}={v}" for k, v in overrides.items()]
+    command = [venv_tool("runner"), *GPT, *QUIET, *keys, f"max_steps={STEPS}", "log_interval=1"]
+    subprocess.run(
+        [*command, "max_epochs=null", f"hydra.run.dir={run_dir}"],
+        capture_output=True, text=True, env=thread_env(2), cwd=REPO,
+    )  # fmt: skip
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return measured(run_dir, summary) if summary.get("status") == "completed" else {}
+
+
+def plan_table(reps: int, _steps: int) -> str:
+    answers = [_plan(*TWELVE)[1] for _ in range(reps)]
+    plan, _ = _plan(*GPT)
+    valid = [r for r in plan["candidates"] if r["valid"]]
+    results: dict[str, list[dict[str, float]]] = {r["name"]: [] for r in valid}
+    with tempfile.TemporaryDirectory(prefix="plan-bench-") as root:
+        for rep in range(reps):
+            shift = rep % len(valid)
+            for number, row in enumerate(valid[shift:] + valid[:shift]):
+                got = _train(row["overrides"], Path(root), f"r{rep}-{number}")
+                if got:
+                    results[row["name"]].append(got)
+                print(f"  rep {rep + 1}/{reps} {row['name']}: {got}", file=sys.stderr, flush=True)
+    return _table(plan, valid, results, answers, reps)
+
+
+def _table(plan: dict, valid: list[dict], results: dict, answers: list[float], reps: int) -> str:
+    median = {
+        name: {k: statistics.median(r[k] for r in runs) for k in ("step_s", "peak_bytes")}
+        for name, runs in results.items()
+        if runs
+    }
+    fastest = min(median, key=lambda n: median[n]["step_s"])
+    chosen = plan["chosen"]
+    lines = [
+        "### parallelism=auto: the plan against measurement",
+        "",
+        f"Machine: {machine()}. `runner plan` for a 12-layer gpt (768 wide): "
+        f"{statistics.median(answers):.1f} s median ({min(answers):.1f}-{max(answers):.1f}) "
+        f"over {reps} runs, from outside.",
+        "",
+        f"Every valid candidate of a gpt's plan ({' '.join(GPT)}), {reps} interleaved "
+        f"repetitions of {STEPS} steps each: measured step time (median of time/step_s after "
+        "the first step) and peak memory (the largest rank's resident memory above its base), "
+        "medians, against the prediction.",
+        "",
+        f"The pick, **{chosen}**: {_versus(median, chosen, fastest)}",
+        "",
+        "| candidate | predicted s/step | measured s/step | predicted peak MB | measured peak MB "
+        "| peak error |",
+        "|---|---|---|---|---|---|",
+    ]
+    errors = []
+    for row in sorted(valid, key=lambda r: median.get(r["name"], {}).get("step_s", 1e9)):
+        got = median.get(row["name"])
+        predicted = row["predicted"]
+        if got is None:
+            lines.append(f"| {row['name']} | {predicted['step_s']:.3f} | failed | | | |")
+            continue
+        error = predicted["peak_bytes"] / got["peak_bytes"] - 1
+        errors.append(abs(error))
+        mark = " (pick)" if row["name"] == chosen else ""
+        lines.append(
+            f"| {row['name']}{mark} | {predicted['step_s']:.3f} | {got['step_s']:.3f} | "
+            f"{predicted['peak_bytes'] / 2**20:.0f} | {got['peak_bytes'] / 2**20:.0f} | "
+            f"{error:+.1%} |"
+        )
+    lines += [
+        "",
+        f"Peak memory: the prediction within {max(errors):.0%} of the measurement for every "
+        f"candidate, {statistics.median(errors):.0%} the median error.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _versus(median: dict, chosen: str, fastest: str) -> str:
+    if chosen not in median:
+        return "its runs failed."
+    ratio = median[chosen]["step_s"] / median[fastest]["step_s"]
+    return (
+        f"measured {median[chosen]['step_s']:.3f} s/step, {ratio:.3f}x the fastest measured "
+        f"candidate ({fastest}, {median[fastest]['step_s']:.3f} s/step)."
+    )
