@@ -12,12 +12,21 @@ import yaml
 from runner.layouts.candidates import Candidate, candidates
 from runner.spec import SpecError, resolve_spec
 from runner.spec.plan_specs import parse_size
-from tests.helpers.cli import run_cli, run_sweep
+from tests.helpers.cli import MATRIX, run_cli, run_sweep
 from tests.helpers.config import compose_config
 from tests.helpers.language_model import lm_args
 
 # The small gpt of the language-model tests, with a batch that divides many ways.
 GPT = ["progress_bar=false", "logger=none", "global_batch_size=8", "max_steps=3"]
+
+# A gpt whose state and activations outweigh a rank's other memory, and resnet18 (its plan has
+# no tensor or pipeline split): each layout's predicted peak against its measured one.
+PEAK_GPT = [
+    "model.n_layer=4", "model.n_embd=384", "model.n_head=6", "data.block_size=256",
+    "global_batch_size=4", "data.min_length=null",
+]  # fmt: skip
+PEAK_RESNET = ["model=resnet18", "data=synthetic", "global_batch_size=32"]
+QUIET = ["progress_bar=false", "logger=none"]
 
 
 def test_sizes_are_read_as_a_user_writes_them() -> None:
@@ -59,6 +68,19 @@ def test_the_candidates_divide_the_ranks_the_heads_and_the_batch() -> None:
     assert any(c.context == 2 for c in long)
 
 
+def test_a_plan_keeps_the_layout_keys_a_user_gives() -> None:
+    from runner.layouts.planner import _keeping
+
+    listed = candidates(
+        nproc=4, nodes=1, global_batch=16, blocks=4, heads=4, sequence=128, model_splits=True
+    )
+    kept = _keeping(listed, {"grad_accum": "2", "parallelism.tensor": 2})
+    assert kept and all(c.grad_accum == 2 and c.tensor == 2 for c in kept)
+    assert {c.checkpointing for c in kept} == {"none", "full", "selective"}
+    with pytest.raises(SpecError, match="no layout it weighs keeps grad_accum=32"):
+        _keeping(listed, {"grad_accum": "32"})
+
+
 def test_a_candidate_is_the_keys_a_user_gives() -> None:
     mesh = Candidate("fsdp", "selective", 4, tensor=2, pipeline=2)
     assert mesh.overrides() == {
@@ -78,8 +100,12 @@ def test_runner_plan_prints_the_plan_and_trains_nothing(tmp_path: Path, corpus: 
     out = result.stdout
     assert "layout plan for 2 rank(s) on cpu" in out and "chosen: " in out
     assert "weighs every layout" in result.output  # parallelism=zero2 was left out
-    assert "ddp accum=1" in out and "fsdp tp2" in out  # the gpt splits
+    assert "ddp accum=1" in out and "more valid layouts in plan.json" in out
     assert not (tmp_path / "plan").exists() and not (tmp_path / "runs").exists()
+    kept = run_cli(tmp_path, "plan", *lm_args(corpus), *GPT, "parallelism.tensor=2", "grad_accum=2")
+    assert kept.returncode == 0, kept.output
+    assert "chosen: fsdp tp2" in kept.stdout and "accum=2  (" in kept.stdout
+    assert "ddp accum" not in kept.stdout
 
 
 @pytest.mark.slow
@@ -137,3 +163,98 @@ def test_each_job_of_a_sweep_plans_for_itself(tmp_path: Path, corpus: Path) -> N
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (root / "0" / "plan.json").is_file() and not (root / "1" / "plan.json").exists()
     assert yaml.safe_load((root / "1" / "config.yaml").read_text())["parallelism"]["name"] == "ddp"
+
+
+@pytest.mark.slow
+def test_a_budget_ddp_does_not_fit_picks_a_sharded_layout_that_trains_within_it(
+    tmp_path: Path, corpus: Path
+) -> None:
+    """plan.memory_per_rank below every ddp layout's predicted peak: the pick shards, and the
+    run it trains stays within the budget, measured (resident memory above each rank's base)."""
+    args = [*lm_args(corpus), *PEAK_GPT, *QUIET, "max_steps=3"]
+    listed = run_cli(tmp_path, "plan", *args, "--json", name="plan")
+    assert listed.returncode == 0, listed.output
+    plan = json.loads(listed.stdout[listed.stdout.index("{") :])
+    valid = [r for r in plan["candidates"] if r["valid"]]
+    ddp = min(r["predicted"]["peak_bytes"] for r in valid if r["overrides"]["parallelism"] == "ddp")
+    budget = ddp - 2**20  # a MB short of the smallest ddp layout
+    assert any(r["predicted"]["peak_bytes"] <= budget for r in valid)
+    result = run_cli(tmp_path, *args, "parallelism=auto", f"plan.memory_per_rank={budget}")
+    assert result.returncode == 0, result.output
+    chosen = json.loads((result.run_dir / "plan.json").read_text())["chosen"]
+    assert not chosen.startswith("ddp"), chosen
+    summary = result.summary()
+    pairs = zip(summary["peak_rss_bytes"], summary["base_rss_bytes"], strict=True)
+    used = [top - base for top, base in pairs]
+    assert max(used) <= budget, (chosen, used, budget)
+
+
+PEAK_CASES = [
+    ("gpt", "fsdp accum=1"),
+    ("resnet", "ddp accum=1"),
+    pytest.param("gpt", "ddp accum=1", marks=MATRIX),
+    pytest.param("gpt", "zero2 accum=1", marks=MATRIX),
+    pytest.param("gpt", "fsdp tp2 accum=1", marks=MATRIX),
+    pytest.param("gpt", "fsdp pp2 accum=2", marks=MATRIX),
+    pytest.param("gpt", "ddp ac=full accum=1", marks=MATRIX),
+    pytest.param("gpt", "fsdp ac=selective accum=1", marks=MATRIX),
+    pytest.param("resnet", "zero2 accum=1", marks=MATRIX),
+    pytest.param("resnet", "fsdp accum=1", marks=MATRIX),
+]
+
+
+@pytest.fixture(scope="module")
+def peak_plans(tmp_path_factory, corpus: Path) -> dict[str, dict]:
+    """`runner plan --json` of the two models, once for the module."""
+    root = tmp_path_factory.mktemp("peak_plans")
+    plans = {}
+    for model, args in (("gpt", [*lm_args(corpus), *PEAK_GPT]), ("resnet", PEAK_RESNET)):
+        listed = run_cli(root, "plan", *args, *QUIET, "--json", name=model)
+        assert listed.returncode == 0, listed.output
+        plans[model] = json.loads(listed.stdout[listed.stdout.index("{") :])
+    return plans
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "layout"), PEAK_CASES)
+def test_the_predicted_peak_is_within_15_percent_of_the_measured(
+    tmp_path: Path, corpus: Path, peak_plans: dict, model: str, layout: str
+) -> None:
+    """A rank's peak memory as the plan predicts it, against the run's: resident memory
+    above each rank's base (the largest rank), after a few steps."""
+    row = next(r for r in peak_plans[model]["candidates"] if r["name"] == layout)
+    assert row["valid"], row
+    args = [*lm_args(corpus), *PEAK_GPT] if model == "gpt" else PEAK_RESNET
+    keys = [f"{key}={value}" for key, value in row["overrides"].items()]
+    result = run_cli(tmp_path, *args, *QUIET, *keys, "max_steps=4", "max_epochs=null")
+    assert result.returncode == 0, result.output
+    summary = result.summary()
+    pairs = zip(summary["peak_rss_bytes"], summary["base_rss_bytes"], strict=True)
+    used = max(top - base for top, base in pairs)
+    assert row["predicted"]["peak_bytes"] == pytest.approx(used, rel=0.15), (layout, used)
+
+
+def test_each_engine_holds_its_share_of_the_state() -> None:
+    """The state arithmetic on a made-up model of four tensors: what each engine holds on
+    the rank that holds the most (AdamW: 2 bytes of state a parameter byte)."""
+    from runner.layouts.memory import Ranks, state_bytes
+
+    facts = {"params": [1000, 1000, 1000, 1000], "element_bytes": 4, "blocks": [1000, 1000]}
+    facts["optimizer_state"] = 2.0
+    whole = 16000
+
+    def held(candidate: Candidate, world: int = 4, **options) -> dict[str, int]:
+        ranks = Ranks(world, 16, options, "cpu", "fp32", nodes=options.pop("nodes", 1))
+        return state_bytes(facts, candidate, ranks)
+
+    assert held(Candidate("ddp"))["total"] == 4 * whole
+    assert held(Candidate("fsdp"))["params"] == whole // 4
+    assert held(Candidate("fsdp", replicate=2))["params"] == whole // 2  # 2 copies of 2 shards
+    assert held(Candidate("fsdp", tensor=2))["params"] == whole // 4  # 2 data ranks x TP2
+    zero2 = held(Candidate("zero2"))
+    assert zero2["params"] == whole + whole // 4 and zero2["grads"] == whole // 4
+    assert held(Candidate("zero1", grad_accum=2))["grads"] == whole  # accumulated whole
+    zero3 = held(Candidate("zero3"), param_persistence_threshold=0)
+    assert zero3["params"] == whole // 4 and zero3["grads"] == 2 * (whole // 4)
+    staged = held(Candidate("fsdp", pipeline=2), world=2)  # a stage: a block and the rest
+    assert staged["params"] == 3000 * 4

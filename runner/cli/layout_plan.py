@@ -31,14 +31,20 @@ def wants_plan(cfg: DictConfig) -> bool:
 
 
 def make_plan(cfg: DictConfig, conf_dir: str, run_dir: Path | None) -> dict[str, Any]:
-    """The plan of `cfg`, made in a child process. Raises SpecError with the problems of a
-    config no layout makes valid, or when no layout fits."""
+    """The plan of `cfg`, made in a child process; the layout keys given on the command line
+    (grad_accum=4) are kept. Raises SpecError with the problems of a config no layout makes
+    valid, or when no layout fits."""
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "config"
         raise SpecError([f"{key}: {first_line(exc)}"]) from None
-    request = {"config": config, "conf_dir": conf_dir, "run_dir": str(run_dir or "")}
+    request = {
+        "config": config,
+        "conf_dir": conf_dir,
+        "run_dir": str(run_dir or ""),
+        "fixed": _given_layout_keys(cfg),
+    }
     child = subprocess.run(
         [sys.executable, "-m", "runner.layouts.planner"],
         input=json.dumps(request),
@@ -53,6 +59,26 @@ def make_plan(cfg: DictConfig, conf_dir: str, run_dir: Path | None) -> dict[str,
     if "problems" in plan:
         raise SpecError(plan["problems"])
     return plan
+
+
+def _given_layout_keys(cfg: DictConfig) -> dict[str, Any]:
+    """The layout keys a plan keeps: the degrees parallelism=auto's node sets, and grad_accum
+    and activation_checkpointing where this job's command line gives them (Hydra's record)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from runner.spec.plan_specs import FIXABLE
+
+    given: dict[str, Any] = {
+        key: cfg.parallelism[key.split(".")[1]]
+        for key in FIXABLE
+        if key.startswith("parallelism.") and cfg.parallelism.get(key.split(".")[1]) is not None
+    }
+    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+    keys = (o.lstrip("+").partition("=") for o in overrides)
+    flat = {
+        key: value for key, equals, value in keys if equals and not key.startswith("parallelism")
+    }
+    return {**given, **{key: value for key, value in flat.items() if key in FIXABLE}}
 
 
 def chosen_row(plan: dict[str, Any]) -> dict[str, Any]:

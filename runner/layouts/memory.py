@@ -17,7 +17,8 @@ no torch here.
   blocks (the heaviest stage holds the model's other layers too).
 - **Peak** (`peak_bytes`): the state, plus whichever is larger of the forward and backward
   pass (its activations, traced; the weights a sharded engine gathers; the gradient
-  buckets) and the optimizer's step (its temporaries, traced), plus the allocator's margin.
+  buckets) and the optimizer's step (its temporaries, traced), plus the allocator's margin
+  (on a CPU, what a rank holds besides its tensors: `CPU_EXTRA_*`, measured).
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ from runner.layouts.candidates import Candidate
 
 CUDA_MARGIN = 1.05  # the caching allocator's rounding and fragmentation
 CPU_MARGIN = 1.0
+# A CPU rank's resident memory holds more than its tensors: what glibc's malloc keeps of what
+# it freed (runner maps a sharded rank's large blocks alone, runner.train.build.heap, so fsdp
+# and zero3 keep least), the kernels' own buffers, gloo's and DeepSpeed's communication
+# buffers (DeepSpeed's grow with the model). Measured on this project's CPU runs of the gpt
+# at two sizes (benchmarks/results/plan.md): a fixed part, and bytes per byte of the model.
+CPU_EXTRA_BYTES = 45 * 2**20
+CPU_EXTRA_PER_MODEL_BYTE = {"ddp": 1.5, "zero1": 5.0, "zero2": 4.2, "zero3": 1.5, "fsdp": 0.4}
+CPU_EXTRA_TENSOR_PER_MODEL_BYTE = 0.9
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,12 @@ class Ranks:
 
     def micro_batch(self, candidate: Candidate) -> int:
         return self.global_batch // candidate.data_ranks(self.world) // candidate.grad_accum
+
+    def shards(self, candidate: Candidate) -> int:
+        """Ranks fsdp shards each parameter over: a copy's data ranks (HSDP keeps
+        `replicate` copies; by default one per node) and its context ranks."""
+        copies = candidate.replicate or self.nodes
+        return max(1, candidate.data_ranks(self.world) // copies) * candidate.context
 
 
 def state_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> dict[str, int]:
@@ -77,7 +92,7 @@ def state_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> di
         state = {"params": (part + persistent) * width, "grads": (part + copy) * width}
         state["optimizer"] = optimizer * part * width
     else:  # fsdp: shards over the data ranks and the context ranks (one batch between them)
-        shards = data * candidate.context
+        shards = ranks.shards(candidate)
         shard = sum(math.ceil(n / shards) for n in params) * width
         state = {"params": shard, "grads": shard, "optimizer": optimizer * shard}
     state = {key: int(value) for key, value in state.items()}
@@ -113,14 +128,24 @@ def peak_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> dic
     step = _step_bytes(facts, candidate, ranks, state)
     passes = activations + gathered
     margin = CUDA_MARGIN if ranks.device == "cuda" else CPU_MARGIN
-    peak = (state["total"] + max(passes, step)) * margin
+    runtime = 0.0 if ranks.device == "cuda" else _cpu_extra(facts, candidate)
+    peak = (state["total"] + max(passes, step)) * margin + runtime
     return {
         "state": state["total"],
         "activations": int(activations),
         "gathered": int(gathered),
         "step": int(step),
+        "runtime": int(runtime),
         "peak": int(peak),
     }
+
+
+def _cpu_extra(facts: dict[str, Any], candidate: Candidate) -> float:
+    model = sum(facts["params"]) * facts["element_bytes"]
+    per_byte = CPU_EXTRA_PER_MODEL_BYTE[candidate.engine]
+    if candidate.tensor > 1:  # DTensor's gathered activations and gloo's buffers for them
+        per_byte += CPU_EXTRA_TENSOR_PER_MODEL_BYTE
+    return CPU_EXTRA_BYTES + per_byte * model
 
 
 def activation_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> float:
@@ -143,17 +168,21 @@ def activation_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) 
 def _gathered_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> float:
     """What a sharded engine gathers while it computes: fsdp and zero3 a block's weights at a
     time (the next one's too, prefetched) and their unsharded gradients, fsdp its root's
-    layers for the whole pass; zero1 and zero2 a bucket of gradients."""
+    layers and their gradients for the whole pass; zero1 and zero2 a bucket of gradients. An
+    engine over a single shard (a pipeline's or tensor group's only data rank) gathers
+    nothing."""
     width = facts["element_bytes"]
     blocks = facts["blocks"]
     block = (max(blocks) if blocks else max(facts["params"])) / candidate.tensor * width
     outside = (sum(facts["params"]) - sum(blocks)) / candidate.tensor * width
     if candidate.engine == "fsdp":
+        if ranks.shards(candidate) == 1:
+            return 0.0
         keep = ranks.options.get("reshard_after_forward", True)
         held = 3 * block if keep else sum(_held_params(facts, candidate)) * width
-        return held + outside
+        return held + 2 * outside
     if candidate.engine == "zero3":
-        return 3 * block
+        return 3 * block if candidate.data_ranks(ranks.world) > 1 else 0.0
     if candidate.engine in ("zero1", "zero2"):
         bucket = ranks.options.get("reduce_bucket_size", 5 * 10**8)
         return min(bucket, sum(_held_params(facts, candidate))) * width
@@ -174,7 +203,5 @@ def _step_bytes(
         if candidate.engine == "zero3":
             stepped = min(stepped, ranks.options.get("sub_group_size", 10**7) * 4)
         return per_byte * stepped
-    shards = (
-        candidate.data_ranks(ranks.world) * candidate.context if candidate.engine == "fsdp" else 1
-    )
+    shards = ranks.shards(candidate) if candidate.engine == "fsdp" else 1
     return per_byte * largest / (shards * candidate.tensor)

@@ -83,7 +83,7 @@ def measure(spec: RunSpec, nproc: int, device: str) -> ModelFacts:
         passes=passes,
         optimizer_state=state,
         optimizer_temporaries=temporaries,
-        device=device_facts(device, nproc),
+        device=device_facts(device, nproc, calibrate=spec.nodes == 1),
     )
 
 
@@ -125,20 +125,21 @@ class _Tracer:
 
     def one_step(self, mode: str, blocks: int) -> Pass:
         """One forward and backward pass under activation_checkpointing=`mode`, traced on
-        the model cut to its first two blocks (at 1 and 2 samples: the peak is a line in the
-        microbatch's samples) and to its first three (what each further block adds to the
-        peak, and its FLOPs): every further block of the model's `blocks` adds alike. (A cut
-        to one block would not do: a single checkpointed block is recomputed whole, as if it
-        were not.)"""
+        the model cut to its first two blocks (at 2 and 4 samples: the peak is a line in the
+        microbatch's samples; batch norm needs more than one) and to its first three (what
+        each further block adds to the peak, and its FLOPs): every further block of the
+        model's `blocks` adds alike. (A cut to one block would not do: a single checkpointed
+        block is recomputed whole, as if it were not.)"""
         cut = 2 if blocks > 2 else None
-        one, two_samples = self.traced(mode, 1, cut), self.traced(mode, 2, cut)
-        per_sample, flops, ops = two_samples.peak - one.peak, one.flops, one.ops
+        low, high = self.traced(mode, 2, cut), self.traced(mode, 4, cut)
+        per_sample = (high.peak - low.peak) / 2
+        flops, ops = low.flops, low.ops
         if cut is not None:
-            three = self.traced(mode, 1, cut + 1)
-            per_sample += (three.peak - one.peak) * (blocks - cut)  # traced at one sample
-            flops += (three.flops - one.flops) * (blocks - cut)
-            ops += (three.ops - one.ops) * (blocks - cut)
-        return Pass(one.peak - (two_samples.peak - one.peak), per_sample, flops, ops)
+            three = self.traced(mode, 2, cut + 1)
+            per_sample += (three.peak - low.peak) / 2 * (blocks - cut)  # traced at two samples
+            flops += (three.flops - low.flops) * (blocks - cut)
+            ops += (three.ops - low.ops) * (blocks - cut)
+        return Pass(low.peak - 2 * (high.peak - low.peak) / 2, per_sample, flops, ops)
 
     def traced(self, mode: str, samples: int, blocks: int | None) -> _Traced:
         model = self.model(mode, blocks)
@@ -216,9 +217,14 @@ def _keep_blocks(model: nn.Module, blocks: list[nn.Module], keep: int) -> None:
                 return
 
 
-def device_facts(device: str, nproc: int) -> dict[str, Any]:
+CPU_REFERENCE_FLOPS = 50e9  # one core's FP32 rate, for nodes that must all plan alike
+
+
+def device_facts(device: str, nproc: int, calibrate: bool = True) -> dict[str, Any]:
     """The device a rank runs on: its memory and the FLOP/s it reaches (a GPU's from the
-    table of peaks; a CPU's from a short matrix product with the threads a rank gets)."""
+    table of peaks; a CPU's from a short matrix product with the threads a rank gets, or,
+    without `calibrate`, a fixed reference: every node of a run plans for itself, and a
+    timing, which differs from node to node, could make them pick different layouts)."""
     if device == "cuda":
         properties = torch.cuda.get_device_properties(0)
         name = properties.name
@@ -233,7 +239,7 @@ def device_facts(device: str, nproc: int) -> dict[str, Any]:
         "kind": "cpu",
         "name": f"{cpu_cores()} cores",
         "memory": _ram_bytes() // max(1, nproc),
-        "flops": {"fp32": cpu_flops(threads)},
+        "flops": {"fp32": cpu_flops(threads) if calibrate else CPU_REFERENCE_FLOPS * threads},
         "threads": threads,
     }
 

@@ -22,7 +22,7 @@ from runner.layouts.candidates import Candidate, candidates
 from runner.layouts.memory import Ranks, peak_bytes, state_bytes
 from runner.layouts.speed import step_seconds
 from runner.spec import RunSpec, SpecError, resolve_spec
-from runner.spec.plan_specs import group_option, parse_size
+from runner.spec.plan_specs import FIXABLE, group_option, parse_size
 
 log = logging.getLogger("runner")
 STAND_IN = "ddp"  # the layout the model is measured under: any will do
@@ -41,20 +41,33 @@ def with_layout(config: dict[str, Any], candidate: Candidate, conf_dir: Path) ->
     return config
 
 
-def make_plan(config: dict[str, Any], conf_dir: Path, run_dir: Path | None) -> dict[str, Any]:
-    """The plan of `config` (its parallelism `auto`). Raises SpecError for a config that no
-    layout could make valid (a problem of its own), or when no valid layout fits."""
+def make_plan(
+    config: dict[str, Any],
+    conf_dir: Path,
+    run_dir: Path | None,
+    fixed: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The plan of `config` (its parallelism `auto`); `fixed`: the layout keys the user gave
+    (grad_accum=4): only the candidates that keep them are weighed. Raises SpecError for a
+    config that no layout could make valid (a problem of its own), or when no valid layout
+    fits."""
     from runner.layouts.model_facts import measure
 
     stand_in = _resolve(with_layout(config, Candidate(STAND_IN), conf_dir), run_dir)
     if isinstance(stand_in, list):
         raise SpecError(stand_in)
+    if stand_in.plan.trials and stand_in.nodes > 1:
+        raise SpecError([
+            f"plan.trials={stand_in.plan.trials}: trials run on one node (nodes="
+            f"{stand_in.nodes}); plan there with nproc, or set plan.trials=0"
+        ])  # fmt: skip
     facts = measure(stand_in, stand_in.nproc, stand_in.device).as_dict()
     listed = candidates(
         nproc=stand_in.nproc, nodes=stand_in.nodes, global_batch=stand_in.global_batch_size,
         blocks=len(facts["blocks"]), heads=facts["heads"], sequence=facts["sequence"],
         model_splits=_splits_model(stand_in),
     )  # fmt: skip
+    listed = _keeping(listed, fixed or {})
     budget, budget_from = _budget(stand_in, facts)
     rows = [_weigh(config, c, conf_dir, run_dir, facts, budget) for c in listed]
     fitting = [r for r in rows if r["valid"] and r["fits"]]
@@ -64,6 +77,7 @@ def make_plan(config: dict[str, Any], conf_dir: Path, run_dir: Path | None) -> d
         "budget_bytes": budget,
         "budget": budget_from,
         "model": {"parameters": sum(facts["params"]), "blocks": len(facts["blocks"])},
+        "fixed": fixed or {},
         "candidates": rows,
         "chosen": None,
     }
@@ -74,6 +88,20 @@ def make_plan(config: dict[str, Any], conf_dir: Path, run_dir: Path | None) -> d
     return plan
 
 
+def _keeping(listed: list[Candidate], fixed: dict[str, Any]) -> list[Candidate]:
+    """The candidates that keep every fixed key; none: a problem naming the keys."""
+
+    def keeps(candidate: Candidate) -> bool:
+        values = {key: getattr(candidate, FIXABLE[key]) for key in fixed}
+        return all(str(values[key]).lower() == str(given).lower() for key, given in fixed.items())
+
+    kept = [c for c in listed if keeps(c)]
+    if fixed and not kept:
+        given = " ".join(f"{k}={v}" for k, v in fixed.items())
+        raise SpecError([f"parallelism=auto: no layout it weighs keeps {given}; leave it out"])
+    return kept
+
+
 def _resolve(config: dict[str, Any], run_dir: Path | None) -> RunSpec | list[str]:
     try:
         return resolve_spec(config, run_dir=run_dir)
@@ -82,8 +110,9 @@ def _resolve(config: dict[str, Any], run_dir: Path | None) -> RunSpec | list[str
 
 
 def _splits_model(spec: RunSpec) -> bool:
-    """Whether the model has tensor, pipeline and context plans: runner's gpt, a Hugging
-    Face model (their own), or the user's (tp_plan, pp_plan)."""
+    """Whether the model has its own tensor, pipeline and context plans (runner's gpt, a
+    Hugging Face model): a model that needs the user's plans (parallelism.tp_plan, pp_plan)
+    is weighed without them."""
     target = spec.model.target
     return target.endswith(".GPT") or "transformers" in target or "hugging_face" in target
 
@@ -174,12 +203,14 @@ def megabytes(value: float) -> str:
 
 
 def main() -> None:
-    """stdin: {"config": ..., "conf_dir": ..., "run_dir": ...}; stdout: the plan, or
-    {"problems": [...]}."""
+    """stdin: {"config": ..., "conf_dir": ..., "run_dir": ..., "fixed": ...}; stdout: the
+    plan, or {"problems": [...]}."""
     request = json.loads(sys.stdin.read())
     run_dir = Path(request["run_dir"]) if request.get("run_dir") else None
     try:
-        plan = make_plan(request["config"], Path(request["conf_dir"]), run_dir)
+        plan = make_plan(
+            request["config"], Path(request["conf_dir"]), run_dir, request.get("fixed")
+        )
     except SpecError as err:
         plan = {"problems": err.problems}
     json.dump(plan, sys.stdout)

@@ -24,13 +24,32 @@ from typing import Any
 from runner.layouts.candidates import Candidate
 from runner.layouts.memory import Ranks, _held_params, state_bytes
 
-# Links by device: bytes/s and seconds per collective. A CPU's ranks talk over gloo
-# (loopback TCP, or shared memory for ddp), a GPU's over NVLink within a node.
+# Links by device: bytes/s and seconds per collective. On a GPU, NVLink within a node. On a
+# CPU the ranks share its cores and talk through gloo (loopback TCP, which the same cores
+# copy) or, for ddp and DeepSpeed's zero1 and zero2, through shared memory; the figures are
+# measured on a 2-core machine (benchmarks/results/plan.md): gloo moves ~0.2 GB/s and takes
+# ~2 ms a collective while both ranks compute.
 LINKS = {
-    "cpu": {"bandwidth": 2.0e9, "latency": 60e-6, "per_op": 12e-6, "memory_bandwidth": 5e9},
-    "cuda": {"bandwidth": 150e9, "latency": 20e-6, "per_op": 6e-6, "memory_bandwidth": 2e12},
-}
+    "cpu": {
+        "bandwidth": 0.2e9, "shared_memory": 2.0e9, "latency": 2e-3, "per_op": 12e-6,
+        "memory_bandwidth": 5e9,
+    },
+    "cuda": {
+        "bandwidth": 150e9, "shared_memory": 150e9, "latency": 20e-6, "per_op": 6e-6,
+        "memory_bandwidth": 2e12,
+    },
+}  # fmt: skip
 BETWEEN_NODES = 25e9  # bytes/s between nodes (a 200 Gb/s fabric), for the collectives that cross
+# A CPU reaches a share of its measured matrix-product rate that falls with the microbatch:
+# CPU_EFFICIENCY x items / (items + CPU_HALF_ITEMS), items being tokens (or samples) per
+# microbatch (measured: the gpt's ddp steps at 512 and 256 tokens per microbatch).
+CPU_EFFICIENCY, CPU_HALF_ITEMS = 1.0, 117
+# What an engine's own machinery costs a CPU step beyond its arithmetic and its bytes, in
+# seconds per element of the model: DeepSpeed's flat buffers and its optimizer's wrapper
+# (zero1, zero2), ZeRO-3's per-module gathers and releases in Python hooks, FSDP2's and
+# DTensor's dispatch (fsdp over several shards, tensor parallelism). Measured against ddp on
+# the same gpt (benchmarks/results/plan.md).
+CPU_SECONDS_PER_ELEMENT = {"zero1": 2.4e-8, "zero2": 2.4e-8, "zero3": 8e-8, "fsdp": 4e-8}
 
 
 def step_seconds(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> dict[str, float]:
@@ -46,8 +65,11 @@ def step_seconds(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> d
     data = candidate.data_ranks(ranks.world)
     samples = ranks.global_batch / data  # this rank's share of the step's batch
     split = candidate.tensor * candidate.context * candidate.pipeline
-    compute = traced["flops_per_sample"] * samples / split / flops_per_s
     accum = candidate.grad_accum
+    if ranks.device != "cuda":  # a CPU's share of its rate falls with the microbatch
+        items = samples / accum * (facts.get("sequence") or 1) / candidate.context
+        flops_per_s *= CPU_EFFICIENCY * items / (items + CPU_HALF_ITEMS)
+    compute = traced["flops_per_sample"] * samples / split / flops_per_s
     bubble = compute * (candidate.pipeline - 1) / accum if candidate.pipeline > 1 else 0.0
     ops = traced.get("ops", 0) * accum / candidate.pipeline
     overhead = ops * link["per_op"]
@@ -56,6 +78,8 @@ def step_seconds(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> d
     comm = _communication(facts, candidate, ranks, link, samples)
     exposed = comm["data"] if ranks.device != "cuda" else max(0.0, comm["data"] - 0.6 * compute)
     exposed += comm["model"]
+    if ranks.device != "cuda":
+        exposed += _cpu_machinery(facts, candidate, ranks)
     parts = {
         "compute": compute,
         "bubble": bubble,
@@ -64,6 +88,16 @@ def step_seconds(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> d
         "communication": exposed,
     }
     return {**parts, "step_s": sum(parts.values())}
+
+
+def _cpu_machinery(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> float:
+    """An engine's own cost on a CPU step (CPU_SECONDS_PER_ELEMENT); fsdp pays it where it
+    shards over several ranks or runs tensor parallelism's DTensors, not for a pipeline's
+    stages alone."""
+    engine = candidate.engine
+    if engine == "fsdp" and ranks.shards(candidate) == 1 and candidate.tensor == 1:
+        return 0.0
+    return CPU_SECONDS_PER_ELEMENT.get(engine, 0.0) * sum(facts["params"])
 
 
 def _communication(
@@ -84,10 +118,12 @@ def _communication(
     if candidate.engine in ("ddp", "zero1", "zero2"):
         moved = 2 * ring * held  # all-reduce (or reduce-scatter then all-gather)
     else:  # zero3, fsdp: gather forward and backward, every microbatch; reduce-scatter
-        shards = data * candidate.context
+        shards = ranks.shards(candidate) if candidate.engine == "fsdp" else data
         moved = (2 * accum + 1) * held * ((shards - 1) / shards if shards > 1 else 0.0)
         count = 2 * accum * max(1, len(facts["blocks"])) + 1
-    bandwidth = link["bandwidth"] if ranks.nodes == 1 else BETWEEN_NODES
+    shared = candidate.engine != "fsdp"  # ddp and DeepSpeed: shared memory on a CPU
+    bandwidth = link["shared_memory" if shared else "bandwidth"]
+    bandwidth = bandwidth if ranks.nodes == 1 else BETWEEN_NODES
     data_s = moved / bandwidth + (count * link["latency"] if ring else 0.0)
     model_s = 0.0
     blocks = max(1, len(facts["blocks"]))

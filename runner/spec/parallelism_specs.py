@@ -130,3 +130,7 @@ class AutoSpec:
     engine's keys in its place before the spec is resolved; no run spec holds it."""
 
     name: Literal["auto"] = "auto"
+    tensor: int | None = _bound(None, min=1)  # a degree given is kept; null: planned
+    pipeline: int | None = _bound(None, min=1)
+    context: int | None = _bound(None, min=1)
+    replicate: int | None = _bound(None, min=1)

@@ -42,6 +42,17 @@ class PlanSpec:
     trial_steps: int = _bound(6, min=2)
 
 
+# The layout keys a user may fix for parallelism=auto: its config key -> the candidate's field
+FIXABLE = {
+    "grad_accum": "grad_accum",
+    "activation_checkpointing": "checkpointing",
+    "parallelism.tensor": "tensor",
+    "parallelism.pipeline": "pipeline",
+    "parallelism.context": "context",
+    "parallelism.replicate": "replicate",
+}
+
+
 def group_option(conf_dir: Path, group: str, option: str) -> dict[str, Any]:
     """A config group's option as its file holds it (conf/parallelism/fsdp.yaml)."""
     return yaml.safe_load((conf_dir / group / f"{option}.yaml").read_text()) or {}
