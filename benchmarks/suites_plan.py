@@ -7,6 +7,10 @@
    `time/step_s` after the first step) and peak memory per rank (resident memory above the
    rank's base on a CPU), against the prediction. The pick's measured step time is compared
    with the fastest candidate's measured one.
+
+The runs are kept in results/plan_runs.json; `python benchmarks/suites_plan.py` writes the
+table again from them with the planner as it is now (after a change to its model, before
+the runs are measured again).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import REPO, machine, thread_env, venv_tool
+from harness import REPO, RESULTS, machine, thread_env, venv_tool
 
 sys.path.insert(0, str(REPO))
 from runner.cli.plan_trials import measured  # noqa: E402  (runner's own reading of a run)
@@ -33,6 +37,7 @@ GPT = (
 QUIET = ("progress_bar=false", "logger=none", "eval_batches=1", "checkpoint.interval=null")
 TWELVE = ("+recipe=gpt_text", "model.n_layer=12", "model.n_embd=768", "model.n_head=12")
 STEPS = 6
+RUNS = RESULTS / "plan_runs.json"
 
 
 def _plan(*overrides: str) -> tuple[dict, float]:
@@ -72,10 +77,24 @@ def plan_table(reps: int, _steps: int) -> str:
                 if got:
                     results[row["name"]].append(got)
                 print(f"  rep {rep + 1}/{reps} {row['name']}: {got}", file=sys.stderr, flush=True)
-    return _table(plan, valid, results, answers, reps)
+    kept = {"machine": machine(), "reps": reps, "answers": answers, "results": results}
+    RUNS.write_text(json.dumps(kept, indent=1) + "\n")
+    return _table(plan, results, kept)
 
 
-def _table(plan: dict, valid: list[dict], results: dict, answers: list[float], reps: int) -> str:
+def table_from_runs() -> str:
+    """The table of the kept runs, against the planner's prediction now (and `runner plan`
+    timed again: the planner is what changed)."""
+    kept = json.loads(RUNS.read_text())
+    kept["answers"] = [_plan(*TWELVE)[1] for _ in range(kept["reps"])]
+    RUNS.write_text(json.dumps(kept, indent=1) + "\n")
+    plan, _ = _plan(*GPT)
+    return _table(plan, kept["results"], kept, predicted_now=True)
+
+
+def _table(plan: dict, results: dict, kept: dict, predicted_now: bool = False) -> str:
+    answers, reps = kept["answers"], kept["reps"]
+    valid = [r for r in plan["candidates"] if r["valid"] and r["name"] in results]
     median = {
         name: {k: statistics.median(r[k] for r in runs) for k in ("step_s", "peak_bytes")}
         for name, runs in results.items()
@@ -86,14 +105,20 @@ def _table(plan: dict, valid: list[dict], results: dict, answers: list[float], r
     lines = [
         "### parallelism=auto: the plan against measurement",
         "",
-        f"Machine: {machine()}. `runner plan` for a 12-layer gpt (768 wide): "
+        f"Machine: {kept['machine']}. `runner plan` for a 12-layer gpt (768 wide): "
         f"{statistics.median(answers):.1f} s median ({min(answers):.1f}-{max(answers):.1f}) "
         f"over {reps} runs, from outside.",
         "",
         f"Every valid candidate of a gpt's plan ({' '.join(GPT)}), {reps} interleaved "
         f"repetitions of {STEPS} steps each: measured step time (median of time/step_s after "
         "the first step) and peak memory (the largest rank's resident memory above its base), "
-        "medians, against the prediction.",
+        "medians, against the prediction"
+        + (
+            " of the planner as it is now (the runs measured before; `python "
+            "benchmarks/suites_plan.py` writes this table again from them)."
+            if predicted_now
+            else "."
+        ),
         "",
         f"The pick, **{chosen}**: {_versus(median, chosen, fastest)}",
         "",
@@ -132,3 +157,9 @@ def _versus(median: dict, chosen: str, fastest: str) -> str:
         f"measured {median[chosen]['step_s']:.3f} s/step, {ratio:.3f}x the fastest measured "
         f"candidate ({fastest}, {median[fastest]['step_s']:.3f} s/step)."
     )
+
+
+if __name__ == "__main__":
+    table = table_from_runs()
+    (RESULTS / "plan.md").write_text(table)
+    print(table)

@@ -51,6 +51,10 @@ def _main() -> None:
     supervise.catch_early_asks()
     keep_extensions_in_environment()  # before the agent starts: every process inherits it
     supervise.prestart_agent(sys.argv[1:])
+    if sys.argv[1:2] == ["plan"] or "parallelism=auto" in sys.argv[1:]:
+        from runner.cli.layout_plan import prestart_planner
+
+        prestart_planner()  # its torch import overlaps Hydra's composition
     from runner.cli.main import main as cli_main
 
     cli_main()

@@ -26,6 +26,40 @@ PLAN_FILE = "plan.json"
 SHOWN = 12  # rows of the table: the fastest valid layouts
 
 
+class _Planner:
+    prestarted: subprocess.Popen | None = None
+
+
+def _planner() -> subprocess.Popen:
+    """The planner's process (runner.layouts.planner): it imports torch, then waits for its
+    request on stdin."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "runner.layouts.planner"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "RUNNER_PARENT_PID": str(os.getpid())},
+    )
+
+
+def prestart_planner() -> None:
+    """Start the planner before Hydra composes the config (`runner plan`, or
+    parallelism=auto on the command line): its torch import runs meanwhile. One the run
+    never asks is ended when the parent exits."""
+    import atexit
+
+    _Planner.prestarted = _planner()
+    atexit.register(_end_unasked)
+
+
+def _end_unasked() -> None:
+    child = _Planner.prestarted
+    if child is not None and child.poll() is None:
+        child.kill()
+        child.wait()
+
+
 def wants_plan(cfg: DictConfig) -> bool:
     return str(OmegaConf.select(cfg, "parallelism.name", default="")) == AUTO
 
@@ -45,17 +79,12 @@ def make_plan(cfg: DictConfig, conf_dir: str, run_dir: Path | None) -> dict[str,
         "run_dir": str(run_dir or ""),
         "fixed": _given_layout_keys(cfg),
     }
-    child = subprocess.run(
-        [sys.executable, "-m", "runner.layouts.planner"],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
+    child, _Planner.prestarted = _Planner.prestarted or _planner(), None
+    out, err = child.communicate(json.dumps(request))
     if child.returncode != 0:
-        tail = child.stderr.strip().splitlines()[-1:] or [f"exit code {child.returncode}"]
+        tail = err.strip().splitlines()[-1:] or [f"exit code {child.returncode}"]
         raise SpecError([f"parallelism=auto: planning the layout failed: {tail[0]}"])
-    plan = json.loads(child.stdout)
+    plan = json.loads(out)
     if "problems" in plan:
         raise SpecError(plan["problems"])
     return plan

@@ -62,7 +62,7 @@ def prestart_agent(argv: list[str]) -> None:
     """Start the agent now, when `argv` asks for a single run (not a sweep: its jobs may run
     elsewhere; not --help, --cfg and friends: nothing runs)."""
     global _prestarted
-    no_run = argv[:1] in (["prepare"], ["k8s-manifest"])
+    no_run = argv[:1] in (["prepare"], ["k8s-manifest"], ["plan"])
     if no_run or any(arg.split("=")[0] in _NO_RUN_FLAGS for arg in argv):
         return
     env = {**os.environ, "RUNNER_PARENT_PID": str(os.getpid())}

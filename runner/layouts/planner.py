@@ -202,10 +202,30 @@ def megabytes(value: float) -> str:
     return f"{value / 2**20:,.0f} MB"
 
 
+def _warm() -> None:
+    """What every plan needs first: torch, the model's measurement, a fake tensor mode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import runner.layouts.model_facts  # noqa: F401
+
+    FakeTensorMode()
+
+
 def main() -> None:
     """stdin: {"config": ..., "conf_dir": ..., "run_dir": ..., "fixed": ...}; stdout: the
     plan, or {"problems": [...]}."""
-    request = json.loads(sys.stdin.read())
+    import os
+    import signal
+
+    from runner.processes import die_with_parent
+
+    parent = os.environ.get("RUNNER_PARENT_PID")
+    die_with_parent(signal.SIGTERM, int(parent) if parent else None)
+    _warm()  # while the parent composes the config
+    text = sys.stdin.read()
+    if not text.strip():  # the parent never asked (it stopped before the plan)
+        return
+    request = json.loads(text)
     run_dir = Path(request["run_dir"]) if request.get("run_dir") else None
     try:
         plan = make_plan(

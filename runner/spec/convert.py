@@ -15,6 +15,7 @@ and valid values phrased as `key=value: ...`. Revisit if the schema outgrows thi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import keyword
 import math
 import re
@@ -98,13 +99,21 @@ def _key(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A schema class's field types, its string annotations evaluated once (they never change;
+    evaluating them was most of a spec's conversion, which parallelism=auto's planner runs for
+    each candidate layout)."""
+    return typing.get_type_hints(cls)
+
+
 def _convert_dataclass(cls: type, data: Any, path: str, problems: list[str]) -> Any:
     if getattr(cls, "component", False):
         return _convert_component(cls, data, path, problems)
     if not isinstance(data, Mapping):
         problems.append(f"{path or 'config'}={data!r}: expected a mapping")
         return None
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {config_key(f.name): f for f in dataclasses.fields(cls)}
     for extra in sorted(set(data) - set(fields)):
         problems.append(
@@ -146,7 +155,7 @@ def _convert_component(cls: type, data: Any, path: str, problems: list[str]) -> 
             f"such as {path}.{TARGET}=mypackage.module.Name"
         )
     own = {f.name: f for f in dataclasses.fields(cls) if f.name not in ("target", "args")}
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     values: dict[str, Any] = {}
     for name, f in own.items():
         if name not in data:
@@ -267,7 +276,7 @@ def _convert_tagged(variants: list[type], raw: Any, key: str, problems: list[str
     """Unions of dataclasses are told apart by their `name` field (a config group option)."""
     by_name: dict[str, type] = {}
     for variant in variants:
-        name_type = typing.get_type_hints(variant)["name"]
+        name_type = _hints(variant)["name"]
         for name in typing.get_args(name_type):
             by_name[name] = variant
     if not isinstance(raw, Mapping):

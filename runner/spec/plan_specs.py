@@ -3,6 +3,8 @@ memory sizes as a user writes them (`300MB`, `2GB`); re-exported by runner.spec.
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,5 +56,11 @@ FIXABLE = {
 
 
 def group_option(conf_dir: Path, group: str, option: str) -> dict[str, Any]:
-    """A config group's option as its file holds it (conf/parallelism/fsdp.yaml)."""
-    return yaml.safe_load((conf_dir / group / f"{option}.yaml").read_text()) or {}
+    """A config group's option as its file holds it (conf/parallelism/fsdp.yaml): a copy,
+    the file read once."""
+    return copy.deepcopy(_read_option(conf_dir / group / f"{option}.yaml"))
+
+
+@functools.cache
+def _read_option(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text()) or {}
