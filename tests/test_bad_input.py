@@ -366,7 +366,7 @@ CLI_CASES = [
         "Hugging Face models with a base_model_tp_plan)",
     ),
     # Hydra's composition errors, reported the same way
-    (["parallelism=zero4"], "parallelism=zero4: no such parallelism option; valid: ddp, fsdp,"),
+    (["parallelism=zero4"], "parallelism=zero4: no such parallelism option; valid: auto, ddp,"),
     (
         ["parallelism=zero2", "parallelism.tensor=2"],
         "parallelism.tensor=2: not a key of the chosen parallelism option; only of "
