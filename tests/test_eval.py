@@ -132,3 +132,19 @@ def test_eval_never_writes_into_a_run_nor_goes_on_from_one(tmp_path: Path) -> No
     with pytest.raises(SpecError, match="resume=auto: runner eval trains nothing"):
         resolve_spec(compose_config([*evaluation, "resume=auto"]), run_dir=tmp_path / "new")
     resolve_spec(compose_config(evaluation), run_dir=tmp_path / "new")  # a directory of its own
+
+
+def test_eval_of_a_chaos_drill_leaves_its_fault_injection_out(tmp_path: Path) -> None:
+    """A run trained with chaos.kill_rank=1 evaluates at nproc=1: its fault injection was the
+    training's, and rank 1 does not exist there (it was refused: 'must be a rank in 0..0')."""
+    from runner.cli.evaluate import eval_argv
+    from runner.spec import resolve_spec, save_spec
+    from tests.helpers.cli import CONF_DIR
+    from tests.helpers.config import compose_config
+
+    run = tmp_path / "drill"
+    run.mkdir()
+    drill = ["model=mlp", "data=digits", "nproc=2", "chaos.kill_rank=1", "chaos.at_step=3"]
+    save_spec(resolve_spec(compose_config([*drill, "device=cpu"])), run)
+    argv = eval_argv([str(run), "nproc=1"], CONF_DIR)
+    assert argv[-2:] == ["chaos.kill_rank=null", "chaos.at_step=null"] and "nproc=1" in argv

@@ -41,6 +41,9 @@ def _run_config(directory: Path) -> bool:
     return isinstance(config, dict) and {"model", "data", "parallelism"} <= set(config)
 
 
+NO_CHAOS = ("chaos.kill_rank=null", "chaos.at_step=null")
+
+
 def eval_argv(argv: list[str], conf_dir: Path) -> list[str]:
     """`runner eval SOURCE [KEY=VALUE ...]` as the arguments of an ordinary launch."""
     if not argv or argv[0].startswith("-") or "=" in argv[0]:
@@ -58,7 +61,8 @@ def eval_argv(argv: list[str], conf_dir: Path) -> list[str]:
     sized = run_evaluations(config, overrides)
     for line in sized.notes:
         print(f"runner eval: {line}", file=sys.stderr)
-    argv = [str(run), *sized.before, *overrides, *sized.after, *fixed]
+    # a drill's fault injection is the training's: at another nproc its rank may not exist
+    argv = [str(run), *sized.before, *overrides, *sized.after, *fixed, *NO_CHAOS]
     return rerun_argv(argv, conf_dir)
 
 
