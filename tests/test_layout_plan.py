@@ -258,3 +258,27 @@ def test_each_engine_holds_its_share_of_the_state() -> None:
     assert zero3["params"] == whole // 4 and zero3["grads"] == 2 * (whole // 4)
     staged = held(Candidate("fsdp", pipeline=2), world=2)  # a stage: a block and the rest
     assert staged["params"] == 3000 * 4
+
+
+@pytest.mark.slow
+def test_a_resumed_auto_run_keeps_the_layout_it_was_planned_with(
+    tmp_path: Path, corpus: Path
+) -> None:
+    """resume=auto in an auto run's directory goes on with its plan.json's pick (a new plan
+    could pick otherwise); a damaged plan.json is said, and the run plans again."""
+    args = [*lm_args(corpus), *GPT, "parallelism=auto", "checkpoint.interval=2"]
+    first = run_cli(tmp_path, *args, "max_steps=2", name="auto")
+    assert first.returncode == 0, first.output
+    path = first.run_dir / "plan.json"
+    plan = json.loads(path.read_text())
+    other = next(r for r in plan["candidates"] if r["valid"] and r["name"] != plan["chosen"])
+    path.write_text(json.dumps({**plan, "chosen": other["name"]}))  # as if planned so
+    resumed = run_cli(tmp_path, *args, "max_steps=4", "resume=auto", name="auto")
+    assert resumed.returncode == 0, resumed.output
+    assert f"going on with the layout planned at the start: {other['name']}" in resumed.output
+    written = yaml.safe_load((first.run_dir / "config.yaml").read_text())
+    assert written["grad_accum"] == other["overrides"]["grad_accum"]
+    path.write_text("{cut short")
+    again = run_cli(tmp_path, *args, "max_steps=6", "resume=auto", name="auto")
+    assert again.returncode == 0, again.output
+    assert "plan.json is damaged (not the plan runner wrote); planning again" in again.output

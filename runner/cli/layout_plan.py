@@ -128,6 +128,20 @@ def apply_layout(cfg: DictConfig, overrides: dict[str, Any], conf_dir: str) -> N
                 cfg[key] = overrides[key]
 
 
+def planned_before(run_dir: Path) -> dict[str, Any] | None:
+    """The plan a run in `run_dir` was started with (its plan.json), or None: none there, or
+    one damaged (said, and planned again)."""
+    from runner.rundir.files import read_json
+
+    path = run_dir / PLAN_FILE
+    plan = read_json(path)
+    if isinstance(plan, dict) and plan.get("chosen"):
+        return plan
+    if path.exists():
+        log.warning("runner: %s is damaged (not the plan runner wrote); planning again", path)
+    return None
+
+
 def write_plan(run_dir: Path, plan: dict[str, Any]) -> None:
     from runner.rundir.files import write_json
 

@@ -34,6 +34,7 @@ from runner.cli.layout_plan import (
     chosen_row,
     make_plan,
     plan_table,
+    planned_before,
     wants_plan,
     write_plan,
 )
@@ -107,7 +108,7 @@ def _run(cfg: DictConfig) -> float | None:
             return kept
         quiet_beside_others(cfg, hydra_cfg)
     try:
-        plan = _plan_layout(cfg, run_dir.root) if wants_plan(cfg) else None
+        plan = _plan_layout(cfg, run_dir.root, requeued) if wants_plan(cfg) else None
         spec, secrets = resolve_cfg(cfg, run_dir.root, requeued)
     except SpecError as err:
         return _never_started(err.problems, cfg, run_dir, hydra_cfg, start_time)
@@ -130,9 +131,18 @@ def _run(cfg: DictConfig) -> float | None:
     return _launch(spec, secrets, run_dir, hydra_cfg, start_time)
 
 
-def _plan_layout(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+def _plan_layout(cfg: DictConfig, run_dir: Path, requeued: bool) -> dict[str, Any]:
     """parallelism=auto: plan the layout (runner.cli.layout_plan), say it, and give `cfg`
-    the chosen layout's keys."""
+    the chosen layout's keys. A run that goes on in its directory (resume, a SLURM requeue)
+    keeps the layout it was planned with (its plan.json), whatever a new plan would say."""
+    kept = planned_before(run_dir) if cfg.resume is not None or requeued else None
+    if kept is not None:
+        log.info(
+            "runner: parallelism=auto: going on with the layout planned at the start: %s",
+            kept["chosen"],
+        )
+        apply_layout(cfg, chosen_row(kept)["overrides"], conf_dir())
+        return kept
     plan = make_plan(cfg, conf_dir(), run_dir)
     log.info("%s", plan_table(plan))
     if cfg.plan.trials:
