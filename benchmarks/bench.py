@@ -40,7 +40,7 @@ from suites_memory import (
     tensor_parallel_notes,
     tensor_parallel_suite,
 )
-from suites_plan import plan_table
+from suites_plan import gpu_plan_table, plan_table
 from suites_speed import (
     CHECKPOINT_BLOCKED,
     CHECKPOINT_WRITTEN,
@@ -281,7 +281,12 @@ SUITES |= {
 
 
 # suites that write their own table (no interleaving)
-TABLES = {"capacity": capacity_table, "export": export_table, "plan": plan_table}
+TABLES = {
+    "capacity": capacity_table,
+    "export": export_table,
+    "plan": plan_table,
+    "gpu_plan": gpu_plan_table,
+}
 
 
 def main() -> None:
@@ -310,7 +315,7 @@ def main() -> None:
     for name in names:
         print(f"benchmark suite {name} ...", file=sys.stderr, flush=True)
         if name in TABLES:
-            table = TABLES[name](args.reps, args.steps)
+            table = TABLES[name](args.reps, args.steps, deadline)
         else:
             table = run_suite(SUITES[name], args.reps, args.steps, deadline)
         if not table:

@@ -35,7 +35,7 @@ def _peak_mb(command: list[str]) -> float:
     return int(proc.stderr.strip().splitlines()[-1]) * 1024 / MB
 
 
-def export_table(reps: int, _steps: int) -> str:
+def export_table(reps: int, _steps: int, _deadline: float | None = None) -> str:
     params = gpt_parameters(EXPORT_LAYERS)
     largest = 4 * 4 * 1024 * 1024 / MB  # a 4096 x 1024 fp32 matrix
     rows = []

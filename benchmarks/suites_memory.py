@@ -240,7 +240,7 @@ def measure_state(*overrides: str, env: dict[str, str] | None = None) -> dict[st
     }
 
 
-def capacity_table(_reps: int, _steps: int) -> str:
+def capacity_table(_reps: int, _steps: int, _deadline: float | None = None) -> str:
     """The deepest capacity gpt whose ranks stay within BUDGET_MB of peak resident memory
     at nproc=2, AdamW fp32: each row climbs CAPACITY_LAYERS until a run's largest rank
     goes over the budget (or fails). Each run also says its peak before the first step."""

@@ -11,6 +11,12 @@
 The runs are kept in results/plan_runs.json; `python benchmarks/suites_plan.py` writes the
 table again from them with the planner as it is now (after a change to its model, before
 the runs are measured again).
+
+gpu_plan (results/gpu_plan.md), on the GPUs of a lent machine: the same, for the 12-layer
+gpt of the GPU bench (1024-token blocks, global batch 16, bf16) on every GPU, over the
+candidates of each engine and checkpointing mode at grad_accum 1 and 2 (a GPU's minutes are
+few): `runner plan`'s answer, each candidate's measured step time and CUDA max allocated
+against the prediction, and the pick against the fastest measured.
 """
 
 from __future__ import annotations
@@ -49,14 +55,18 @@ def _plan(*overrides: str) -> tuple[dict, float]:
     return json.loads(out[out.index("{") :]), time.perf_counter() - start
 
 
-def _train(overrides: dict, root: Path, name: str) -> dict[str, float]:
+def _train(
+    overrides: dict, root: Path, name: str, model: tuple[str, ...] = GPT, steps: int = STEPS
+) -> dict[str, float]:
     run_dir = root / name
     keys = [f"{k}={v}" for k, v in overrides.items()]
-    command = [venv_tool("runner"), *GPT, *QUIET, *keys, f"max_steps={STEPS}", "log_interval=1"]
-    subprocess.run(
+    command = [venv_tool("runner"), *model, *QUIET, *keys, f"max_steps={steps}", "log_interval=1"]
+    proc = subprocess.run(
         [*command, "max_epochs=null", f"hydra.run.dir={run_dir}"],
         capture_output=True, text=True, env=thread_env(2), cwd=REPO,
     )  # fmt: skip
+    if proc.returncode != 0:
+        print(f"  {name} failed: {proc.stderr[-600:]}", file=sys.stderr, flush=True)
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
@@ -64,7 +74,7 @@ def _train(overrides: dict, root: Path, name: str) -> dict[str, float]:
     return measured(run_dir, summary) if summary.get("status") == "completed" else {}
 
 
-def plan_table(reps: int, _steps: int) -> str:
+def plan_table(reps: int, _steps: int, _deadline: float | None = None) -> str:
     answers = [_plan(*TWELVE)[1] for _ in range(reps)]
     plan, _ = _plan(*GPT)
     valid = [r for r in plan["candidates"] if r["valid"]]
@@ -82,6 +92,59 @@ def plan_table(reps: int, _steps: int) -> str:
     return _table(plan, results, kept)
 
 
+GPU_GPT = (
+    "model=gpt", "data=text", "loss=causal_lm", "metrics=language_model",
+    "data.block_size=1024", "model.n_layer=12", "model.n_embd=768", "model.n_head=12",
+    "device=cuda", "precision=bf16", "global_batch_size=16",
+)  # fmt: skip
+GPU_STEPS = 12
+
+
+def gpu_plan_table(reps: int, _steps: int, deadline: float | None = None) -> str:
+    """The 12-layer gpt's plan on every GPU of this machine, against its candidates'
+    measured runs (each engine and checkpointing mode at grad_accum 1 and 2, interleaved;
+    none is started after `deadline`)."""
+    from suites_gpu import cuda_devices, random_corpus
+
+    gpus = cuda_devices()
+    if not gpus:
+        sys.exit("gpu_plan needs a CUDA device; none is visible")
+    model = (*GPU_GPT, f"data.root={random_corpus(2_500_000)}", f"nproc={gpus}")
+    timed = [_plan(*model) for _ in range(max(3, reps))]
+    plan, answers = timed[-1][0], [seconds for _, seconds in timed]
+    valid = [
+        r for r in plan["candidates"]
+        if r["valid"] and r["overrides"].get("grad_accum", 1) in (1, 2)
+        and set(r["overrides"]) <= {"parallelism", "activation_checkpointing", "grad_accum"}
+    ]  # fmt: skip
+    valid.sort(key=lambda r: (r["name"] != plan["chosen"], r["predicted"]["step_s"]))
+    results: dict[str, list[dict[str, float]]] = {r["name"]: [] for r in valid}
+    with tempfile.TemporaryDirectory(prefix="gpu-plan-bench-") as root:
+        for rep in range(reps):
+            shift = rep % max(1, len(valid))
+            for number, row in enumerate(valid[shift:] + valid[:shift]):
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                got = _train(row["overrides"], Path(root), f"r{rep}-{number}", model, GPU_STEPS)
+                if got:
+                    results[row["name"]].append(got)
+                print(f"  rep {rep + 1}/{reps} {row['name']}: {got}", file=sys.stderr, flush=True)
+    kept = {"machine": machine(), "reps": reps, "answers": answers, "results": results}
+    (RESULTS / "gpu_plan_runs.json").write_text(json.dumps(kept, indent=1) + "\n")
+    return _table(
+        plan,
+        results,
+        kept,
+        described=(
+            f"The candidates of the GPU bench's gpt ({' '.join(GPU_GPT)}, nproc={gpus}) at "
+            f"grad_accum 1 and 2, up to {reps} interleaved repetitions of {GPU_STEPS} steps "
+            "each (as many as the GPU check's budget allowed): measured step time (median of "
+            "time/step_s after the first step) and peak memory (CUDA max_memory_allocated, the "
+            "largest rank), medians, against the prediction."
+        ),
+    )
+
+
 def table_from_runs() -> str:
     """The table of the kept runs, against the planner's prediction now (and `runner plan`
     timed again: the planner is what changed)."""
@@ -92,7 +155,9 @@ def table_from_runs() -> str:
     return _table(plan, kept["results"], kept, predicted_now=True)
 
 
-def _table(plan: dict, results: dict, kept: dict, predicted_now: bool = False) -> str:
+def _table(
+    plan: dict, results: dict, kept: dict, predicted_now: bool = False, described: str = ""
+) -> str:
     answers, reps = kept["answers"], kept["reps"]
     valid = [r for r in plan["candidates"] if r["valid"] and r["name"] in results]
     median = {
@@ -100,7 +165,7 @@ def _table(plan: dict, results: dict, kept: dict, predicted_now: bool = False) -
         for name, runs in results.items()
         if runs
     }
-    fastest = min(median, key=lambda n: median[n]["step_s"])
+    fastest = min(median, key=lambda n: median[n]["step_s"], default="")
     chosen = plan["chosen"]
     lines = [
         "### parallelism=auto: the plan against measurement",
@@ -109,7 +174,8 @@ def _table(plan: dict, results: dict, kept: dict, predicted_now: bool = False) -
         f"{statistics.median(answers):.1f} s median ({min(answers):.1f}-{max(answers):.1f}) "
         f"over {reps} runs, from outside.",
         "",
-        f"Every valid candidate of a gpt's plan ({' '.join(GPT)}), {reps} interleaved "
+        described
+        or f"Every valid candidate of a gpt's plan ({' '.join(GPT)}), {reps} interleaved "
         f"repetitions of {STEPS} steps each: measured step time (median of time/step_s after "
         "the first step) and peak memory (the largest rank's resident memory above its base), "
         "medians, against the prediction"
@@ -133,7 +199,7 @@ def _table(plan: dict, results: dict, kept: dict, predicted_now: bool = False) -
         got = median.get(row["name"])
         predicted = row["predicted"]
         if got is None:
-            lines.append(f"| {row['name']} | {predicted['step_s']:.3f} | failed | | | |")
+            lines.append(f"| {row['name']} | {predicted['step_s']:.3f} | not measured | | | |")
             continue
         error = predicted["peak_bytes"] / got["peak_bytes"] - 1
         errors.append(abs(error))
@@ -146,14 +212,16 @@ def _table(plan: dict, results: dict, kept: dict, predicted_now: bool = False) -
     lines += [
         "",
         f"Peak memory: the prediction within {max(errors):.0%} of the measurement for every "
-        f"candidate, {statistics.median(errors):.0%} the median error.",
+        f"candidate measured, {statistics.median(errors):.0%} the median error."
+        if errors
+        else "Nothing was measured.",
     ]
     return "\n".join(lines) + "\n"
 
 
 def _versus(median: dict, chosen: str, fastest: str) -> str:
     if chosen not in median:
-        return "its runs failed."
+        return "not measured (its runs failed, or the budget ran out first)."
     ratio = median[chosen]["step_s"] / median[fastest]["step_s"]
     return (
         f"measured {median[chosen]['step_s']:.3f} s/step, {ratio:.3f}x the fastest measured "
