@@ -66,12 +66,28 @@ class Engine(ABC):
     """Where a microbatch's forward and backward run (the plan's: runner.engines.plan)."""
     needs_warm_up = False
     """Whether the loop runs warm_up() before this start's first step."""
+    grads_kept = False
+    """Whether the gradients are zeroed in place after a step instead of freed
+    (keep_gradients)."""
     _grad_bytes: int | None = None
     _grads_noted = False
 
     @abstractmethod
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
         """Context for the forward and backward of microbatch `index` of `count`."""
+
+    def keep_gradients(self) -> None:
+        """Give every parameter a gradient now and zero it in place after each step, never
+        freeing it: under CUDA graphs (compile.mode=reduce-overhead) a backward pass that
+        finds no gradient makes its replay's own output buffer the gradient, and the next
+        microbatch's replay overwrites that buffer (torch raises "accessing tensor output of
+        CUDAGraphs that has been overwritten", pytorch#169545); adding into a gradient that
+        outlives the replay is what the graphs need."""
+        self.grads_kept = True
+        with torch.no_grad():
+            for p in self.module.parameters():
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate `loss` (already weighted by the microbatch's share of the step)."""
@@ -116,14 +132,14 @@ class Engine(ABC):
         else:
             self.torch_optimizer.step()
         self.scheduler.step()
-        self.torch_optimizer.zero_grad(set_to_none=True)
+        self.torch_optimizer.zero_grad(set_to_none=not self.grads_kept)
 
     def skip_step(self) -> None:
         """Drop this step's gradients: the weights, the optimizer state and the schedule stay
         as they were (the loss scaler, which saw the gradients unscaled, adjusts its scale)."""
         if self.scaler:
             self.scaler.update()
-        self.torch_optimizer.zero_grad(set_to_none=True)
+        self.torch_optimizer.zero_grad(set_to_none=not self.grads_kept)
 
     def warm_up(self, one_pass: Callable[[], None]) -> None:
         """Run `one_pass` (a forward and backward pass of the first microbatch) and leave no
@@ -137,7 +153,7 @@ class Engine(ABC):
         with torch.no_grad():
             for buffer, saved in zip(self.module.buffers(), buffers, strict=True):
                 buffer.copy_(saved)
-        self.torch_optimizer.zero_grad(set_to_none=True)
+        self.torch_optimizer.zero_grad(set_to_none=not self.grads_kept)
 
     def communicating_modules(self) -> list[nn.Module]:
         """Modules whose forward pass starts with a collective (FSDP's weight gathers)."""
@@ -155,7 +171,7 @@ class Engine(ABC):
         """After a pass abandoned midway (grad_accum=auto, out of memory): undo what it left
         behind, the same on every rank, and unless `keeps_microbatches`, drop the gradients
         of the step so far."""
-        self.torch_optimizer.zero_grad(set_to_none=True)
+        self.torch_optimizer.zero_grad(set_to_none=not self.grads_kept)
 
     @property
     def nonfinite_skips(self) -> int:

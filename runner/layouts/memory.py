@@ -73,13 +73,13 @@ def state_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> di
     if engine == "ddp":
         state = {"params": whole, "grads": whole, "optimizer": optimizer * whole}
     elif engine in ("zero1", "zero2"):
-        part = math.ceil(sum(params) / data) * 4  # fp32 masters, flat
-        low = _low_precision(ranks)
-        model = whole // 2 if low else whole
-        grads = part // 2 if low else part
+        # fp32 weights under every precision (runner's ZeRO runs bf16 and fp16 as autocast),
+        # a partition of fp32 masters, flat, and of the gradients
+        part = math.ceil(sum(params) / data) * 4
+        grads = part
         if engine == "zero1" and candidate.grad_accum > 1:  # accumulated whole until the
-            grads = model  # step's boundary, where stage 1 reduces them into its partition
-        state = {"params": model + part, "grads": grads}
+            grads = whole  # step's boundary, where stage 1 reduces them into its partition
+        state = {"params": whole + part, "grads": grads}
         state["optimizer"] = optimizer * part
     elif engine == "zero3":
         part = sum(math.ceil(n / data) for n in params)
@@ -97,11 +97,6 @@ def state_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> di
         state = {"params": shard, "grads": shard, "optimizer": optimizer * shard}
     state = {key: int(value) for key, value in state.items()}
     return {**state, "total": sum(state.values())}
-
-
-def _low_precision(ranks: Ranks) -> bool:
-    """DeepSpeed holds the model in bf16 or fp16 under those precisions (fp32 masters)."""
-    return ranks.precision in ("bf16", "fp16")
 
 
 def _held_params(facts: dict[str, Any], candidate: Candidate) -> list[float]:
@@ -148,13 +143,21 @@ def _cpu_extra(facts: dict[str, Any], candidate: Candidate) -> float:
     return CPU_EXTRA_BYTES + per_byte * model
 
 
+def traced_pass(facts: dict[str, Any], candidate: Candidate) -> dict[str, float]:
+    """The traced pass a candidate runs: its checkpointing mode's, over half weights under
+    fsdp where the run computes in bf16 or fp16 (FSDP's MixedPrecisionPolicy)."""
+    passes = facts["passes"]
+    if candidate.engine == "fsdp" and facts.get("half_passes"):
+        passes = facts["half_passes"]
+    return passes[candidate.checkpointing if candidate.checkpointing in passes else "none"]
+
+
 def activation_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> float:
     """The forward and backward pass's own peak on one rank: the traced pass at this
     microbatch, split by tensor and context parallelism; a pipeline stage holds its share of
     the blocks' for the microbatches in flight (every one under gpipe, one per stage under
     1f1b)."""
-    mode = candidate.checkpointing if candidate.checkpointing in facts["passes"] else "none"
-    traced = facts["passes"][mode]
+    traced = traced_pass(facts, candidate)
     samples = ranks.micro_batch(candidate)
     peak = traced["base"] + traced["per_sample"] * samples
     peak /= candidate.tensor * candidate.context
@@ -184,8 +187,11 @@ def _gathered_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -
     if candidate.engine == "zero3":
         return 3 * block if candidate.data_ranks(ranks.world) > 1 else 0.0
     if candidate.engine in ("zero1", "zero2"):
+        # DeepSpeed's bucket of contiguous gradients: allocated whole (a GPU holds all of
+        # it; a CPU's pages only where it is written, at most the gradients)
         bucket = ranks.options.get("reduce_bucket_size", 5 * 10**8)
-        return min(bucket, sum(_held_params(facts, candidate))) * width
+        whole = ranks.device == "cuda" and ranks.options.get("contiguous_gradients", True)
+        return (bucket if whole else min(bucket, sum(_held_params(facts, candidate)))) * width
     return 0.0
 
 

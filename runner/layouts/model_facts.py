@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,7 @@ from runner.spec import RunSpec
 from runner.train.step.batch_parts import logits_of, split
 
 MODES = ("none", "full", "selective")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -60,20 +62,35 @@ class ModelFacts:
     optimizer_state: float  # optimizer state bytes per parameter byte
     optimizer_temporaries: float  # the peak bytes an optimizer step makes, beyond its state
     device: dict[str, Any] = field(default_factory=dict)  # kind, name, memory, flops
+    # FSDP's passes under bf16 or fp16, by mode: its MixedPrecisionPolicy computes on half
+    # copies of the weights, so what flows between the layers is half too (ddp's and ZeRO's
+    # autocast keeps an fp32 stream over fp32 weights); empty under fp32
+    half_passes: dict[str, Pass] = field(default_factory=dict)
+    traced_on: str = "cpu"  # the device the passes were traced for (fake tensors of its kind)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def measure(spec: RunSpec, nproc: int, device: str) -> ModelFacts:
-    """The facts of `spec`'s model and data, with `nproc` ranks on a `device` (cpu|cuda)."""
+def measure(spec: RunSpec, nproc: int, device: str, trace_on: str | None = None) -> ModelFacts:
+    """The facts of `spec`'s model and data, with `nproc` ranks on a `device` (cpu|cuda).
+    The passes are traced as that device runs them (its autocast, its attention kernels),
+    on fake tensors of its kind where this process sees one (`trace_on` says which), else
+    on the CPU's."""
     data = build_datasets(spec.data)
-    tracer = _Tracer(spec, data.info, data.train[0])
-    model = tracer.model()
+    if trace_on is None:
+        trace_on = "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
+    try:
+        traced = _Tracer(spec, data.info, data.train[0], trace_on).everything()
+    except Exception as error:  # a fake CUDA trace the model cannot take
+        if trace_on == "cpu":
+            raise
+        log.warning("tracing on fake %s tensors failed (%s); traced as on a CPU", trace_on, error)
+        trace_on = "cpu"
+        traced = _Tracer(spec, data.info, data.train[0], trace_on).everything()
+    model, (passes, half_passes), (state, temporaries) = traced
     blocks = find_blocks(model)
     unique = list({id(p): p for p in model.parameters()}.values())
-    passes = {mode: tracer.one_step(mode, len(blocks)) for mode in MODES[: 3 if blocks else 1]}
-    state, temporaries = tracer.optimizer_step(model)
     return ModelFacts(
         params=[p.numel() for p in unique],
         element_bytes=unique[0].element_size() if unique else 4,
@@ -84,6 +101,8 @@ def measure(spec: RunSpec, nproc: int, device: str) -> ModelFacts:
         optimizer_state=state,
         optimizer_temporaries=temporaries,
         device=device_facts(device, nproc, calibrate=spec.nodes == 1),
+        half_passes=half_passes,
+        traced_on=trace_on,
     )
 
 
@@ -94,10 +113,11 @@ class _Tracer:
     Meta tensors alone would run faster, but their operations are not a CPU's or a GPU's:
     attention on them keeps its whole matrix of scores, which flash attention never holds."""
 
-    def __init__(self, spec: RunSpec, info: dict[str, Any], sample: Any) -> None:
+    def __init__(self, spec: RunSpec, info: dict[str, Any], sample: Any, device: str) -> None:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        self.spec, self.info, self.sample = spec, info, sample
+        self.spec, self.info, self.sample, self.device = spec, info, sample, device
+        self.half = HALF.get(spec.precision.name.value)
         self.loss_fn = instantiate(spec.loss.node, info)
         self.fake = FakeTensorMode(allow_non_fake_inputs=True)
         try:
@@ -106,8 +126,24 @@ class _Tracer:
         except Exception:  # it reads values as it is built: built under the fake mode each time
             self.meta = None
 
-    def model(self, mode: str = "none", blocks: int | None = None) -> nn.Module:
-        """The model with fake storages, checkpointed by `mode`, cut to its first `blocks`."""
+    def everything(self) -> tuple[nn.Module, tuple[dict, dict], tuple[float, float]]:
+        """The whole model (fake), its passes (`passes`), its optimizer's step's figures."""
+        model = self.model()
+        return model, self.passes(), self.optimizer_step(model)
+
+    def passes(self) -> tuple[dict[str, Pass], dict[str, Pass]]:
+        """Each checkpointing mode's pass over the fp32 weights (ddp's, ZeRO's), and under
+        bf16 or fp16 over half copies of them too (FSDP's)."""
+        blocks = len(find_blocks(self.model()))
+        modes = MODES[: 3 if blocks else 1]
+        passes = {mode: self.one_step(mode, blocks) for mode in modes}
+        if self.half is None:
+            return passes, {}
+        return passes, {mode: self.one_step(mode, blocks, half=True) for mode in modes}
+
+    def model(self, mode: str = "none", blocks: int | None = None, half: bool = False) -> nn.Module:
+        """The model with fake storages, checkpointed by `mode`, cut to its first `blocks`,
+        its floating-point weights in the run's half dtype where `half`."""
         if self.meta is None:
             with self.fake:
                 model = build_model(self.spec.model, self.info)
@@ -118,12 +154,18 @@ class _Tracer:
             apply_activation_checkpointing(model, 1, mode == "selective")
         if blocks is not None:
             _keep_blocks(model, whole, blocks)
-        if self.meta is not None:
-            with self.fake:
-                model = model.to_empty(device="cpu")
+        if half and self.meta is not None:
+            model = model.to(self.half)  # on the meta device, before the fake storages
+        with self.fake:
+            if self.meta is not None:
+                model = model.to_empty(device=self.device)
+            elif self.device != "cpu" or half:  # fake tensors are not swapped: set in place
+                for tensor in [*model.parameters(), *model.buffers()]:
+                    dtype = self.half if half and tensor.is_floating_point() else tensor.dtype
+                    tensor.data = tensor.data.to(self.device, dtype)
         return model
 
-    def one_step(self, mode: str, blocks: int) -> Pass:
+    def one_step(self, mode: str, blocks: int, half: bool = False) -> Pass:
         """One forward and backward pass under activation_checkpointing=`mode`, traced on
         the model cut to its first two blocks (at 2 and 4 samples: the peak is a line in the
         microbatch's samples; batch norm needs more than one) and to its first three (what
@@ -131,25 +173,25 @@ class _Tracer:
         model's `blocks` adds alike. (A cut to one block would not do: a single checkpointed
         block is recomputed whole, as if it were not.)"""
         cut = 2 if blocks > 2 else None
-        low, high = self.traced(mode, 2, cut), self.traced(mode, 4, cut)
+        low, high = self.traced(mode, 2, cut, half), self.traced(mode, 4, cut, half)
         per_sample = (high.peak - low.peak) / 2
         flops, ops = low.flops, low.ops
         if cut is not None:
-            three = self.traced(mode, 2, cut + 1)
+            three = self.traced(mode, 2, cut + 1, half)
             per_sample += (three.peak - low.peak) / 2 * (blocks - cut)  # traced at two samples
             flops += (three.flops - low.flops) * (blocks - cut)
             ops += (three.ops - low.ops) * (blocks - cut)
         return Pass(low.peak - 2 * (high.peak - low.peak) / 2, per_sample, flops, ops)
 
-    def traced(self, mode: str, samples: int, blocks: int | None) -> _Traced:
-        model = self.model(mode, blocks)
+    def traced(self, mode: str, samples: int, blocks: int | None, half: bool = False) -> _Traced:
+        model = self.model(mode, blocks, half)
         with self.fake:
             for p in model.parameters():  # the gradients are state: made before the count
                 p.grad = torch.zeros_like(p)
             args, kwargs, targets = split(self._batch(samples))
             live = LiveBytes()
             with live:
-                with _autocast(self.spec):
+                with _autocast(self.spec, self.device):
                     logits = logits_of(model(*args, **kwargs))
                 loss_sum = self.loss_fn(logits, targets)[0]
                 loss_sum.backward()
@@ -162,7 +204,13 @@ class _Tracer:
         from torch.utils.data import default_collate
 
         def fake(t: Any) -> Any:
-            return self.fake.from_tensor(t) if isinstance(t, torch.Tensor) else t
+            if not isinstance(t, torch.Tensor):
+                return t
+            faked = self.fake.from_tensor(t)
+            if self.device == "cpu":
+                return faked
+            with self.fake:
+                return faked.to(self.device)
 
         return tree_map(fake, default_collate([self.sample] * samples))
 
@@ -201,11 +249,12 @@ def _heads(spec: RunSpec, model: nn.Module) -> int | None:
     return heads if isinstance(heads, int) else None
 
 
-def _autocast(spec: RunSpec) -> Any:
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "float8": torch.bfloat16}.get(
-        spec.precision.name.value
-    )
-    return torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _autocast(spec: RunSpec, device: str) -> Any:
+    dtype = {**HALF, "float8": torch.bfloat16}.get(spec.precision.name.value)
+    return torch.autocast(device, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
 def _keep_blocks(model: nn.Module, blocks: list[nn.Module], keep: int) -> None:

@@ -76,16 +76,39 @@ def make_plan(
         "device": facts["device"],
         "budget_bytes": budget,
         "budget": budget_from,
-        "model": {"parameters": sum(facts["params"]), "blocks": len(facts["blocks"])},
+        "model": {
+            "parameters": sum(facts["params"]),
+            "blocks": len(facts["blocks"]),
+            "traced_on": facts["traced_on"],
+        },
         "fixed": fixed or {},
         "candidates": rows,
         "chosen": None,
     }
     if not fitting:
         raise SpecError([_none_fits(rows, budget, budget_from)])
-    best = min(fitting, key=lambda r: r["predicted"]["step_s"])
+    best = min(fitting, key=lambda r: (round(r["predicted"]["step_s"], 6), _simpler(r)))
     plan["chosen"] = best["name"]
     return plan
+
+
+SIMPLER = ("ddp", "zero1", "zero2", "fsdp", "zero3")
+
+
+def _simpler(row: dict[str, Any]) -> tuple[int, int, int]:
+    """Between candidates predicted alike: the engine with fewer moving parts, fewer model
+    splits, the larger microbatch."""
+    overrides = row["overrides"]
+    engine = overrides.get("parallelism", "ddp")
+    splits = sum(
+        int(overrides.get(f"parallelism.{k}", 1) or 1) > 1
+        for k in ("tensor", "pipeline", "context")
+    )
+    return (
+        SIMPLER.index(engine) if engine in SIMPLER else len(SIMPLER),
+        splits,
+        int(overrides.get("grad_accum", 1)),
+    )
 
 
 def _keeping(listed: list[Candidate], fixed: dict[str, Any]) -> list[Candidate]:

@@ -2,6 +2,7 @@
 
     step = compute (+ recompute) + the pipeline's bubble + per-operation overhead
            + the optimizer step + the communication that is not hidden behind compute
+           + the engine's own machinery
 
 - compute: the traced FLOPs of a step's forward and backward passes (recomputation
   included) on this rank's share of the batch and of the model, over the device's FLOP/s
@@ -13,7 +14,9 @@
 - communication: the bytes each engine moves per step over the link's bandwidth
   (ring algorithms: all-reduce 2 (n-1)/n of the buffer, all-gather and reduce-scatter
   (n-1)/n), plus a latency per collective. On a GPU the data-parallel gradient exchange
-  overlaps the backward pass; on a CPU the same cores run both, and nothing hides.
+  overlaps the backward pass; on a CPU the same cores run both, and nothing hides;
+- the engine: what a sharding engine's hooks, casts and copies cost beyond all that,
+  measured (CPU_SECONDS_PER_ELEMENT, CUDA_SECONDS_PER_TENSOR).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import math
 from typing import Any
 
 from runner.layouts.candidates import Candidate
-from runner.layouts.memory import Ranks, _held_params, state_bytes
+from runner.layouts.memory import Ranks, _held_params, state_bytes, traced_pass
 
 # Links by device: bytes/s and seconds per collective. On a GPU, NVLink within a node. On a
 # CPU the ranks share its cores and talk through gloo (loopback TCP, which the same cores
@@ -50,6 +53,12 @@ CPU_EFFICIENCY, CPU_HALF_ITEMS = 1.0, 117
 # DTensor's dispatch (fsdp over several shards, tensor parallelism). Measured against ddp on
 # the same gpt (benchmarks/results/plan.md).
 CPU_SECONDS_PER_ELEMENT = {"zero1": 2.4e-8, "zero2": 2.4e-8, "zero3": 8e-8, "fsdp": 4e-8}
+# The same on a GPU, in seconds per parameter tensor: what the engine's hooks, casts and
+# copies launch around each tensor a step, which a GPU's fast arithmetic leaves exposed
+# (FSDP2's casts and all-gather copies, ZeRO-3's per-module gathers and releases). Fitted
+# on the 12-layer gpt on one H200 (benchmarks/results/gpu_plan.md: fsdp 2.1x ddp's step,
+# zero3 5.6x, zero1 1.1x).
+CUDA_SECONDS_PER_TENSOR = {"zero1": 2e-5, "zero2": 2e-5, "zero3": 9.7e-4, "fsdp": 2.1e-4}
 
 
 def step_seconds(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> dict[str, float]:
@@ -60,8 +69,7 @@ def step_seconds(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> d
     if ranks.precision == "float8":
         dtype = "bf16" if "bf16" in device["flops"] else "fp32"
     flops_per_s = device["flops"].get(dtype) or device["flops"]["fp32"]
-    mode = candidate.checkpointing if candidate.checkpointing in facts["passes"] else "none"
-    traced = facts["passes"][mode]
+    traced = traced_pass(facts, candidate)
     data = candidate.data_ranks(ranks.world)
     samples = ranks.global_batch / data  # this rank's share of the step's batch
     split = candidate.tensor * candidate.context * candidate.pipeline
@@ -79,13 +87,16 @@ def step_seconds(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> d
     exposed = comm["data"] if ranks.device != "cuda" else max(0.0, comm["data"] - 0.6 * compute)
     exposed += comm["model"]
     if ranks.device != "cuda":
-        exposed += _cpu_machinery(facts, candidate, ranks)
+        machinery = _cpu_machinery(facts, candidate, ranks)
+    else:
+        machinery = CUDA_SECONDS_PER_TENSOR.get(candidate.engine, 0.0) * len(facts["params"])
     parts = {
         "compute": compute,
         "bubble": bubble,
         "overhead": overhead,
         "optimizer": optimizer,
         "communication": exposed,
+        "engine": machinery,
     }
     return {**parts, "step_s": sum(parts.values())}
 

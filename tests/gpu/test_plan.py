@@ -24,6 +24,7 @@ LAYOUTS = [
     "ddp ac=full accum=1",
     "ddp ac=selective accum=1",
     "fsdp accum=2",
+    "fsdp ac=full accum=1",
 ]
 
 
@@ -41,6 +42,7 @@ def test_runner_plan_on_a_gpu_plans_for_its_memory(gpu_plan) -> None:
 
     _, plan = gpu_plan
     assert plan["device"]["kind"] == "cuda"
+    assert plan["model"]["traced_on"] == "cuda"  # fake CUDA tensors: CUDA's autocast, kernels
     assert plan["device"]["memory"] == torch.cuda.get_device_properties(0).total_memory
     assert plan["chosen"], plan
     chosen = next(r for r in plan["candidates"] if r["name"] == plan["chosen"])
@@ -64,7 +66,8 @@ def test_the_predicted_peak_is_within_15_percent_of_max_memory_allocated(
     if report:
         line = {"layout": layout, "predicted": predicted, "measured": measured,
                 "parts": row.get("parts", {}), "state_bytes": row["predicted"]["state_bytes"],
-                "measured_state_bytes": summary.get("state_bytes")}  # fmt: skip
+                "measured_state_bytes": summary.get("state_bytes"),
+                "traced_on": plan["model"]["traced_on"]}  # fmt: skip
         with open(Path(report) / "plan_peaks.jsonl", "a") as out:
             out.write(json.dumps(line) + "\n")
     check_trained(run)

@@ -95,6 +95,8 @@ def parallelize(
     plan = _cut(module, spec, grid, mesh, device, total_steps, fill, microbatches)
     plan.pairing = pairing
     engine = build_engine(spec, plan)
+    if spec.compile is not None and spec.compile.captures_graphs and not spec.eval_only:
+        engine.keep_gradients()  # a replay's outputs never become the gradients
     if spec.precision.name is Precision.FLOAT8 and engine.torch_optimizer is not None:
         from runner.engines import float8
 
