@@ -75,7 +75,7 @@ def _train(
 
 
 def plan_table(reps: int, _steps: int, _deadline: float | None = None) -> str:
-    answers = [_plan(*TWELVE)[1] for _ in range(reps)]
+    answers = [_plan(*TWELVE)[1] for _ in range(max(5, reps))]
     plan, _ = _plan(*GPT)
     valid = [r for r in plan["candidates"] if r["valid"]]
     results: dict[str, list[dict[str, float]]] = {r["name"]: [] for r in valid}
@@ -149,7 +149,7 @@ def table_from_runs() -> str:
     """The table of the kept runs, against the planner's prediction now (and `runner plan`
     timed again: the planner is what changed)."""
     kept = json.loads(RUNS.read_text())
-    kept["answers"] = [_plan(*TWELVE)[1] for _ in range(kept["reps"])]
+    kept["answers"] = [_plan(*TWELVE)[1] for _ in range(max(5, kept["reps"]))]
     RUNS.write_text(json.dumps(kept, indent=1) + "\n")
     plan, _ = _plan(*GPT)
     return _table(plan, kept["results"], kept, predicted_now=True)
@@ -172,7 +172,7 @@ def _table(
         "",
         f"Machine: {kept['machine']}. `runner plan` for a 12-layer gpt (768 wide): "
         f"{statistics.median(answers):.1f} s median ({min(answers):.1f}-{max(answers):.1f}) "
-        f"over {reps} runs, from outside.",
+        f"over {len(answers)} runs, from outside.",
         "",
         described
         or f"Every valid candidate of a gpt's plan ({' '.join(GPT)}), {reps} interleaved "

@@ -38,6 +38,9 @@ def main() -> None:
 
 
 def _main() -> None:
+    from runner.cli import planner_process
+
+    planner_process.prestart(sys.argv[1:])  # its torch import overlaps all that follows
     from runner.cli import torch_release
 
     torch_release.check()  # an image's torch older than runner supports: one line, exit 2
@@ -51,10 +54,6 @@ def _main() -> None:
     supervise.catch_early_asks()
     keep_extensions_in_environment()  # before the agent starts: every process inherits it
     supervise.prestart_agent(sys.argv[1:])
-    if sys.argv[1:2] == ["plan"] or "parallelism=auto" in sys.argv[1:]:
-        from runner.cli.layout_plan import prestart_planner
-
-        prestart_planner()  # its torch import overlaps Hydra's composition
     from runner.cli.main import main as cli_main
 
     cli_main()

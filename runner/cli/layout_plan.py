@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from runner.cli import planner_process
 from runner.errors import first_line
 from runner.spec import SpecError
 from runner.spec.plan_specs import group_option
@@ -24,40 +23,6 @@ log = logging.getLogger("runner")
 AUTO = "auto"
 PLAN_FILE = "plan.json"
 SHOWN = 12  # rows of the table: the fastest valid layouts
-
-
-class _Planner:
-    prestarted: subprocess.Popen | None = None
-
-
-def _planner() -> subprocess.Popen:
-    """The planner's process (runner.layouts.planner): it imports torch, then waits for its
-    request on stdin."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "runner.layouts.planner"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "RUNNER_PARENT_PID": str(os.getpid())},
-    )
-
-
-def prestart_planner() -> None:
-    """Start the planner before Hydra composes the config (`runner plan`, or
-    parallelism=auto on the command line): its torch import runs meanwhile. One the run
-    never asks is ended when the parent exits."""
-    import atexit
-
-    _Planner.prestarted = _planner()
-    atexit.register(_end_unasked)
-
-
-def _end_unasked() -> None:
-    child = _Planner.prestarted
-    if child is not None and child.poll() is None:
-        child.kill()
-        child.wait()
 
 
 def wants_plan(cfg: DictConfig) -> bool:
@@ -79,7 +44,7 @@ def make_plan(cfg: DictConfig, conf_dir: str, run_dir: Path | None) -> dict[str,
         "run_dir": str(run_dir or ""),
         "fixed": _given_layout_keys(cfg),
     }
-    child, _Planner.prestarted = _Planner.prestarted or _planner(), None
+    child = planner_process.take()
     out, err = child.communicate(json.dumps(request))
     if child.returncode != 0:
         tail = err.strip().splitlines()[-1:] or [f"exit code {child.returncode}"]

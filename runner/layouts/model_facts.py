@@ -26,6 +26,7 @@ from torch import nn
 from runner.components import instantiate
 from runner.data.datasets import build_datasets
 from runner.hardware import cpu_cores, peak_tflops, threads_per_rank
+from runner.layouts.forked import forked_map
 from runner.layouts.live_bytes import LiveBytes
 from runner.models.blocks import apply_activation_checkpointing, find_blocks
 from runner.models.builders import build_model
@@ -127,19 +128,33 @@ class _Tracer:
             self.meta = None
 
     def everything(self) -> tuple[nn.Module, tuple[dict, dict], tuple[float, float]]:
-        """The whole model (fake), its passes (`passes`), its optimizer's step's figures."""
+        """The whole model (fake), its passes (`passes`), its optimizer's step's figures (on
+        the model cut to two blocks: its state per parameter byte and its temporaries per
+        byte of the largest tensor are the whole model's, in a fifth of the time)."""
         model = self.model()
-        return model, self.passes(), self.optimizer_step(model)
+        cut = 2 if len(find_blocks(model)) > 2 else None
+        return model, self.passes(), self.optimizer_step(self.model(blocks=cut))
 
     def passes(self) -> tuple[dict[str, Pass], dict[str, Pass]]:
         """Each checkpointing mode's pass over the fp32 weights (ddp's, ZeRO's), and under
         bf16 or fp16 over half copies of them too (FSDP's)."""
         blocks = len(find_blocks(self.model()))
         modes = MODES[: 3 if blocks else 1]
-        passes = {mode: self.one_step(mode, blocks) for mode in modes}
-        if self.half is None:
-            return passes, {}
-        return passes, {mode: self.one_step(mode, blocks, half=True) for mode in modes}
+        kinds = [(mode, False) for mode in modes]
+        kinds += [(mode, True) for mode in modes] if self.half is not None else []
+        cut = 2 if blocks > 2 else None
+        shapes = [(2, cut), (4, cut), *([(2, cut + 1)] if cut is not None else [])]
+        jobs = [(mode, half, samples, kept) for mode, half in kinds for samples, kept in shapes]
+        # side by side in forked copies of this process where the fakes are a CPU's (a
+        # CUDA context does not survive a fork)
+        workers = min(len(jobs), cpu_cores()) if self.device == "cpu" else 1
+        traced = forked_map(lambda job: self.traced(*job), jobs, workers)
+        steps = [
+            _one_step(traced[i : i + len(shapes)], blocks, cut)
+            for i in range(0, len(traced), len(shapes))
+        ]
+        full, half = steps[: len(modes)], steps[len(modes) :]
+        return dict(zip(modes, full, strict=True)), dict(zip(modes, half, strict=False))
 
     def model(self, mode: str = "none", blocks: int | None = None, half: bool = False) -> nn.Module:
         """The model with fake storages, checkpointed by `mode`, cut to its first `blocks`,
@@ -165,25 +180,9 @@ class _Tracer:
                     tensor.data = tensor.data.to(self.device, dtype)
         return model
 
-    def one_step(self, mode: str, blocks: int, half: bool = False) -> Pass:
-        """One forward and backward pass under activation_checkpointing=`mode`, traced on
-        the model cut to its first two blocks (at 2 and 4 samples: the peak is a line in the
-        microbatch's samples; batch norm needs more than one) and to its first three (what
-        each further block adds to the peak, and its FLOPs): every further block of the
-        model's `blocks` adds alike. (A cut to one block would not do: a single checkpointed
-        block is recomputed whole, as if it were not.)"""
-        cut = 2 if blocks > 2 else None
-        low, high = self.traced(mode, 2, cut, half), self.traced(mode, 4, cut, half)
-        per_sample = (high.peak - low.peak) / 2
-        flops, ops = low.flops, low.ops
-        if cut is not None:
-            three = self.traced(mode, 2, cut + 1, half)
-            per_sample += (three.peak - low.peak) / 2 * (blocks - cut)  # traced at two samples
-            flops += (three.flops - low.flops) * (blocks - cut)
-            ops += (three.ops - low.ops) * (blocks - cut)
-        return Pass(low.peak - 2 * (high.peak - low.peak) / 2, per_sample, flops, ops)
-
-    def traced(self, mode: str, samples: int, blocks: int | None, half: bool = False) -> _Traced:
+    def traced(self, mode: str, half: bool, samples: int, blocks: int | None) -> _Traced:
+        """One forward and backward pass of `samples` samples through the model cut to its
+        first `blocks`, checkpointed by `mode`, over half weights where `half`."""
         model = self.model(mode, blocks, half)
         with self.fake:
             for p in model.parameters():  # the gradients are state: made before the count
@@ -233,6 +232,24 @@ class _Tracer:
             state = optimizer_state_bytes(optimizer)
         param_bytes = sum(p.numel() * p.element_size() for p in params)
         return state / max(1, param_bytes), float(live.peak - before)
+
+
+def _one_step(traced: list[_Traced], blocks: int, cut: int | None) -> Pass:
+    """One forward and backward pass of the whole model under one checkpointing mode, from
+    its traces on the model cut to its first two blocks (at 2 and 4 samples: the peak is a
+    line in the microbatch's samples; batch norm needs more than one) and to its first
+    three (what each further block adds to the peak, and its FLOPs): every further block of
+    the model's `blocks` adds alike. (A cut to one block would not do: a single
+    checkpointed block is recomputed whole, as if it were not.)"""
+    low, high = traced[0], traced[1]
+    per_sample = (high.peak - low.peak) / 2
+    flops, ops = low.flops, low.ops
+    if cut is not None:
+        three = traced[2]
+        per_sample += (three.peak - low.peak) / 2 * (blocks - cut)  # traced at two samples
+        flops += (three.flops - low.flops) * (blocks - cut)
+        ops += (three.ops - low.ops) * (blocks - cut)
+    return Pass(low.peak - 2 * (high.peak - low.peak) / 2, per_sample, flops, ops)
 
 
 @dataclass

@@ -15,10 +15,13 @@ import copy
 import json
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from runner.hardware import cpu_cores
 from runner.layouts.candidates import Candidate, candidates
+from runner.layouts.forked import forked_map
 from runner.layouts.memory import Ranks, peak_bytes, state_bytes
 from runner.layouts.speed import step_seconds
 from runner.spec import RunSpec, SpecError, resolve_spec
@@ -69,7 +72,11 @@ def make_plan(
     )  # fmt: skip
     listed = _keeping(listed, fixed or {})
     budget, budget_from = _budget(stand_in, facts)
-    rows = [_weigh(config, c, conf_dir, run_dir, facts, budget) for c in listed]
+    # each candidate's resolution and checks, side by side where no CUDA context is open
+    workers = cpu_cores() if facts["traced_on"] == "cpu" else 1
+    _data_info(stand_in)  # once, here
+    weigh = partial(_weigh, config, conf_dir=conf_dir, run_dir=run_dir, facts=facts, budget=budget)
+    rows = forked_map(weigh, listed, workers)
     fitting = [r for r in rows if r["valid"] and r["fits"]]
     plan = {
         "world_size": stand_in.world_size,
@@ -154,6 +161,7 @@ def _budget(spec: RunSpec, facts: dict[str, Any]) -> tuple[int, str]:
 def _weigh(
     config: dict[str, Any],
     candidate: Candidate,
+    *,
     conf_dir: Path,
     run_dir: Path | None,
     facts: dict[str, Any],
@@ -200,10 +208,22 @@ def _model_problems(spec: RunSpec, facts: dict[str, Any]) -> list[str]:
         if key[:4] == (1, 1, 1, 0):
             _MODEL_CHECKS[key] = []
         else:
-            from runner.data.datasets import build_datasets
-
-            _MODEL_CHECKS[key] = model_problems(spec, build_datasets(spec.data).info)
+            _MODEL_CHECKS[key] = model_problems(spec, _data_info(spec))
     return _MODEL_CHECKS[key]
+
+
+_DATA_INFO: dict[str, dict[str, Any]] = {}
+
+
+def _data_info(spec: RunSpec) -> dict[str, Any]:
+    """What the data tells the model (vocabulary, classes, ...): built once a plan (every
+    candidate reads the same data), before its candidates are resolved side by side."""
+    key = repr(spec.data)
+    if key not in _DATA_INFO:
+        from runner.data.datasets import build_datasets
+
+        _DATA_INFO[key] = build_datasets(spec.data).info
+    return _DATA_INFO[key]
 
 
 def _none_fits(rows: list[dict[str, Any]], budget: int, budget_from: str) -> str:
@@ -257,6 +277,9 @@ def main() -> None:
     except SpecError as err:
         plan = {"problems": err.problems}
     json.dump(plan, sys.stdout)
+    sys.stdout.flush()
+    # leave at once (tearing down torch's and the traced models' objects took ~2 s)
+    os._exit(0)
 
 
 if __name__ == "__main__":
