@@ -282,3 +282,25 @@ def test_a_resumed_auto_run_keeps_the_layout_it_was_planned_with(
     again = run_cli(tmp_path, *args, "max_steps=6", "resume=auto", name="auto")
     assert again.returncode == 0, again.output
     assert "plan.json is damaged (not the plan runner wrote); planning again" in again.output
+
+
+def test_between_layouts_predicted_alike_the_simpler_one_is_picked() -> None:
+    """ddp before ZeRO and fsdp, no model split before one, the larger microbatch: the order
+    the pick breaks a tie of predicted step times with (on one GPU, fsdp's and ddp's
+    predictions came within microseconds, and fsdp measured 2x ddp's step)."""
+    from runner.layouts.planner import _simpler
+
+    layouts = [
+        Candidate("zero3", "none", 1),
+        Candidate("fsdp", "none", 1, tensor=2),
+        Candidate("fsdp", "none", 1),
+        Candidate("ddp", "none", 2),
+        Candidate("zero1", "none", 1),
+        Candidate("ddp", "none", 1),
+    ]
+    rows = [{"overrides": c.overrides(), "name": c.name} for c in layouts]
+    ordered = [r["name"] for r in sorted(rows, key=_simpler)]
+    assert ordered == [
+        "ddp accum=1", "ddp accum=2", "zero1 accum=1", "fsdp accum=1", "fsdp tp2 accum=1",
+        "zero3 accum=1",
+    ]  # fmt: skip
