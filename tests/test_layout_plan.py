@@ -100,12 +100,33 @@ def test_runner_plan_prints_the_plan_and_trains_nothing(tmp_path: Path, corpus: 
     out = result.stdout
     assert "layout plan for 2 rank(s) on cpu" in out and "chosen: " in out
     assert "weighs every layout" in result.output  # parallelism=zero2 was left out
-    assert "ddp accum=1" in out and "more valid layouts in plan.json" in out
+    assert "ddp accum=1" in out and "more valid layouts (runner plan ... --json" in out
     assert not (tmp_path / "plan").exists() and not (tmp_path / "runs").exists()
     kept = run_cli(tmp_path, "plan", *lm_args(corpus), *GPT, "parallelism.tensor=2", "grad_accum=2")
     assert kept.returncode == 0, kept.output
     assert "chosen: fsdp tp2" in kept.stdout and "accum=2  (" in kept.stdout
     assert "ddp accum" not in kept.stdout
+
+
+@pytest.mark.slow
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path, corpus: Path) -> None:
+    """`runner plan --json | head`: the plan's JSON outgrows a pipe's buffer; the reader
+    closes it after a few lines, and runner leaves quietly."""
+    import subprocess
+
+    from tests.helpers.cli import child_env, runner_command
+
+    # a batch of 64 over 4 ranks: ~115 kB of JSON, past a pipe's 64 kB
+    many = [*GPT, "global_batch_size=64", "nproc=4"]
+    command = runner_command("plan", *lm_args(corpus), *many, "--json")
+    reader = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env()
+    )
+    assert reader.stdout is not None and reader.stdout.read(100).startswith(b"{")
+    reader.stdout.close()  # as `head` does
+    _, err = reader.communicate(timeout=300)
+    assert reader.returncode in (0, 1), err.decode()
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
 
 
 @pytest.mark.slow

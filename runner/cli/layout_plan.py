@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ log = logging.getLogger("runner")
 AUTO = "auto"
 PLAN_FILE = "plan.json"
 SHOWN = 12  # rows of the table: the fastest valid layouts
+LISTED = "(runner plan ... --json lists every one)"  # runner plan writes no plan.json
 
 
 def wants_plan(cfg: DictConfig) -> bool:
@@ -113,9 +115,10 @@ def write_plan(run_dir: Path, plan: dict[str, Any]) -> None:
     write_json(run_dir / PLAN_FILE, plan)
 
 
-def plan_table(plan: dict[str, Any], shown: int = SHOWN) -> str:
+def plan_table(plan: dict[str, Any], shown: int = SHOWN, rest: str = f"in {PLAN_FILE}") -> str:
     """The plan as a terminal reads it: the fastest valid layouts, predicted (and measured,
-    after trials), the pick marked; then how many were refused, and why."""
+    after trials), the pick marked; then how many were refused, and why. `rest`: where the
+    layouts not shown are."""
     valid = sorted(
         (r for r in plan["candidates"] if r["valid"]), key=lambda r: r["predicted"]["step_s"]
     )
@@ -144,7 +147,7 @@ def plan_table(plan: dict[str, Any], shown: int = SHOWN) -> str:
             line += f"  {got['step_s']:10.3f} {got['peak_bytes'] / 2**20:9.1f}"
         lines.append(line)
     if len(valid) > shown:
-        lines.append(f"  ... {len(valid) - shown} more valid layouts in {PLAN_FILE}")
+        lines.append(f"  ... {len(valid) - shown} more valid layouts {rest}")
     refused = [r for r in plan["candidates"] if not r["valid"]]
     if refused:
         reasons = sorted({p for r in refused for p in r["problems"]})
@@ -199,4 +202,10 @@ def plan_task(cfg: DictConfig) -> None:
     except SpecError as err:
         log.error("%s", problems_text(err.problems))
         sys.exit(2)
-    print(json.dumps(plan, indent=2) if _Request.as_json else plan_table(plan))
+    try:
+        print(json.dumps(plan, indent=2) if _Request.as_json else plan_table(plan, rest=LISTED))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `runner plan --json | head`: the reader left
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # and the interpreter's last flush is quiet
+        sys.exit(1)
