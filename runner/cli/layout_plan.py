@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from runner.cli import planner_process
+from runner.cli.closed_pipe import reader_left
 from runner.errors import first_line
 from runner.spec import SpecError
 from runner.spec.plan_specs import group_option
@@ -206,6 +206,5 @@ def plan_task(cfg: DictConfig) -> None:
         print(json.dumps(plan, indent=2) if _Request.as_json else plan_table(plan, rest=LISTED))
         sys.stdout.flush()
     except BrokenPipeError:  # `runner plan --json | head`: the reader left
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # and the interpreter's last flush is quiet
+        reader_left()
         sys.exit(1)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from runner.cli.closed_pipe import reader_left
 from runner.rundir.files import RunDir, read_jsonl
 from runner.rundir.summary import how_it_ended
 from runner.sweeps.job_dirs import job_order, metric_columns, run_config
@@ -239,8 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _watch(paths, base, out, args.watch) if args.watch else _report(runs, base, out)
     except BrokenPipeError:  # `runner-report ... | head`: the reader left (rich: exit 1 too)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # and the interpreter's last flush is quiet
+        reader_left()
         return 1
 
 

@@ -132,13 +132,13 @@ class _Tracer:
         the model cut to two blocks: its state per parameter byte and its temporaries per
         byte of the largest tensor are the whole model's, in a fifth of the time)."""
         model = self.model()
-        cut = 2 if len(find_blocks(model)) > 2 else None
-        return model, self.passes(), self.optimizer_step(self.model(blocks=cut))
+        blocks = len(find_blocks(model))
+        cut = 2 if blocks > 2 else None
+        return model, self.passes(blocks), self.optimizer_step(self.model(blocks=cut))
 
-    def passes(self) -> tuple[dict[str, Pass], dict[str, Pass]]:
+    def passes(self, blocks: int) -> tuple[dict[str, Pass], dict[str, Pass]]:
         """Each checkpointing mode's pass over the fp32 weights (ddp's, ZeRO's), and under
-        bf16 or fp16 over half copies of them too (FSDP's)."""
-        blocks = len(find_blocks(self.model()))
+        bf16 or fp16 over half copies of them too (FSDP's), for a model of `blocks` blocks."""
         modes = MODES[: 3 if blocks else 1]
         kinds = [(mode, False) for mode in modes]
         kinds += [(mode, True) for mode in modes] if self.half is not None else []
