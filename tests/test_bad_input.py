@@ -506,7 +506,7 @@ def test_components_are_checked_before_any_rank_starts(
         ),
         (
             "model=vit",
-            "model=vit: no such model option; valid: custom, gpt, mlp, resnet18, resnet50",
+            "model=vit: no such model option; valid: custom, gpt, gpt_moe, mlp, resnet18, resnet50",
         ),
     ],
 )

@@ -89,6 +89,13 @@ class Engine(ABC):
                 if p.requires_grad and p.grad is None:
                     p.grad = torch.zeros_like(p)
 
+    def backward_scale(self) -> torch.Tensor | float:
+        """What backward() multiplies a loss by: fp16's loss scale (a device tensor), else 1.
+        A loss that joins the gradient inside the model (a MoE layer's balance losses:
+        runner.models.moe) is scaled alike."""
+        scale = getattr(self.scaler, "_scale", None) if self.scaler else None
+        return scale if scale is not None else 1.0
+
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate `loss` (already weighted by the microbatch's share of the step)."""
         (self.scaler.scale(loss) if self.scaler else loss).backward()

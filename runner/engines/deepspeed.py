@@ -175,6 +175,9 @@ class DeepSpeedEngine(Engine):
     def drop_pass(self) -> None:
         pass  # ZeRO-1/2 communicate in backward only: a forward pass leaves nothing behind
 
+    def backward_scale(self) -> torch.Tensor | float:
+        return self.loss_scale.scale if self.loss_scale is not None else 1.0
+
     def backward(self, loss: torch.Tensor) -> None:
         self.model.backward(loss, scale_wrt_gas=False)
         self.note_grad_bytes()  # ZeRO-1 holds whole gradients until the boundary's reduction

@@ -5,14 +5,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from runner.spec.mesh import CONTEXT, PIPELINE, REPLICATE, SHARD, SHARD_CONTEXT, TENSOR, Layout
+from runner.spec.mesh import (
+    CONTEXT,
+    EXPERT,
+    PIPELINE,
+    REPLICATE,
+    SHARD,
+    SHARD_CONTEXT,
+    SHARD_EXPERT,
+    TENSOR,
+    Layout,
+)
 
 _MESHES: dict[tuple[str, Layout], Any] = {}
 
 
 def device_mesh(grid: Layout, device_type: str) -> Any:
     """The run's DeviceMesh (made once per process): dimensions of size one left out, so
-    that FSDP alone keeps its 1-D mesh (shard) and HSDP its 2-D one (replicate, shard)."""
+    that FSDP alone keeps its 1-D mesh (shard) and HSDP its 2-D one (replicate, shard).
+    Under expert parallelism the shard dimension is two: (shard, expert), the expert
+    groups innermost."""
     key = (device_type, grid)
     if key not in _MESHES:
         from torch.distributed.device_mesh import init_device_mesh
@@ -20,7 +32,8 @@ def device_mesh(grid: Layout, device_type: str) -> Any:
         dims = [
             (PIPELINE, grid.pipeline),
             (REPLICATE, grid.replicate),
-            (SHARD, grid.shard),
+            (SHARD, grid.shard // grid.expert),
+            (EXPERT, grid.expert),
             (CONTEXT, grid.context),
             (TENSOR, grid.tensor),
         ]
@@ -39,6 +52,9 @@ def data_mesh(mesh: Any) -> Any:
     if CONTEXT in mesh.mesh_dim_names:
         flat = mesh[(SHARD, CONTEXT)]._flatten(SHARD_CONTEXT)
         return mesh[(REPLICATE, SHARD_CONTEXT)] if REPLICATE in mesh.mesh_dim_names else flat
+    if EXPERT in mesh.mesh_dim_names:
+        flat = mesh[(SHARD, EXPERT)]._flatten(SHARD_EXPERT)
+        return mesh[(REPLICATE, SHARD_EXPERT)] if REPLICATE in mesh.mesh_dim_names else flat
     names = [n for n in mesh.mesh_dim_names if n in (REPLICATE, SHARD)]
     if tuple(names) == tuple(mesh.mesh_dim_names):
         return mesh
@@ -58,3 +74,15 @@ def pipeline_mesh(mesh: Any) -> Any | None:
 def context_mesh(mesh: Any) -> Any | None:
     """The context dimension of the run's mesh; None without context parallelism."""
     return mesh[CONTEXT] if CONTEXT in mesh.mesh_dim_names else None
+
+
+def expert_mesh(mesh: Any) -> Any | None:
+    """The expert dimension of the run's mesh; None without expert parallelism."""
+    return mesh[EXPERT] if EXPERT in mesh.mesh_dim_names else None
+
+
+def expert_data_mesh(mesh: Any) -> Any:
+    """What FSDP shards the experts over under expert parallelism: the data dimensions but
+    the expert one (each expert group holds every expert once)."""
+    names = tuple(n for n in mesh.mesh_dim_names if n in (REPLICATE, SHARD))
+    return mesh[names] if len(names) > 1 else mesh[names[0]]

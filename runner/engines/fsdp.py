@@ -58,6 +58,12 @@ class FSDPEngine(Engine):
         self.replicas = spec.parallelism.replicas
         self.stages, self.loss_context = plan.stages, plan.loss_context
         self.several_meshes, self.stage_world = plan.several_meshes, grid.stage_world
+        # expert parallelism: FSDP divides the experts' gradients by the ranks it sums them
+        # over, one in each expert group; the rest of the division is done here
+        self.expert_groups = grid.expert
+        self.expert_params = [
+            p for m in _split_experts(plan).values() for e in m for p in e.parameters()
+        ]
         self.tensor = grid.tensor
         if grid.replicate > 1:
             copies, shards = grid.replicate, grid.shard
@@ -102,6 +108,9 @@ class FSDPEngine(Engine):
         super().drop_pass()
 
     def prepare_step(self, norm_wanted: bool = True) -> torch.Tensor | None:
+        for param in self.expert_params:  # each summed over its expert group's tokens
+            if param.grad is not None:
+                param.grad.to_local().div_(self.expert_groups)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         norm = None
@@ -213,7 +222,10 @@ def _shard(plan: Plan, options: Any, precision: Any) -> None:
     policy = MixedPrecisionPolicy(param_dtype=DTYPES.get(precision), reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
     kwargs = {"mp_policy": policy, "offload_policy": offload, "mesh": data_mesh(plan.mesh)}
+    experts = _split_experts(plan)
     for block, reshard in zip(plan.blocks, _reshards(options, plan), strict=True):
+        for held in experts.get(id(block), []):  # first: the block's shards the rest
+            _shard_experts(held, plan, reshard, kwargs)
         fully_shard(block, reshard_after_forward=reshard, **kwargs)
     for root in plan.roots:
         fully_shard(root, reshard_after_forward=options.reshard_after_forward, **kwargs)
@@ -222,6 +234,28 @@ def _shard(plan: Plan, options: Any, precision: Any) -> None:
     for sharded in {id(m): m for r in plan.roots for m in r.modules()}.values():
         if isinstance(sharded, FSDPModule):
             sharded.set_force_sum_reduction_for_comms(True)
+
+
+def _split_experts(plan: Plan) -> dict[int, list[nn.Module]]:
+    """Under expert parallelism, each block's split experts (runner.models.expert_split)."""
+    if plan.grid.expert == 1:
+        return {}
+    from runner.models.expert_split import moe_layers
+
+    return {id(b): [m.experts for m in moe_layers(b)] for b in plan.blocks}
+
+
+def _shard_experts(experts: nn.Module, plan: Plan, reshard: bool, kwargs: dict) -> None:
+    """A group's split experts, sharded by FSDP over the data ranks but the group's (each
+    group holds every expert once). An expert's gradient sums its group's tokens before FSDP
+    sums it over the other groups and divides by them: the engine divides by the group
+    (FSDP's own divide factor is divided twice on a one-rank mesh in torch 2.11)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from runner.engines.device_mesh import expert_data_mesh
+
+    mesh = expert_data_mesh(plan.mesh)
+    fully_shard(experts, reshard_after_forward=reshard, **{**kwargs, "mesh": mesh})
 
 
 def _reshards(options: Any, plan: Plan) -> list[bool]:

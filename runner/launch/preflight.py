@@ -79,8 +79,10 @@ def component_problems(spec: RunSpec) -> list[str]:
         found += components.problems(f"metrics.{name}", metric.node, provided)
     wrap = getattr(spec.parallelism, "wrap", ())
     grid = layout(spec)
-    split = max(grid.tensor, grid.pipeline, grid.context) > 1
-    if (spec.checkpoint_every or wrap or split) and not found:
+    split = max(grid.tensor, grid.pipeline, grid.context, grid.expert) > 1
+    # runner's gpt family checks its own options as it is built (on the meta device: free)
+    checks_itself = spec.model.target.startswith("runner.models.gpt")
+    if (spec.checkpoint_every or wrap or split or checks_itself) and not found:
         found += model_problems(spec, provided())
     if (spec.optimizer.lr_multipliers or spec.optimizer.no_weight_decay) and not found:
         found += _pattern_problems(spec, provided())
@@ -213,6 +215,10 @@ def model_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
         with torch.device("meta"):
             model = build_model(spec.model, info)
     except Exception as exc:
+        cause = exc.__cause__ if type(exc).__name__ == "InstantiationException" else None
+        exc = cause or exc
+        if isinstance(exc, ValueError) and str(exc).startswith("model."):
+            return [_first_line(exc)]  # the model's own check: it names the key
         return [f"model._target_={spec.model.target}: building it raised {describe(exc)}"]
     found = []
     wrap = list(getattr(spec.parallelism, "wrap", ()))
@@ -243,6 +249,10 @@ def model_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
         from runner.models.context_split import context_problems
 
         found += context_problems(model, grid.context)
+    if grid.expert > 1:
+        from runner.models.expert_split import expert_problems
+
+        found += expert_problems(model, grid.expert)
     if spec.checkpoint_every and not find_blocks(model):
         found.append(
             f"activation_checkpointing={spec.activation_checkpointing}: {type(model).__name__} "

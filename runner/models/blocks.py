@@ -72,8 +72,25 @@ def _selectively_checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
         keep = op in kept or (op in matmuls and not attended[ctx.is_recompute])
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
+    _ignore_profiler_marks()
     context = functools.partial(create_selective_checkpoint_contexts, policy)
     return checkpoint(forward, *args, use_reentrant=False, context_fn=context, **kwargs)
+
+
+@functools.cache
+def _ignore_profiler_marks() -> None:
+    """Leave record_function's marks out of selective checkpointing's bookkeeping (torch's
+    SAC_IGNORED_OPS, the ops it runs as they come): it keeps each op with an effect, and
+    FSDP's hooks of a module sharded on its own inside a block (the experts, under expert
+    parallelism) mark the recompute differently from the forward pass, which SAC takes for
+    a different computation. The marks compute nothing."""
+    import torch
+    from torch.utils import checkpoint as torch_checkpoint
+
+    for name in ("_record_function_enter", "_record_function_enter_new", "_record_function_exit"):
+        packet = getattr(torch.ops.profiler, name, None)
+        for overload in packet.overloads() if packet is not None else []:
+            torch_checkpoint.SAC_IGNORED_OPS.add(getattr(packet, overload))
 
 
 def _ops(names: Sequence[tuple[str, str]]) -> frozenset[Any]:

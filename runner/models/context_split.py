@@ -183,4 +183,14 @@ def context_problems(model: nn.Module, context: int) -> list[str]:
             f"parallelism.context={context}: runner cannot split {type(model).__name__}'s "
             "attention across ranks (it splits runner's gpt); train it with context=1"
         ]
+    from runner.models.moe import MoE
+
+    balanced = [m for m in model.modules() if isinstance(m, MoE) and m.balance_losses]
+    if balanced:
+        return [
+            f"parallelism.context={context}: the balance losses of runner's gpt_moe are means "
+            "over whole sequences, which a context split cuts across ranks; set "
+            "model.aux_loss_weight=0 and model.z_loss_weight=0 (model.bias_update_speed "
+            "balances without a loss), or parallelism.context=1"
+        ]
     return []

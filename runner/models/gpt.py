@@ -9,6 +9,7 @@ activation checkpointing and sharding work on.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -63,6 +64,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    residual_outputs: tuple[str, ...] = ("attn.proj.weight", "mlp.2.weight")
+    """The weights that write into the residual stream: initialised smaller (GPT-2's)."""
+
     def __init__(
         self,
         vocab_size: int,
@@ -72,7 +76,9 @@ class GPT(nn.Module):
         n_embd: int = 128,
         dropout: float = 0.0,
         bias: bool = False,
+        block: Callable[[int], nn.Module] | None = None,
     ):
+        """`block(i)`: layer i (a model built on the gpt: gpt_moe), by default a `Block`."""
         super().__init__()
         self.block_size = block_size
         # a tensor-parallel plan splits the sequence across its group: padded to a multiple
@@ -84,12 +90,13 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
+        block = block or (lambda _: Block(n_embd, n_head, dropout, bias))
+        self.blocks = nn.ModuleList(block(i) for i in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd, bias=bias)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.apply(self._init_weights)
         for name, param in self.named_parameters():  # GPT-2's scaled init of residual outputs
-            if name.endswith(("attn.proj.weight", "mlp.2.weight")):
+            if name.endswith(self.residual_outputs):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
 
     def flops_per_token(self) -> float:

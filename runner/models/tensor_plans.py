@@ -170,6 +170,11 @@ def apply_plan(
 
 def gpt_problems(model: nn.Module, tensor: int, key: str = "parallelism.tensor") -> list[str]:
     """What runner's gpt plan needs: every size it splits divisible by the group."""
+    if hasattr(model.blocks[0], "moe"):
+        return [
+            f"{key}={tensor}: runner's gpt_moe has no tensor-parallel plan for its experts "
+            f"yet; use {key}=1 (fsdp shards the experts with the rest)"
+        ]
     first = model.blocks[0].attn
     sizes = {
         "model.n_head": first.n_head,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from runner import hardware
 from runner.spec.device_checks import check_compile, check_float8, check_profile
+from runner.spec.mesh import layout
 from runner.spec.parallelism_specs import ONE_STAGE_PER_RANK
 from runner.spec.plan_specs import parse_size
 from runner.spec.schema import (
@@ -31,6 +32,7 @@ def check_spec(spec: RunSpec, problems: list[str], run_dir: Path | None) -> None
     _check_auto_microbatching(spec, problems)
     _check_pipeline(spec, problems)
     _check_context(spec, problems)
+    _check_expert(spec, problems)
     check_compile(spec, problems)
     check_float8(spec, problems)
     check_profile(spec, problems)
@@ -183,6 +185,25 @@ def _check_context(spec: RunSpec, problems: list[str]) -> None:
         )
     if spec.parallelism.pipeline > 1:
         problems.append(f"parallelism.context={context}: not with parallelism.pipeline yet")
+
+
+def _check_expert(spec: RunSpec, problems: list[str]) -> None:
+    """Expert groups are cut from the shard ranks (the model's experts are checked in the
+    agent, which builds it)."""
+    expert = getattr(spec.parallelism, "expert", 1)
+    if expert == 1:
+        return
+    grid = layout(spec)
+    if grid.shard % expert:
+        problems.append(
+            f"parallelism.expert={expert}: must divide the shard ranks ({grid.shard} = world "
+            f"{grid.world} / (pipeline x replicate x context x tensor)), which the expert "
+            "groups are cut from"
+        )
+    if grid.context > 1:
+        problems.append(f"parallelism.expert={expert}: not with parallelism.context yet")
+    if grid.tensor > 1:
+        problems.append(f"parallelism.expert={expert}: not with parallelism.tensor yet")
 
 
 def _check_deepspeed(spec: RunSpec, problems: list[str]) -> None:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 PIPELINE, REPLICATE, SHARD, CONTEXT, TENSOR = "pipeline", "replicate", "shard", "context", "tensor"
+EXPERT = "expert"  # the shard dimension's inner part under expert parallelism
+SHARD_EXPERT = "shard_expert"  # the two as one: what the layers other than experts shard over
 SHARD_CONTEXT = "shard_context"  # FSDP shards over both: context ranks hold parts of one batch
 
 
@@ -27,6 +29,7 @@ class Layout:
     tensor: int = 1
     pipeline: int = 1
     context: int = 1
+    expert: int = 1  # groups of data ranks (within shard) that split each layer's experts
 
     @property
     def world(self) -> int:
@@ -122,5 +125,6 @@ def layout(spec: Any, world: int | None = None) -> Layout:
     tensor = getattr(options, "tensor", 1)
     pipeline = getattr(options, "pipeline", 1)
     context = getattr(options, "context", 1)
+    expert = getattr(options, "expert", 1)
     shard = max(1, world // (pipeline * replicate * context * tensor))  # checked: spec
-    return Layout(replicate, shard, tensor, pipeline, context)
+    return Layout(replicate, shard, tensor, pipeline, context, expert)

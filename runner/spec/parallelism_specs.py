@@ -106,6 +106,9 @@ class FSDPSpec:
     pp_plan: dict[str, Any] | None = None
     # context parallelism: groups of `context` ranks split each sequence for attention
     context: int = _bound(1, min=1)
+    # expert parallelism: groups of `expert` data ranks split each mixture-of-experts layer's
+    # experts between them, tokens sent to their experts and back by all-to-all
+    expert: int = _bound(1, min=1)
 
     @property
     def stages_each(self) -> int:

@@ -3,10 +3,12 @@ that the language-model tests share."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import default_collate
 
 from runner.data.datasets import build_datasets
 from runner.data.sampler import GlobalBatchSampler
@@ -46,22 +48,29 @@ def lm_args(root: Path) -> list[str]:
 
 
 def train_plain(
-    spec: RunSpec, naive_microbatches: int = 1, grad_norms: list[float] | None = None
+    spec: RunSpec,
+    naive_microbatches: int = 1,
+    grad_norms: list[float] | None = None,
+    prepare: Callable[[torch.nn.Module], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Plain PyTorch, one process: each step's loss is the mean over every real token of
     the global batch. naive_microbatches=K averages K per-microbatch token means instead.
-    Each step's gradient norm is appended to `grad_norms` when given."""
+    Each step's gradient norm is appended to `grad_norms` when given; `prepare` is called
+    with the model once it is built."""
     seed_everything(spec.seed)
     data = build_datasets(spec.data)
     model = build_model(spec.model, data.info)
+    if prepare is not None:
+        prepare(model)
     optimizer = build_optimizer(spec.optimizer, model)
     scheduler = build_scheduler(spec.scheduler, optimizer, STEPS)
-    sampler = GlobalBatchSampler(len(data.train), GLOBAL_BATCH, 1, 0, seed=spec.seed)
+    sampler = GlobalBatchSampler(len(data.train), spec.global_batch_size, 1, 0, seed=spec.seed)
     for indices in list(sampler)[:STEPS]:
         losses = []
         for chunk in torch.tensor(indices).chunk(naive_microbatches):
-            batch = data.collate_fn([data.train[i] for i in chunk.tolist()])
-            logits = model(batch["input_ids"], attention_mask=batch["attention_mask"])
+            collate = data.collate_fn or default_collate  # packed blocks need no padding
+            batch = collate([data.train[i] for i in chunk.tolist()])
+            logits = model(batch["input_ids"], attention_mask=batch.get("attention_mask"))
             losses.append(
                 F.cross_entropy(
                     logits[:, :-1].reshape(-1, logits.shape[-1]),

@@ -7,7 +7,9 @@ In this order (torchtitan's), each step in place on the model or around it:
 2. tensor parallelism: the model's plan over the mesh's tensor dimension
    (runner.models.tensor_plans);
 3. context parallelism: the gpt's sequence split across the context dimension
-   (runner.models.context_split, through the hook the gpt exposes for it);
+   (runner.models.context_split, through the hook the gpt exposes for it); expert
+   parallelism: each MoE layer's experts split across the expert dimension
+   (runner.models.expert_split);
 4. activation checkpointing, per block (before anything wraps a block);
 5. memory format (channels_last, on CUDA);
 6. torch.compile, per block or whole (after checkpointing has wrapped the blocks, before
@@ -85,6 +87,8 @@ def parallelize(
     if grid.tensor > 1:
         _split_layers(module, spec, grid, mesh, splits_classes)
     pairing = _split_sequence(module, spec, grid, mesh) if grid.context > 1 else SAME_POSITIONS
+    if grid.expert > 1:
+        _split_experts(module, grid, mesh)
     if spec.checkpoint_every:
         selective = spec.activation_checkpointing == "selective"
         apply_activation_checkpointing(module, spec.checkpoint_every, selective)
@@ -140,6 +144,15 @@ def _split_sequence(module: nn.Module, spec: RunSpec, grid: Layout, mesh: object
     return split
 
 
+def _split_experts(module: nn.Module, grid: Layout, mesh: object) -> None:
+    """Expert parallelism: each MoE layer's experts split across an expert group."""
+    from runner.engines.device_mesh import expert_mesh
+    from runner.models.expert_split import apply_experts
+
+    apply_experts(module, expert_mesh(mesh))
+    log.info("expert parallelism: groups of %d ranks split each layer's experts", grid.expert)
+
+
 def _compile(module: nn.Module, spec: RunSpec, grid: Layout) -> CompileClock | None:
     if spec.compile is None:
         return None
@@ -174,7 +187,7 @@ def _cut(
         from runner.engines.float8 import gathers_in_float8
 
         plan.keep_last_gathered = not gathers_in_float8(module)  # scales are the shards'
-    plan.several_meshes = grid.tensor > 1 or grid.pipeline > 1
+    plan.several_meshes = grid.tensor > 1 or grid.pipeline > 1 or grid.expert > 1
     if grid.pipeline == 1:
         return plan
     from runner.engines.pipeline import Pipeline

@@ -20,6 +20,7 @@ the gradient norm, peak memory: runner.train.records.step_figures).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,6 +33,8 @@ MOST_PENDING = 100  # records in one reduction, at the most
 
 
 Sums = tuple[float, "torch.Tensor | float"]  # a record's tokens and gradient-norm share
+# a record's own sums to reduce (on the device) and what makes its figures of them
+Extra = tuple[torch.Tensor, Callable[[list[float]], dict[str, Any]]]
 
 
 class PendingRecords:
@@ -45,6 +48,7 @@ class PendingRecords:
         self.guard, self.world, self.rank, self.figures = guard, world_size, rank, figures
         self.losses: list[tuple[int, torch.Tensor, Any]] = []  # (step, loss sum, items)
         self.records: list[tuple[dict[str, Any], float, Sums]] = []
+        self.extras: list[Extra | None] = []  # each record's
         self.reduced: list[tuple[int, float]] = []  # the last reduction's (step, loss)
         self.wanted = 1  # the first record is reduced at once: the run shows it has started
 
@@ -55,12 +59,15 @@ class PendingRecords:
         items: Any,
         elapsed: float,
         sums: Sums,
+        extra: Extra | None = None,
     ) -> None:
         """A log step's record, less its train/loss (this rank's loss sum, on the device,
         over the global batch's `items`) and the figures `sums` bring (over `elapsed`
-        seconds of training)."""
+        seconds of training); `extra`: more sums of its own (the same length on every
+        rank), and what makes the record's figures of their totals."""
         self.add_loss(record["step"], loss_sum, items)
         self.records.append((record, elapsed, sums))
+        self.extras.append(extra)
 
     def add_loss(self, step: int, loss_sum: torch.Tensor, items: Any) -> None:
         """A step's loss without a record (the loss-spike watch reads every step's)."""
@@ -75,6 +82,7 @@ class PendingRecords:
         """Forget what is pending (a rollback: those steps are trained again)."""
         self.losses.clear()
         self.records.clear()
+        self.extras.clear()
 
     def reduce(self) -> tuple[list[dict[str, Any]], NonFiniteError | None]:
         """Every rank: the pending records with their loss, and the guard's error if a rank
@@ -93,7 +101,9 @@ class PendingRecords:
         # slot.
         losses = torch.stack([loss.reshape(()) for _, loss, _ in self.losses]).double()
         norms = [_scalar(norm, device) for _, _, (_, norm) in self.records]
-        on_device = torch.cat([losses, torch.stack(norms)]) if norms else losses
+        extras = [extra[0].to(device, torch.float64) for extra in self.extras if extra]
+        on_device = torch.cat([losses, *([torch.stack(norms)] if norms else []), *extras])
+        extra_at = steps + count  # where the extras' sums begin
         memory = [0.0] * self.world
         memory[self.rank] = self.figures.peak_memory_mb()
         tokens = [t for _, _, (t, _) in self.records]
@@ -101,6 +111,12 @@ class PendingRecords:
         values = torch.cat([on_device, from_host.to(device)])
         reduced, error = self.guard.reduce_with(values)
         host = reduced.tolist()
+        extra_sums: list[list[float] | None] = []
+        for extra in self.extras:
+            size = extra[0].numel() if extra else 0
+            extra_sums.append(host[extra_at : extra_at + size] if extra else None)
+            extra_at += size
+        host = host[: steps + count] + host[extra_at:]  # as if the extras were not there
         peak_mb = max(host[-self.world :])
         loss_of = {}
         for (step, _, items), total in zip(self.losses, host, strict=False):
@@ -114,6 +130,9 @@ class PendingRecords:
             record["train/loss"] = loss_of[record["step"]]
             sums = (host[steps + count + i], host[steps + i])  # its tokens, its norm share
             self.figures.complete(record, seconds, sums, peak_mb)
+            extra = self.extras[i]
+            if extra is not None:
+                record.update(extra[1](extra_sums[i] or []))
             done.append(record)
         if error is None and count:
             per_record = host[steps + 2 * count] / self.world / count

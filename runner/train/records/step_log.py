@@ -33,7 +33,7 @@ from runner.train.callback_calls import Callbacks
 from runner.train.guards.loss_spikes import LossSpikeError, LossSpikes, Spike
 from runner.train.guards.nonfinite import NonFiniteGuard
 from runner.train.records.metrics_file import MetricsLog
-from runner.train.records.pending_records import PendingRecords
+from runner.train.records.pending_records import Extra, PendingRecords
 from runner.train.records.progress import Progress
 from runner.train.records.step_figures import StepFigures
 from runner.train.step.loss_items import ItemCheck
@@ -52,6 +52,7 @@ class Trained:
     items: Any = 0
     norm_share: torch.Tensor | float | None = None
     tokens: int = 0
+    extra: Extra | None = None  # more sums for the record, and its figures of their totals
 
 
 @dataclass
@@ -142,7 +143,8 @@ class StepLog:
             return None
         record, elapsed, tokens = self._record(done)
         share = NOT_MEASURED if trained.norm_share is None else trained.norm_share
-        self.pending.add(record, trained.loss_sum, trained.items, elapsed, (tokens, share))
+        sums = (tokens, share)
+        self.pending.add(record, trained.loss_sum, trained.items, elapsed, sums, trained.extra)
         if evaluation is not None:  # written now, with the evaluation's metrics
             self.evaluations[done.step] = evaluation
             return self.flush()

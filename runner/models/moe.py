@@ -1,0 +1,390 @@
+"""A mixture-of-experts layer: a router picks `top_k` of `n_experts` MLPs for each token,
+and the token's output is their outputs weighted by the router's gates (plus, optionally,
+shared experts that every token goes through).
+
+- **Routing.** The router's scores are a softmax (Switch, Mixtral) or a sigmoid
+  (DeepSeek-V3) of its logits, computed in fp32. The gates of a token's chosen experts are
+  their scores, normalized to sum to one where `normalize_gates` (by default: with
+  top_k > 1).
+- **Dropless by default:** every token reaches its experts. With `capacity_factor=c`, an
+  expert takes at most ceil(c x tokens x top_k / n_experts) of a microbatch's tokens, the
+  first in token order, and the rest of its assignments are dropped (the residual carries
+  those tokens) and counted. The shapes stay fixed: a dropped assignment is computed and
+  weighted by zero, so no step waits for the host to count.
+- **Balance.** The load-balancing loss is DeepSeek-V3's sequence-wise one: per sequence,
+  n_experts x sum over experts of (the share of its assignments the expert got) x (its mean
+  score), which is 1 when a sequence spreads evenly; the router's z-loss is the mean square
+  of the logits' logsumexp. Both are means over the global batch's sequences: every split
+  of a batch across ranks and microbatches trains alike. They reach the gradient without
+  going through the loss: `attach` hands each its weight in the backward pass (the trainer
+  says what one sequence weighs this step: `Routing`, runner.train.step.routing). Or the
+  auxiliary-loss-free way (DeepSeek-V3, torchtitan): a per-expert bias added to the scores
+  for choosing only, moved after each step by `bias_update_speed` toward the experts that
+  got fewer than their share of the step's tokens (the counts of the whole global batch).
+- **Experts** are held stacked (`w1` [experts, n_embd, hidden], `w2` [experts, hidden,
+  n_embd]), so a rank can hold a slice of them. Their tokens are sorted by expert and run
+  through torch's grouped matrix product where the device has one (CUDA, bf16), else a
+  loop over the experts (CPU).
+- **Counts.** In a training forward pass (not in a recompute, not in an evaluation) the
+  layer adds its tokens per expert, dropped assignments and the balance losses' values to a
+  tensor on the device (`stats`); the trainer reads it on log steps only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SCORES = ("softmax", "sigmoid")
+STAT_DROPPED, STAT_AUX, STAT_Z = 0, 1, 2  # after the n_experts counts in `stats`
+
+
+class _Attach(torch.autograd.Function):
+    """Return `x` unchanged; in the backward pass give `penalty` the gradient `scale()`
+    (a float or a device tensor, read when the backward runs), so that a loss computed
+    inside the model joins the gradient wherever the model is cut (pipeline stages,
+    checkpointed blocks) without passing through the training loss."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, penalty: torch.Tensor, scale: Any) -> torch.Tensor:
+        ctx.scale = scale
+        ctx.penalty_shape = (penalty.dtype, penalty.device)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        dtype, device = ctx.penalty_shape
+        scale = ctx.scale()
+        if isinstance(scale, torch.Tensor):
+            weight = scale.detach().to(device, dtype).reshape(())
+        else:
+            weight = torch.full((), float(scale), dtype=dtype, device=device)
+        return grad, weight, None
+
+
+class _AllToAll(torch.autograd.Function):
+    """Rows of `x` to the ranks of `group`, `sent[r]` rows to rank r in order, `came[r]`
+    rows from it; the backward pass sends the gradients back the same way."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, came: list[int], sent: list[int], group: Any
+    ) -> torch.Tensor:
+        import torch.distributed as dist
+
+        ctx.came, ctx.sent, ctx.group = came, sent, group
+        out = x.new_empty((sum(came), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), came, sent, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        import torch.distributed as dist
+
+        back = grad.new_empty((sum(ctx.sent), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), ctx.sent, ctx.came, group=ctx.group)
+        return back, None, None, None
+
+
+def _in_backward() -> bool:
+    """Whether this forward pass is a recompute inside the backward pass (activation
+    checkpointing): its routing was counted the first time."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
+
+
+def _unit_scale() -> float:
+    return 1.0
+
+
+class Experts(nn.Module):
+    """`n_experts` two-layer GELU MLPs (the gpt's MLP, narrower), stacked."""
+
+    def __init__(self, n_experts: int, n_embd: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(n_experts, n_embd, hidden))
+        self.w2 = nn.Parameter(torch.empty(n_experts, hidden, n_embd))
+        self.reset_parameters()
+
+    def reset_parameters(self, out_std: float = 0.02) -> None:
+        nn.init.normal_(self.w1, mean=0.0, std=0.02)
+        nn.init.normal_(self.w2, mean=0.0, std=out_std)
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """`x`: tokens sorted by expert, `counts[e]` of them for expert e (the experts this
+        rank holds, in order: under expert parallelism the weights are DTensors split by
+        expert, and this rank computes with its own)."""
+        w1, w2 = _local(self.w1), _local(self.w2)
+        if _grouped(x, w1):
+            offsets = counts.cumsum(0).to(torch.int32)
+            dtype = _compute_dtype(x)
+            hidden = torch._grouped_mm(x.to(dtype), w1.to(dtype), offs=offsets)
+            return torch._grouped_mm(F.gelu(hidden), w2.to(dtype), offs=offsets)
+        return _expert_loop(x, counts, w1, w2)
+
+
+def _local(weight: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (its experts), or the tensor itself."""
+    return weight.to_local() if hasattr(weight, "to_local") else weight
+
+
+@torch.compiler.disable
+def _expert_loop(
+    x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
+) -> torch.Tensor:
+    """Each expert on its tokens in turn. The split sizes are read on the host, and they
+    change every pass: left out of torch.compile's graphs, which would recompile for each."""
+    pieces = x.split(_sizes(counts, x.shape[0]))
+    outputs = [
+        F.gelu(piece @ a) @ b
+        for piece, a, b in zip(pieces, w1.unbind(0), w2.unbind(0), strict=True)
+    ]
+    return torch.cat(outputs) if outputs else x[:0]
+
+
+def _sizes(counts: torch.Tensor, total: int) -> list[int]:
+    """`counts` on the host; where it holds no values (a trace on fake or meta tensors, as
+    the layout planner runs one), an even split of the `total`."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(counts, FakeTensor) or counts.device.type == "meta":
+        share, extra = divmod(total, counts.numel())
+        return [share + (i < extra) for i in range(counts.numel())]
+    return counts.tolist()
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def _grouped(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether torch's grouped matrix product runs here: CUDA at compute capability 9 or
+    more (Hopper), in bf16, on a torch that has it."""
+    if x.device.type != "cuda" or not hasattr(torch, "_grouped_mm"):
+        return False
+    if _compute_dtype(x) != torch.bfloat16:
+        return False
+    return torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
+class MoE(nn.Module):
+    def __init__(
+        self,
+        n_embd: int,
+        n_experts: int,
+        top_k: int,
+        hidden: int,
+        *,
+        n_shared: int = 0,
+        score: str = "softmax",
+        normalize_gates: bool | None = None,
+        capacity_factor: float | None = None,
+        aux_loss_weight: float = 0.0,
+        z_loss_weight: float = 0.0,
+        bias_update_speed: float = 0.0,
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        _check(n_experts, top_k, score, capacity_factor, n_shared)
+        self.n_experts, self.top_k, self.score = n_experts, top_k, score
+        self.normalize_gates = top_k > 1 if normalize_gates is None else normalize_gates
+        self.capacity_factor = capacity_factor
+        self.aux_loss_weight, self.z_loss_weight = aux_loss_weight, z_loss_weight
+        self.bias_update_speed = bias_update_speed
+        self.router = nn.Linear(n_embd, n_experts, bias=False)
+        self.experts = Experts(n_experts, n_embd, hidden)
+        self.shared = (
+            nn.Sequential(
+                nn.Linear(n_embd, n_shared * hidden, bias=False),
+                nn.GELU(),
+                nn.Linear(n_shared * hidden, n_embd, bias=False),
+            )
+            if n_shared
+            else None
+        )
+        self.dropout = nn.Dropout(dropout)
+        # added to the scores for choosing experts only (bias_update_speed > 0); kept in the
+        # state_dict either way, so a run can turn it on or off across a resume
+        self.register_buffer("expert_bias", torch.zeros(n_experts))
+        self.layer_index, self.layer_count = 0, 1  # which of the model's MoE layers this is
+        # expert parallelism (runner.models.expert_split): the group of ranks that split the
+        # experts, `experts_per_rank` each in group order; None: this rank holds every one
+        self.expert_group: Any = None
+        self.experts_per_rank = n_experts
+        self.penalty_scale: Any = _unit_scale  # the trainer's (runner.train.step.routing)
+        self.stats: torch.Tensor | None = None  # the training passes' counts (see module doc)
+        # [batch, time]: which positions of the pass's batch are real (not padding), for the
+        # counts and the balance losses; set by the model before each forward pass
+        self.token_mask: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, time, width = x.shape
+        tokens = x.reshape(-1, width)
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(tokens.float(), self.router.weight.float())
+        scores = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
+        choice = scores + self.expert_bias.float() if self.bias_update_speed else scores
+        chosen = choice.topk(self.top_k, dim=-1).indices  # [tokens, top_k]
+        gates = scores.gather(1, chosen)
+        if self.normalize_gates:
+            gates = gates / gates.sum(-1, keepdim=True)
+        pairs = chosen.reshape(-1)  # token i's assignments are pairs i*top_k ... +top_k-1
+        order = pairs.argsort(stable=True)
+        counts = torch.zeros(self.n_experts, dtype=torch.long, device=pairs.device)
+        counts.index_add_(0, pairs, torch.ones_like(pairs))  # bincount, of a fixed shape
+        kept = self._kept(pairs, order, counts)
+        if kept is not None:
+            gates = gates * kept.view_as(gates)
+        # each token once per assignment, sorted by expert: a permutation of repeats, whose
+        # backward sums each token's copies in a fixed order (no atomic adds)
+        sorted_in = tokens.repeat_interleave(self.top_k, dim=0)[order]
+        if self.expert_group is None:
+            sorted_out = self.experts(sorted_in, counts)
+        else:
+            sorted_out = self._exchanged(sorted_in, counts)
+        by_pair = torch.empty_like(sorted_out)
+        by_pair[order] = sorted_out
+        weighted = by_pair.view(-1, self.top_k, width) * gates.unsqueeze(-1).to(by_pair.dtype)
+        out = weighted.sum(1)
+        if self.shared is not None:
+            out = out + self.shared(tokens)
+        out = self.dropout(out.view(batch, time, width))
+        if self.training and torch.is_grad_enabled():
+            out = self._balanced(out, logits, scores, chosen, kept)
+        return out
+
+    @torch.compiler.disable  # host-read split sizes, new every pass
+    def _exchanged(self, sorted_in: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Expert parallelism: this rank's assignments (sorted by expert) sent to the ranks
+        that hold their experts, computed there with the assignments the other ranks sent,
+        and the outputs sent back, in the order they left. Two all-to-alls each way (the
+        counts, then the tokens); the split sizes are read on the host."""
+        import torch.distributed as dist
+
+        group, local = self.expert_group, self.experts_per_rank
+        ranks = self.n_experts // local
+        arriving = torch.empty_like(counts)  # [source rank, my expert], flattened
+        dist.all_to_all_single(arriving, counts, group=group)
+        sent = counts.view(ranks, local).sum(1).tolist()
+        table = arriving.view(ranks, local).tolist()
+        came = [sum(row) for row in table]
+        received = _AllToAll.apply(sorted_in, came, sent, group)
+        # by source rank, then by expert: regrouped by expert for the computation
+        starts = [0]
+        for row in table:
+            for size in row:
+                starts.append(starts[-1] + size)
+        pieces = [
+            torch.arange(starts[s * local + e], starts[s * local + e] + table[s][e])
+            for e in range(local)
+            for s in range(ranks)
+        ]
+        by_expert = torch.cat(pieces).to(received.device) if pieces else received.new_zeros(0)
+        per_expert = torch.tensor([sum(table[s][e] for s in range(ranks)) for e in range(local)])
+        computed = self.experts(received[by_expert], per_expert.to(counts.device))
+        back = torch.empty_like(computed)
+        back[by_expert] = computed
+        return _AllToAll.apply(back, sent, came, group)
+
+    @property
+    def balance_losses(self) -> bool:
+        """Whether the layer adds a balance loss (the auxiliary loss, the z-loss)."""
+        return bool(self.aux_loss_weight or self.z_loss_weight)
+
+    def _kept(
+        self, pairs: torch.Tensor, order: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor | None:
+        """With a capacity: which assignments their expert takes (its first `capacity` in
+        token order), else None."""
+        if self.capacity_factor is None:
+            return None
+        capacity = math.ceil(self.capacity_factor * pairs.numel() / self.n_experts)
+        starts = counts.cumsum(0) - counts
+        place = torch.empty_like(order)
+        place[order] = torch.arange(order.numel(), device=order.device)
+        return (place - starts[pairs]) < capacity
+
+    def _balanced(
+        self,
+        out: torch.Tensor,
+        logits: torch.Tensor,
+        scores: torch.Tensor,
+        chosen: torch.Tensor,
+        kept: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Count the pass (not a recompute) and attach the balance losses' gradients."""
+        experts, (batch, time) = self.n_experts, out.shape[:2]
+        real = self._real(batch, time, out.device)  # [batch, time], 1 where not padding
+        lengths = real.sum(1).clamp(min=1)  # a sequence's real tokens
+        per_pair = real.reshape(-1).repeat_interleave(self.top_k)  # each assignment's
+        share = torch.zeros(batch, experts, device=chosen.device)
+        share.scatter_add_(1, chosen.view(batch, -1), per_pair.view(batch, -1))
+        # 1 for every expert where a sequence spreads evenly
+        share = share * experts / (self.top_k * lengths[:, None])
+        probs = scores if self.score == "softmax" else scores / scores.sum(-1, keepdim=True)
+        mean_score = (probs.view(batch, time, experts) * real[..., None]).sum(1)
+        aux = (share * mean_score / lengths[:, None]).sum()  # over the microbatch's sequences
+        squares = logits.logsumexp(-1).square().view(batch, time) * real
+        z = (squares.sum(1) / lengths).sum()
+        if not _in_backward():
+            routed = torch.zeros(experts, device=out.device).index_add_(
+                0, chosen.reshape(-1), per_pair
+            )
+            dropped = (per_pair * ~kept).sum() if kept is not None else per_pair.new_zeros(())
+            counted = torch.cat(
+                [routed, dropped[None], aux.detach()[None], z.detach()[None]]
+            )  # fmt: skip
+            self.stats = counted if self.stats is None else self.stats + counted
+        if self.balance_losses:
+            penalty = self.aux_loss_weight * aux + self.z_loss_weight * z
+            out = _Attach.apply(out, penalty, self.penalty_scale)
+        return out
+
+    def _real(self, batch: int, time: int, device: torch.device) -> torch.Tensor:
+        """1.0 where a position is a real token (the model's `token_mask`, where it is this
+        pass's), else 0.0."""
+        mask = self.token_mask
+        if mask is not None and tuple(mask.shape) == (batch, time):
+            return mask.to(device, torch.float32)
+        return torch.ones(batch, time, device=device)
+
+    def take_stats(self) -> torch.Tensor | None:
+        """The counts since the last take (None: no training pass), and start anew."""
+        stats, self.stats = self.stats, None
+        return stats
+
+    @torch.no_grad()
+    def update_bias(self, counts: torch.Tensor) -> None:
+        """After a step, from its global `counts` per expert: raise the bias of the experts
+        that got fewer tokens than the mean, lower the others' (DeepSeek-V3)."""
+        if self.bias_update_speed:
+            step = torch.sign(counts.float().mean() - counts.float()) * self.bias_update_speed
+            self.expert_bias.add_(step.to(self.expert_bias))
+
+
+def _check(
+    n_experts: int, top_k: int, score: str, capacity_factor: float | None, n_shared: int
+) -> None:
+    """The layer's options, checked where it is built (before any rank starts: the model
+    is built on the meta device first)."""
+    if n_experts < 1:
+        raise ValueError(f"model.n_experts={n_experts}: must be at least 1")
+    if not 1 <= top_k <= n_experts:
+        raise ValueError(
+            f"model.top_k={top_k}: must be between 1 and model.n_experts={n_experts} "
+            "(experts chosen per token)"
+        )
+    if score not in SCORES:
+        raise ValueError(f"model.score={score!r}: must be one of {', '.join(SCORES)}")
+    if capacity_factor is not None and capacity_factor <= 0:
+        raise ValueError(
+            f"model.capacity_factor={capacity_factor}: must be above 0 (or null: dropless)"
+        )
+    if n_shared < 0:
+        raise ValueError(f"model.n_shared_experts={n_shared}: must be 0 or more")
