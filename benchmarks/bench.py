@@ -40,6 +40,7 @@ from suites_memory import (
     tensor_parallel_notes,
     tensor_parallel_suite,
 )
+from suites_moe import moe_notes, moe_recipe_table, moe_suite
 from suites_plan import gpu_plan_table, plan_table
 from suites_speed import (
     CHECKPOINT_BLOCKED,
@@ -268,6 +269,13 @@ SUITES["context_parallel"] = Suite(
     how="each rank's activations counted tensor by tensor (activation_probe.py --context)",
     notes=context_notes,
 )
+SUITES["moe"] = Suite(
+    "B3 expert parallelism: step time and memory per rank of one gpt_moe (2 layers, 256 wide, "
+    "8 experts, 2 per token, 64-token blocks, global batch 16, fp32, AdamW) on 4 ranks under "
+    "fsdp at fixed work, the experts split over groups of 1, 2 and 4 ranks",
+    moe_suite,
+    notes=moe_notes,
+)
 SUITES["activation_checkpointing"] = Suite(
     "B3 activation checkpointing: gpt (4 layers, 128 wide), 1024-token blocks, nproc=2, "
     "global batch 16, fp32, AdamW; none, full (every block), every 2nd block, selective",
@@ -286,6 +294,7 @@ TABLES = {
     "export": export_table,
     "plan": plan_table,
     "gpu_plan": gpu_plan_table,
+    "moe_recipe": moe_recipe_table,
 }
 
 

@@ -243,21 +243,23 @@ def _weights(result) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("nproc", "grad_accum", "parallelism"),
+    ("nproc", "grad_accum", "parallelism", "more"),
     [
-        pytest.param(1, 4, "ddp", id="1x4-ddp"),
-        pytest.param(2, 3, "ddp", id="2x3-ddp", marks=MATRIX),
-        pytest.param(2, 2, "fsdp", id="2x2-fsdp"),
+        pytest.param(1, 4, "ddp", (), id="1x4-ddp"),
+        pytest.param(2, 3, "ddp", (), id="2x3-ddp", marks=MATRIX),
+        pytest.param(2, 2, "fsdp", (), id="2x2-fsdp"),
+        pytest.param(4, 1, "fsdp", ("parallelism.tensor=2",), id="4x1-fsdp-tensor2", marks=MATRIX),
     ],
 )
 def test_every_split_trains_the_moe_of_plain_pytorch(
-    tmp_path: Path, corpus: Path, plain_moe, nproc: int, grad_accum: int, parallelism: str
+    tmp_path: Path, corpus: Path, plain_moe, nproc: int, grad_accum: int, parallelism: str, more
 ) -> None:
     """Ragged, padded batches, the balance losses on: any split of the global batch over
-    ranks and microbatches trains the weights of one process on whole batches."""
+    ranks and microbatches (and a tensor group routing its gathered sequence) trains the
+    weights of one process on whole batches."""
     result = _moe_run(
         tmp_path, corpus, f"nproc={nproc}", f"grad_accum={grad_accum}",
-        f"parallelism={parallelism}",
+        f"parallelism={parallelism}", *more,
     )  # fmt: skip
     assert relative_error(_weights(result), plain_moe()) <= 1e-5
     record = result.metrics()[-1]
@@ -277,6 +279,7 @@ EP_BATCH = "global_batch_size=16"  # 2 or 4 ranks at grad_accum 1 or 4
         pytest.param(2, 4, 2, (), id="2x4-expert2"),
         pytest.param(4, 1, 4, (), id="4x1-expert4"),
         pytest.param(4, 4, 2, (), id="4x4-expert2-shard2", marks=MATRIX),
+        pytest.param(4, 1, 2, ("parallelism.tensor=2",), id="4x1-expert2-tensor2"),
         pytest.param(
             4, 1, 2, ("parallelism.replicate=2",), id="4x1-expert2-replicate2", marks=MATRIX
         ),

@@ -76,8 +76,13 @@ class GPTMoE(GPT):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
+        mask = attention_mask
+        pad = -input_ids.shape[1] % (self.sequence_multiple * self.sequence.multiple)
+        if pad:  # the gpt pads the sequence at its end (tensor, context parallelism)
+            mask = torch.ones_like(input_ids) if mask is None else mask
+            mask = torch.nn.functional.pad(mask, (0, pad))
         for block in self.blocks:  # padding counts in no expert's tokens, no balance loss
-            block.moe.token_mask = attention_mask
+            block.moe.token_mask = mask
         return super().forward(input_ids, attention_mask)
 
     def flops_per_token(self) -> float:

@@ -8,6 +8,8 @@ runner's gpt ships its plan, Megatron's layout with sequence parallelism between
   attention and the MLP gather it, their first layers (qkv, mlp.0) split column-wise (each
   rank its own heads, its own part of the hidden width) and their last (proj, mlp.2)
   row-wise, reduced and scattered back along the sequence;
+- gpt_moe's mixture of experts in place of the MLP: not split; each rank routes the whole
+  gathered sequence through whole experts and keeps its part of the output;
 - the final norm sequence-parallel, the head column-wise; its logits stay split by
   vocabulary where the loss runs on them so (loss parallel: runner.engines.loss_parallel),
   else they are gathered whole.
@@ -170,11 +172,6 @@ def apply_plan(
 
 def gpt_problems(model: nn.Module, tensor: int, key: str = "parallelism.tensor") -> list[str]:
     """What runner's gpt plan needs: every size it splits divisible by the group."""
-    if hasattr(model.blocks[0], "moe"):
-        return [
-            f"{key}={tensor}: runner's gpt_moe has no tensor-parallel plan for its experts "
-            f"yet; use {key}=1 (fsdp shards the experts with the rest)"
-        ]
     first = model.blocks[0].attn
     sizes = {
         "model.n_head": first.n_head,
@@ -227,22 +224,41 @@ def gpt_plan(model: nn.Module, mesh: Any, split_logits: bool = False) -> None:
         },
     )
     for block in model.blocks:
-        parallelize_module(block, mesh, _gpt_block_plan())
+        parallelize_module(block, mesh, _gpt_block_plan(experts=hasattr(block, "moe")))
 
 
-def _gpt_block_plan() -> dict[str, Any]:
+def _gpt_block_plan(experts: bool = False) -> dict[str, Any]:
     """A gpt block's layers: norms on the rank's part of the sequence, attention and the MLP
     on all of it, their first layers split by columns, their last by rows (reduced and
-    scattered back along the sequence)."""
+    scattered back along the sequence). A mixture of experts (gpt_moe's `moe`) is not
+    split: every rank of the group routes and computes the whole sequence (gathered) with
+    whole experts, and keeps its part of the output."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
+        PrepareModuleInputOutput,
         RowwiseParallel,
         SequenceParallel,
     )
 
     sequence, gathered = Shard(1), Replicate()
+    attention = {
+        "ln_1": SequenceParallel(),
+        "attn": PrepareModuleInput(
+            input_layouts=(sequence, None), desired_input_layouts=(gathered, None)
+        ),
+        "attn.qkv": ColwiseParallel(),
+        "attn.proj": RowwiseParallel(output_layouts=sequence, use_local_output=False),
+        "ln_2": SequenceParallel(),
+    }
+    if experts:
+        moe = PrepareModuleInputOutput(
+            input_layouts=(sequence,), desired_input_layouts=(gathered,), use_local_input=True,
+            output_layouts=(gathered,), desired_output_layouts=(sequence,),
+            use_local_output=False,
+        )  # fmt: skip
+        return attention | {"moe": moe}
     return {
         "ln_1": SequenceParallel(),
         "attn": PrepareModuleInput(

@@ -202,8 +202,6 @@ def _check_expert(spec: RunSpec, problems: list[str]) -> None:
         )
     if grid.context > 1:
         problems.append(f"parallelism.expert={expert}: not with parallelism.context yet")
-    if grid.tensor > 1:
-        problems.append(f"parallelism.expert={expert}: not with parallelism.tensor yet")
 
 
 def _check_deepspeed(spec: RunSpec, problems: list[str]) -> None:
