@@ -176,6 +176,25 @@ def test_bias_balancing_moves_the_bias_toward_the_idle_experts() -> None:
     assert layer.take_stats()[:EXPERTS].tolist() != [0.0, 8.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"top_k": 5}, "model.top_k=5: must be between 1 and model.n_experts=4"),
+        ({"score": "relu"}, "model.score='relu': must be one of softmax, sigmoid"),
+        ({"capacity_factor": 0.0}, "model.capacity_factor=0.0: must be above 0"),
+        ({"aux_loss_weight": -0.1}, "model.aux_loss_weight=-0.1: must be 0 (off) or more"),
+        ({"z_loss_weight": -1.0}, "model.z_loss_weight=-1.0: must be 0 (off) or more"),
+        ({"bias_update_speed": -0.1}, "model.bias_update_speed=-0.1: must be 0 (off) or more"),
+    ],
+    ids=["top_k", "score", "capacity", "aux", "z", "bias"],
+)
+def test_an_option_out_of_range_is_refused_naming_its_key(options, message: str) -> None:
+    """The layer checks its options as it is built: before any rank starts, the model is
+    built on the meta device, and the message is the problem shown."""
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        _layer(**options)
+
+
 def test_gpt_moe_counts_the_flops_of_the_experts_a_token_uses() -> None:
     """Dense gpt of the same width: the same FLOPs per token at top_k experts of 4 x n_embd
     / top_k each; more experts add parameters, not FLOPs."""

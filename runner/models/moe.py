@@ -192,6 +192,7 @@ class MoE(nn.Module):
     ):
         super().__init__()
         _check(n_experts, top_k, score, capacity_factor, n_shared)
+        _check_weights(aux_loss_weight, z_loss_weight, bias_update_speed)
         self.n_experts, self.top_k, self.score = n_experts, top_k, score
         self.normalize_gates = top_k > 1 if normalize_gates is None else normalize_gates
         self.capacity_factor = capacity_factor
@@ -366,6 +367,20 @@ class MoE(nn.Module):
         if self.bias_update_speed:
             step = torch.sign(counts.float().mean() - counts.float()) * self.bias_update_speed
             self.expert_bias.add_(step.to(self.expert_bias))
+
+
+def _check_weights(aux_loss_weight: float, z_loss_weight: float, bias_update_speed: float) -> None:
+    """The balancing weights: 0 (off) or more; a negative one would unbalance the experts."""
+    for key, value in (
+        ("aux_loss_weight", aux_loss_weight),
+        ("z_loss_weight", z_loss_weight),
+        ("bias_update_speed", bias_update_speed),
+    ):
+        if value < 0:
+            raise ValueError(
+                f"model.{key}={value}: must be 0 (off) or more; below 0 it would push the "
+                "tokens onto fewer experts"
+            )
 
 
 def _check(
