@@ -105,7 +105,7 @@ def test_runner_report_of_the_default_run_as_typed(default_run, tmp_path: Path) 
 @pytest.mark.parametrize(
     ("flag", "expected"),
     [
-        ("--help", "model: custom, gpt, mlp, resnet18, resnet50"),
+        ("--help", "model: custom, gpt, gpt_moe, mlp, resnet18, resnet50"),
         ("--cfg", "global_batch_size: 64"),
         ("--info", "Config search path"),
     ],

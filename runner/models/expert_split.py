@@ -1,6 +1,6 @@
 """Expert parallelism (parallelism.expert=E): each mixture-of-experts layer's experts split
 across a group of E data ranks, n_experts / E each, in group order; a token goes to the
-rank that holds its expert and back by all-to-all (runner.models.moe, `MoE._exchanged`).
+rank that holds its expert and back by all-to-all (runner.models.expert_exchange).
 
 The split experts are DTensors over the mesh's expert dimension, split by expert (dim 0):
 FSDP2 then shards each rank's experts further over the other data ranks, and a checkpoint,

@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runner.models.expert_exchange import exchange
+
 SCORES = ("softmax", "sigmoid")
 STAT_DROPPED, STAT_AUX, STAT_Z = 0, 1, 2  # after the n_experts counts in `stats`
 
@@ -64,30 +66,6 @@ class _Attach(torch.autograd.Function):
         else:
             weight = torch.full((), float(scale), dtype=dtype, device=device)
         return grad, weight, None
-
-
-class _AllToAll(torch.autograd.Function):
-    """Rows of `x` to the ranks of `group`, `sent[r]` rows to rank r in order, `came[r]`
-    rows from it; the backward pass sends the gradients back the same way."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, came: list[int], sent: list[int], group: Any
-    ) -> torch.Tensor:
-        import torch.distributed as dist
-
-        ctx.came, ctx.sent, ctx.group = came, sent, group
-        out = x.new_empty((sum(came), *x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), came, sent, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        import torch.distributed as dist
-
-        back = grad.new_empty((sum(ctx.sent), *grad.shape[1:]))
-        dist.all_to_all_single(back, grad.contiguous(), ctx.sent, ctx.came, group=ctx.group)
-        return back, None, None, None
 
 
 def _in_backward() -> bool:
@@ -248,7 +226,9 @@ class MoE(nn.Module):
         if self.expert_group is None:
             sorted_out = self.experts(sorted_in, counts)
         else:
-            sorted_out = self._exchanged(sorted_in, counts)
+            sorted_out = exchange(
+                sorted_in, counts, self.expert_group, self.experts_per_rank, self.experts
+            )
         by_pair = torch.empty_like(sorted_out)
         by_pair[order] = sorted_out
         weighted = by_pair.view(-1, self.top_k, width) * gates.unsqueeze(-1).to(by_pair.dtype)
@@ -259,39 +239,6 @@ class MoE(nn.Module):
         if self.training and torch.is_grad_enabled():
             out = self._balanced(out, logits, scores, chosen, kept)
         return out
-
-    @torch.compiler.disable  # host-read split sizes, new every pass
-    def _exchanged(self, sorted_in: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Expert parallelism: this rank's assignments (sorted by expert) sent to the ranks
-        that hold their experts, computed there with the assignments the other ranks sent,
-        and the outputs sent back, in the order they left. Two all-to-alls each way (the
-        counts, then the tokens); the split sizes are read on the host."""
-        import torch.distributed as dist
-
-        group, local = self.expert_group, self.experts_per_rank
-        ranks = self.n_experts // local
-        arriving = torch.empty_like(counts)  # [source rank, my expert], flattened
-        dist.all_to_all_single(arriving, counts, group=group)
-        sent = counts.view(ranks, local).sum(1).tolist()
-        table = arriving.view(ranks, local).tolist()
-        came = [sum(row) for row in table]
-        received = _AllToAll.apply(sorted_in, came, sent, group)
-        # by source rank, then by expert: regrouped by expert for the computation
-        starts = [0]
-        for row in table:
-            for size in row:
-                starts.append(starts[-1] + size)
-        pieces = [
-            torch.arange(starts[s * local + e], starts[s * local + e] + table[s][e])
-            for e in range(local)
-            for s in range(ranks)
-        ]
-        by_expert = torch.cat(pieces).to(received.device) if pieces else received.new_zeros(0)
-        per_expert = torch.tensor([sum(table[s][e] for s in range(ranks)) for e in range(local)])
-        computed = self.experts(received[by_expert], per_expert.to(counts.device))
-        back = torch.empty_like(computed)
-        back[by_expert] = computed
-        return _AllToAll.apply(back, sent, came, group)
 
     @property
     def balance_losses(self) -> bool:

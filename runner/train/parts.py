@@ -34,6 +34,7 @@ from runner.train.records.notices import Say
 from runner.train.records.step_figures import flops_per_token
 from runner.train.step.loss_items import GlobalItems
 from runner.train.step.microbatching import AutoMicrobatching, FixedMicrobatches, microbatch_steps
+from runner.train.step.routing import Routing
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Built:
     compile_clock: CompileClock | None  # the seconds spent compiling (summary.json)
     flops: float | None  # the model's FLOPs per token (token data only)
     base_rss: int  # resident bytes before any of it was built (libraries imported)
+    routing: Routing  # the model's mixture-of-experts layers, if any, seen from the loop
 
 
 def build_rank(
@@ -89,6 +91,7 @@ def build_rank(
         compile_clock=parallel.compile_clock,
         flops=flops,
         base_rss=base_rss,
+        routing=Routing(parallel.engine.module, grid, parallel.engine),
     )
 
 

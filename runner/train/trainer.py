@@ -9,7 +9,6 @@ runner.data.sampler and runner.train.losses).
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import Any, TextIO
@@ -41,7 +40,6 @@ from runner.train.records.traces import StepTraces
 from runner.train.step.loss_items import ItemCheck
 from runner.train.step.loss_pass import LossPass
 from runner.train.step.microbatching import accumulate, is_out_of_memory
-from runner.train.step.routing import Routing
 from runner.train.step.sync_debug import SyncDebug
 
 log = logging.getLogger(__name__)
@@ -92,7 +90,6 @@ class Trainer:
         traced = (spec.profile, run_dir.root, self.rank, device, self.data.total_steps)
         self.traces = StepTraces(*traced, say)  # profile.*
         self.passes, self.evaluator = self._passes(built)
-        self.routing = Routing(self.engine.module, self.grid, self.engine)  # MoE layers'
         self.heart.beat(Phase.START, self.start.step)  # where this attempt starts (for a stop)
         if self.is_main:  # this attempt in the run's history
             record_attempt(run_dir, self.attempt, self.start.from_step)
@@ -105,7 +102,7 @@ class Trainer:
         passes = LossPass(
             self.spec, self.engine, self.loss_fn, device=self.device, faults=self.faults,
             split=self.split, channels_last=built.channels_last, pairing=built.plan.pairing,
-            streaming=self.data.streaming,
+            streaming=self.data.streaming, routing=built.routing,
         )  # fmt: skip
         return passes, Evaluator(passes, built.metrics, self.data.val_loader, self.heart)
 
@@ -231,8 +228,7 @@ class Trainer:
             self.engine.skip_step()
             return Trained()
         lap = self.times.start()  # time/...: where the step's time goes
-        if self.routing.on:
-            self.routing.before_step(n_global)
+        self.passes.routing.before_step(n_global, logged)
         items = self.items.of(microbatches, n_global)
         weight = self.grid.gradient_weight(items)  # the step's loss: a mean over its items
         loss_sum, tokens = None, 0
@@ -242,7 +238,6 @@ class Trainer:
                 self.item_check.note(piece.count, piece.targets)
                 tokens += self.passes.tokens(piece.targets)
         self.item_check.step_done()
-        routed = self.routing.after_backward(logged) if self.routing.on else None
         lap = self.times.lap("forward_backward", lap)
         grad_norm = self.engine.prepare_step(norm_wanted=self.guard.mode == "skip")
         measured = logged and self.spec.log_grad_norm  # DeepSpeed stepped in backward already
@@ -253,13 +248,10 @@ class Trainer:
         else:
             self.engine.step()
             self.guard.after_step(self.engine.nonfinite_skips, step)
-            self.routing.after_step(routed)
+            self.passes.routing.after_step()
         self.times.lap("optimizer", lap)
         loss_sum = None if loss_sum is None else self.grid.loss_share(loss_sum)
-        extra = None
-        if logged and routed is not None:
-            extra = (routed, functools.partial(self.routing.figures, sequences=n_global))
-        return Trained(loss_sum, items, share, tokens, extra)
+        return Trained(loss_sum, items, share, tokens, self.passes.routing.record())
 
     def evaluate(self) -> dict[str, float]:
         """val/loss and val/<metric> over every rank's share of the validation set."""

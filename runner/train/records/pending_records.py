@@ -103,20 +103,13 @@ class PendingRecords:
         norms = [_scalar(norm, device) for _, _, (_, norm) in self.records]
         extras = [extra[0].to(device, torch.float64) for extra in self.extras if extra]
         on_device = torch.cat([losses, *([torch.stack(norms)] if norms else []), *extras])
-        extra_at = steps + count  # where the extras' sums begin
         memory = [0.0] * self.world
         memory[self.rank] = self.figures.peak_memory_mb()
         tokens = [t for _, _, (t, _) in self.records]
         from_host = torch.tensor([*tokens, elapsed, *memory], dtype=torch.float64)
         values = torch.cat([on_device, from_host.to(device)])
         reduced, error = self.guard.reduce_with(values)
-        host = reduced.tolist()
-        extra_sums: list[list[float] | None] = []
-        for extra in self.extras:
-            size = extra[0].numel() if extra else 0
-            extra_sums.append(host[extra_at : extra_at + size] if extra else None)
-            extra_at += size
-        host = host[: steps + count] + host[extra_at:]  # as if the extras were not there
+        host, extra_sums = _cut_extras(reduced.tolist(), steps + count, self.extras)
         peak_mb = max(host[-self.world :])
         loss_of = {}
         for (step, _, items), total in zip(self.losses, host, strict=False):
@@ -130,15 +123,27 @@ class PendingRecords:
             record["train/loss"] = loss_of[record["step"]]
             sums = (host[steps + count + i], host[steps + i])  # its tokens, its norm share
             self.figures.complete(record, seconds, sums, peak_mb)
-            extra = self.extras[i]
-            if extra is not None:
-                record.update(extra[1](extra_sums[i] or []))
+            if self.extras[i] is not None:
+                record.update(self.extras[i][1](extra_sums[i]))
             done.append(record)
         if error is None and count:
             per_record = host[steps + 2 * count] / self.world / count
             self.wanted = max(1, min(MOST_PENDING, int(FLUSH_S / max(per_record, 1e-9))))
         self.clear()
         return done, error
+
+
+def _cut_extras(
+    host: list[float], at: int, extras: list[Extra | None]
+) -> tuple[list[float], list[list[float]]]:
+    """The reduced values as if the records' extras were not among them (they sit at `at`),
+    and each record's extra sums (empty where it has none)."""
+    cut, start = [], at
+    for extra in extras:
+        size = extra[0].numel() if extra else 0
+        cut.append(host[start : start + size])
+        start += size
+    return host[:at] + host[start:], cut
 
 
 def _scalar(value: torch.Tensor | float, device: torch.device) -> torch.Tensor:

@@ -8,15 +8,17 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from runner.engines.base import Engine
 from runner.engines.loss_parallel import loss_of
 from runner.engines.plan import ELSEWHERE, SAME_POSITIONS, Pairing
 from runner.engines.precision import autocast
 from runner.spec import RunSpec
-from runner.spec.mesh import BatchSplit
+from runner.spec.mesh import BatchSplit, Layout
 from runner.train.step.batch_parts import logits_of, split, to_device
 from runner.train.step.device_feed import DeviceCopy, DeviceFeed, copy_of, wanted
+from runner.train.step.routing import Routing
 
 
 class FaultHooks(Protocol):
@@ -40,10 +42,13 @@ class LossPass:
         channels_last: bool = False,
         pairing: Pairing = SAME_POSITIONS,
         streaming: bool = False,
+        routing: Routing | None = None,
     ):
         """`pairing`: how this rank's logits meet their targets (the plan's); `streaming`:
-        the training set is an iterable one (see runner.train.step.device_feed)."""
+        the training set is an iterable one (see runner.train.step.device_feed); `routing`:
+        the model's mixture-of-experts layers, whose balance losses join the gradient."""
         self.spec, self.engine, self.loss_fn, self.faults = spec, engine, loss_fn, faults
+        self.routing = routing or Routing(nn.Module(), Layout(), engine)  # none: does nothing
         self.device, self.channels_last, self.pairing = device, channels_last, pairing
         self.device_type = torch.device(device).type
         # CUDA graphs (compile.mode=reduce-overhead): each pass starts a new replay, so the

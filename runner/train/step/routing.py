@@ -12,7 +12,9 @@ step reads nothing on the host.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,52 +36,58 @@ class Routing:
         self.balancing = any(m.bias_update_speed for m in self.layers)
         self.capacity = any(m.capacity_factor is not None for m in self.layers)
         self.weight = 1.0  # what one sequence's balance losses weigh this step
+        self.sequences, self.logged = 0, False  # the step's
+        self.sums: torch.Tensor | None = None  # the step's counts, once taken
         for layer in self.layers:
             layer.penalty_scale = self.penalty_scale
-
-    @property
-    def on(self) -> bool:
-        return bool(self.layers)
 
     def penalty_scale(self) -> Any:
         """The gradient of the balance losses' sum (read in the backward pass)."""
         return self.weight * self.engine.backward_scale()
 
-    def before_step(self, sequences: int) -> None:
-        """A step of `sequences` sequences over every rank begins: the counts start anew
-        (a warm-up pass's are not the step's)."""
+    def before_step(self, sequences: int, logged: bool) -> None:
+        """A step of `sequences` sequences over every rank begins (`logged`: it makes a
+        record): the counts start anew (a warm-up pass's are not the step's)."""
+        if not self.layers:
+            return
         self.weight = self.grid.gradient_weight(sequences)
+        self.sequences, self.logged, self.sums = sequences, logged, None
         for layer in self.layers:
             layer.take_stats()
 
-    def after_backward(self, logged: bool) -> torch.Tensor | None:
-        """The step's counts on this rank (every layer's slots; zero for the layers other
-        ranks hold), where they are wanted: a logged step, or bias balancing."""
-        if not (logged or self.balancing):
-            for layer in self.layers:
-                layer.take_stats()
-            return None
-        device = next(iter(self.layers[0].parameters())).device
-        stats = torch.zeros(self.count, self.width, device=device)
-        for layer in self.layers:
-            taken = layer.take_stats()
-            if taken is not None:
-                stats[layer.layer_index] += taken.to(device)
-        # each rank of a tensor group routes the same tokens: one group's worth in the sum
-        return stats.flatten() / self.grid.tensor
-
-    def after_step(self, sums: torch.Tensor | None) -> None:
+    def after_step(self) -> None:
         """Bias balancing: every rank moves each layer's bias by the step's global counts."""
-        if not self.balancing or sums is None:
+        if not self.balancing:
             return
         import torch.distributed as dist
 
-        total = sums.clone()
+        total = self._sums().clone()
         if dist.is_initialized():
             dist.all_reduce(total)
         counts = total.view(self.count, self.width)[:, : self.experts]
         for layer in self.layers:
             layer.update_bias(counts[layer.layer_index])
+
+    def record(self) -> tuple[torch.Tensor, Callable[[list[float]], dict[str, float]]] | None:
+        """On a logged step, this rank's counts for its record, and what makes the record's
+        figures of their sum over the ranks (see the module text); else None."""
+        if not (self.layers and self.logged):
+            return None
+        return self._sums(), functools.partial(self.figures, sequences=self.sequences)
+
+    def _sums(self) -> torch.Tensor:
+        """The step's counts on this rank, every layer's slots (zero for the layers other
+        ranks hold), taken from the layers once."""
+        if self.sums is None:
+            device = next(iter(self.layers[0].parameters())).device
+            stats = torch.zeros(self.count, self.width, device=device)
+            for layer in self.layers:
+                taken = layer.take_stats()
+                if taken is not None:
+                    stats[layer.layer_index] += taken.to(device)
+            # each rank of a tensor group routes the same tokens: one group's worth in the sum
+            self.sums = stats.flatten() / self.grid.tensor
+        return self.sums
 
     def figures(self, sums: list[float], sequences: int) -> dict[str, float]:
         """A record's routing figures, from the ranks' summed `sums`."""
