@@ -107,7 +107,9 @@ def _recipe_run(recipe: str) -> dict[str, float]:
         command = [venv_tool("runner"), f"+recipe={recipe}", "progress_bar=false"]
         run([*command, f"hydra.run.dir={run_dir}"], thread_env(2), cwd=tmp)
         summary = json.loads((run_dir / "summary.json").read_text())
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().split()]
+        records = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
     speeds = [r["throughput/tokens_per_sec"] for r in records if "throughput/tokens_per_sec" in r]
     final = summary["final"]
     return {
