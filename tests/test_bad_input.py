@@ -383,7 +383,10 @@ CLI_CASES = [
         "logger=mlflw: no such logger option; valid: csv, mlflow, none, tensorboard, wandb",
     ),
     (["tensorboard=false"], "tensorboard=false: unknown key; the logger group now: logger=none"),
-    (["+recipe=nope"], "+recipe=nope: no such recipe option; valid: gpt_text, mlp_digits,"),
+    (
+        ["+recipe=nope"],
+        "+recipe=nope: no such recipe option; valid: gpt_moe_text, gpt_text, mlp_digits,",
+    ),
     (["nproc=[1"], "nproc=[1: not a valid override"),
 ]
 
