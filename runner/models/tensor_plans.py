@@ -259,14 +259,7 @@ def _gpt_block_plan(experts: bool = False) -> dict[str, Any]:
             use_local_output=False,
         )  # fmt: skip
         return attention | {"moe": moe}
-    return {
-        "ln_1": SequenceParallel(),
-        "attn": PrepareModuleInput(
-            input_layouts=(sequence, None), desired_input_layouts=(gathered, None)
-        ),
-        "attn.qkv": ColwiseParallel(),
-        "attn.proj": RowwiseParallel(output_layouts=sequence, use_local_output=False),
-        "ln_2": SequenceParallel(),
+    return attention | {
         "mlp": PrepareModuleInput(input_layouts=(sequence,), desired_input_layouts=(gathered,)),
         "mlp.0": ColwiseParallel(),
         "mlp.2": RowwiseParallel(output_layouts=sequence, use_local_output=False),
