@@ -297,6 +297,10 @@ EP_BATCH = "global_batch_size=16"  # 2 or 4 ranks at grad_accum 1 or 4
         pytest.param(2, 1, 2, (), id="2x1-expert2", marks=MATRIX),
         pytest.param(2, 4, 2, (), id="2x4-expert2"),
         pytest.param(4, 1, 4, (), id="4x1-expert4"),
+        pytest.param(
+            2, 2, 2, ("activation_checkpointing=selective",), id="2x2-expert2-selective",
+            marks=MATRIX,
+        ),
         pytest.param(4, 4, 2, (), id="4x4-expert2-shard2", marks=MATRIX),
         pytest.param(4, 1, 2, ("parallelism.tensor=2",), id="4x1-expert2-tensor2"),
         pytest.param(

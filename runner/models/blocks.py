@@ -72,7 +72,6 @@ def _selectively_checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
         keep = op in kept or (op in matmuls and not attended[ctx.is_recompute])
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
-    _ignore_profiler_marks()
     context = functools.partial(create_selective_checkpoint_contexts, policy)
     return checkpoint(forward, *args, use_reentrant=False, context_fn=context, **kwargs)
 
@@ -152,6 +151,8 @@ def apply_activation_checkpointing(module: nn.Module, every: int, selective: boo
         )
     chosen = blocks[every - 1 :: every]
     wrapper = _selectively_checkpointed if selective else _checkpointed
+    if selective:
+        _ignore_profiler_marks()  # here, not in the forward: torch.compile may trace that
     for block in chosen:
         block.forward = functools.partial(wrapper, block.forward)
     return len(chosen)
