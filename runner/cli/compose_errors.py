@@ -45,11 +45,14 @@ WHY_ONLY = {
         )
         for key in ("pipeline", "pipeline_schedule", "stages_per_rank", "pipeline_split", "pp_plan")
     },
-    "parallelism.expert": (
-        " (expert parallelism splits each layer's experts as DTensor shards on FSDP2's mesh, "
-        "sharded further by FSDP2 over the other data ranks; ddp keeps whole replicas and "
-        "DeepSpeed's ZeRO partitions flat parameters of its own)"
-    ),
+    **{
+        f"parallelism.{key}": (
+            " (expert parallelism splits each layer's experts as DTensor shards on FSDP2's "
+            "mesh, sharded further by FSDP2 over the other data ranks; ddp keeps whole "
+            "replicas and DeepSpeed's ZeRO partitions flat parameters of its own)"
+        )
+        for key in ("expert", "ep_plan")
+    },
     "parallelism.context": (
         " (context ranks hold parts of FSDP2's shards, which the gradients of their parts "
         "of the sequence are reduced into; ddp and ZeRO have no such mesh dimension)"

@@ -240,9 +240,9 @@ def _split_experts(plan: Plan) -> dict[int, list[nn.Module]]:
     """Under expert parallelism, each block's split experts (runner.models.expert_split)."""
     if plan.grid.expert == 1:
         return {}
-    from runner.models.expert_split import moe_layers
+    from runner.models.expert_split import split_experts
 
-    return {id(b): [m.experts for m in moe_layers(b)] for b in plan.blocks}
+    return {id(b): split_experts(b) for b in plan.blocks}
 
 
 def _shard_experts(experts: nn.Module, plan: Plan, reshard: bool, kwargs: dict) -> None:

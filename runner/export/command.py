@@ -56,6 +56,7 @@ def main(argv: list[str]) -> int:
     from runner.export.hugging_face import (
         built_shapes,
         copy_tokenizer,
+        hub_names,
         is_hugging_face,
         tied_names,
         write_config,
@@ -83,6 +84,8 @@ def main(argv: list[str]) -> int:
             read = tensor.values
             tensor = OutTensor(tensor.name, tensor.shape, dtype, lambda r=read: r().to(dtype))
         tensors.append(tensor)
+    if hugging_face and module is not None:
+        tensors = hub_names(module, tensors)
     written = write_safetensors(args.to, tensors, args.max_shard_size)
     if hugging_face and module is not None and spec is not None:
         written += write_config(module, args.to)

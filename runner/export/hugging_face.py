@@ -1,19 +1,24 @@
 """The Hugging Face side of an export: when a run's model is a transformers
 `PreTrainedModel`, its `config.json` beside the weights (so `from_pretrained` builds the
 same model and loads them), the names it ties left out of the weights, as `save_pretrained`
-leaves them out (the model ties them again when it loads), and the run's tokenizer file
+leaves them out (the model ties them again when it loads), the weights under the names
+Hugging Face's checkpoints use where transformers keeps them otherwise in memory (a mixture
+of experts' stacked experts, written one tensor per expert as `save_pretrained` writes
+them: every tool that reads Hub checkpoints reads these), and the run's tokenizer file
 (`data.tokenizer`) with the config `AutoTokenizer.from_pretrained` needs."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from runner.models.builders import build_model
-from runner.models.safetensors_out import replace_with
+from runner.models.safetensors_out import OutTensor, replace_with
 from runner.spec import RunSpec
 
 
@@ -41,6 +46,44 @@ def tied_names(module: nn.Module) -> set[str]:
             tied.add(name)
         seen.add(id(tensor))
     return tied
+
+
+def hub_names(module: nn.Module, tensors: list[OutTensor]) -> list[OutTensor]:
+    """`tensors` under the names of Hugging Face's checkpoints: transformers' own reverse
+    of its loading conversions (revert_weight_conversion, transformers 5), one tensor at a
+    time; as they are where this transformers has no conversions."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return tensors
+    last = _LastConverted(lambda name, t: revert_weight_conversion(module, {name: t}))
+    out = []
+    for tensor in tensors:
+        shapes = last.convert(
+            tensor.name, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+        )
+        if list(shapes) == [tensor.name]:
+            out.append(tensor)
+            continue
+        for name, shape in shapes.items():
+            read = functools.partial(last.part, tensor, name)
+            out.append(OutTensor(name, tuple(shape.shape), shape.dtype, read))
+    return out
+
+
+class _LastConverted:
+    """The parts of the last tensor converted (the writer asks for a tensor's parts in a
+    row): one tensor's conversion held at a time."""
+
+    def __init__(self, convert: Callable[[str, torch.Tensor], dict[str, torch.Tensor]]):
+        self.convert = convert
+        self.source: str | None = None
+        self.parts: dict[str, torch.Tensor] = {}
+
+    def part(self, tensor: OutTensor, name: str) -> torch.Tensor:
+        if self.source != tensor.name:
+            self.parts, self.source = self.convert(tensor.name, tensor.values()), tensor.name
+        return self.parts[name].contiguous()
 
 
 def write_config(module: nn.Module, directory: Path) -> list[Path]:

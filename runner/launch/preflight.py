@@ -252,7 +252,7 @@ def model_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
     if grid.expert > 1:
         from runner.models.expert_split import expert_problems
 
-        found += expert_problems(model, grid.expert)
+        found += expert_problems(model, grid.expert, spec.parallelism.ep_plan)
     if spec.checkpoint_every and not find_blocks(model):
         found.append(
             f"activation_checkpointing={spec.activation_checkpointing}: {type(model).__name__} "

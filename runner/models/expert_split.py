@@ -11,49 +11,141 @@ shards them over every data rank, the expert groups included (they read differen
 What the experts' gradients need: every rank of a group sends its tokens' gradients to the
 experts' ranks, so an expert's gradient on its rank sums the group's tokens; FSDP then sums
 over the rest of the data ranks and divides by all of them (runner.engines.fsdp).
+
+Which experts split: runner's MoE layers (model=gpt_moe) always; the experts modules of a
+Hugging Face mixture of experts by its config's own `base_model_ep_plan`; or the modules a
+user's `parallelism.ep_plan` names (patterns of module names, `*` a layer number), each of
+Hugging Face's shape (runner.models.expert_dispatch).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import nn
 
-from runner.models.moe import MoE
+from runner.models.expert_dispatch import (
+    DISPATCHED,
+    SPLIT,
+    dispatch,
+    hugging_face_ep_plan,
+    stacked_experts,
+)
+from runner.models.moe import Experts, MoE
+
+PLAN_KEY = "parallelism.ep_plan"
 
 
 def moe_layers(model: nn.Module) -> list[MoE]:
     return [m for m in model.modules() if isinstance(m, MoE)]
 
 
-def expert_problems(model: nn.Module, expert: int) -> list[str]:
-    """What expert parallelism needs of the model: mixture-of-experts layers (runner's),
-    whose experts the group splits evenly."""
+def split_experts(model: nn.Module) -> list[nn.Module]:
+    """The experts modules of `model` that expert parallelism split (after apply_experts)."""
+    return [m for m in model.modules() if getattr(m, SPLIT, False)]
+
+
+Plan = Sequence[str] | Mapping[str, Any] | None  # patterns, or {_target_: fn}: fn(model)
+
+
+def plan_patterns(model: nn.Module, ep_plan: Plan) -> list[str]:
+    """The module names (patterns) a plan gives: the user's list, what the user's function
+    returns for the model, or the model's own Hugging Face plan."""
+    if isinstance(ep_plan, Mapping):
+        from runner.components import TARGET, locate
+
+        options = {k: v for k, v in ep_plan.items() if not k.startswith("_")}
+        return [str(name) for name in locate(str(ep_plan[TARGET]))(model, **options)]
+    return list(ep_plan) if ep_plan is not None else hugging_face_ep_plan(model)
+
+
+def named_experts(model: nn.Module, ep_plan: Plan) -> tuple[dict[str, nn.Module], list[str]]:
+    """The experts modules a plan names (the user's, else the model's own Hugging Face
+    plan), by name; and the user's patterns that name no module."""
+    from runner.models.tensor_plans import expand_plan
+
+    patterns = plan_patterns(model, ep_plan)
+    expanded, unmatched = expand_plan(model, dict.fromkeys(patterns, DISPATCHED))
+    modules = dict(model.named_modules())
+    found = {name: modules[name] for name in expanded if name in modules}
+    return found, unmatched if ep_plan is not None else []
+
+
+def expert_problems(model: nn.Module, expert: int, ep_plan: Plan = None) -> list[str]:
+    """What expert parallelism needs of the model: mixture-of-experts layers (runner's, or
+    experts modules its plan names), whose experts the group splits evenly."""
     key = f"parallelism.expert={expert}"
-    layers = moe_layers(model)
-    if not layers:
+    if isinstance(ep_plan, Mapping):  # the user's function: importable, taking the model
+        from runner import components
+
+        wrong = components.problems(PLAN_KEY, ep_plan, {"model": model})
+        if wrong:
+            return wrong
+    named, unmatched = named_experts(model, ep_plan)
+    found = [f"{PLAN_KEY}: {p!r} names no module of {type(model).__name__}" for p in unmatched]
+    found += _unfit(named)
+    sizes = {f"model.n_experts={m.n_experts}": m.n_experts for m in moe_layers(model)}
+    for name, module in named.items():
+        size = stacked_experts(module)
+        if size is not None and not isinstance(module, Experts):
+            sizes.setdefault(f"the {size} experts of {name}", size)
+    if not sizes and not found:
         return [
             f"{key}: {type(model).__name__} has no mixture-of-experts layer to split "
-            "(model=gpt_moe has them); use parallelism.expert=1"
+            "(model=gpt_moe has them; a Hugging Face MoE names its experts in its config's "
+            "base_model_ep_plan; name a model's own with parallelism.ep_plan); use "
+            "parallelism.expert=1"
         ]
-    counts = sorted({m.n_experts for m in layers})
-    return [
-        f"{key}: must divide model.n_experts={n} (each rank of a group holds as many experts)"
-        for n in counts
-        if n % expert
-    ]
+    return (
+        found
+        + [
+            f"{key}: must divide {what} (each rank of a group holds as many experts)"
+            for what, size in sizes.items()
+            if size % expert
+        ][:1]
+    )
 
 
-def apply_experts(model: nn.Module, mesh: Any) -> None:
+def _unfit(named: dict[str, nn.Module]) -> list[str]:
+    """The named modules expert parallelism cannot split, the first of each kind."""
+    found = []
+    ours = [name for name, m in named.items() if isinstance(m, Experts)]
+    if ours:
+        found.append(
+            f"{PLAN_KEY}: {ours[0]} is runner's gpt_moe's, which splits its own experts; "
+            "leave parallelism.ep_plan null"
+        )
+    flat = [f"{n} ({type(m).__name__})" for n, m in named.items() if stacked_experts(m) is None]
+    if flat:
+        more = f" (and {len(flat) - 1} more)" if len(flat) > 1 else ""
+        found.append(
+            f"{PLAN_KEY}: {flat[0]}{more} does not stack its parameters by expert on dim 0, "
+            "as an experts module of Hugging Face's shape does"
+        )
+    return found
+
+
+def apply_experts(model: nn.Module, mesh: Any, ep_plan: Plan = None) -> None:
     """Split every MoE layer's experts over `mesh` (the expert dimension), in place: this
     rank keeps its own as the local part of DTensors of the whole experts' shape."""
+    degree, group = mesh.size(), mesh.get_group()
+    for layer in moe_layers(model):
+        layer.expert_group, layer.experts_per_rank = group, layer.n_experts // degree
+        _split(layer.experts, mesh, layer.experts_per_rank)
+    for module in named_experts(model, ep_plan)[0].values():
+        local = (stacked_experts(module) or degree) // degree
+        _split(module, mesh, local)
+        dispatch(module, group, local)
+
+
+def _split(experts: nn.Module, mesh: Any, local: int) -> None:
+    """`experts`' parameters, stacked by expert, as DTensors split over `mesh` by expert."""
     from torch.distributed.tensor import DTensor, Shard
 
-    degree, rank = mesh.size(), mesh.get_local_rank()
-    for layer in moe_layers(model):
-        local = layer.n_experts // degree
-        layer.expert_group, layer.experts_per_rank = mesh.get_group(), local
-        for name, param in list(layer.experts.named_parameters(recurse=False)):
-            own = param.detach()[rank * local : (rank + 1) * local].clone()
-            split = DTensor.from_local(own, mesh, [Shard(0)], run_check=False)
-            setattr(layer.experts, name, nn.Parameter(split, requires_grad=param.requires_grad))
+    rank = mesh.get_local_rank()
+    for name, param in list(experts.named_parameters(recurse=False)):
+        own = param.detach()[rank * local : (rank + 1) * local].clone()
+        split = DTensor.from_local(own, mesh, [Shard(0)], run_check=False)
+        setattr(experts, name, nn.Parameter(split, requires_grad=param.requires_grad))
+    setattr(experts, SPLIT, True)

@@ -76,9 +76,21 @@ def plan_problems(model: nn.Module, tensor: int, node: dict[str, Any] | None = N
 
 def hugging_face_plan(model: nn.Module) -> dict[str, str]:
     """A transformers model's own plan (its config's base_model_tp_plan, under the model's
-    prefixes), by module pattern; {} where it has none."""
+    prefixes), by module pattern; {} where it has none. A mixture of experts' experts
+    modules (its base_model_ep_plan's) are left out: each tensor rank runs the whole
+    experts on the sequence it holds whole (expert parallelism splits them), as runner's
+    gpt_moe does; transformers' experts styles trained other weights than one process."""
+    from runner.models.expert_dispatch import hugging_face_ep_plan
+
     plan = getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None)
-    return dict(plan) if isinstance(plan, dict) else {}
+    if not isinstance(plan, dict):
+        return {}
+    experts = hugging_face_ep_plan(model)
+    return {
+        name: style
+        for name, style in plan.items()
+        if not any(name == e or name.startswith(f"{e}.") for e in experts)
+    }
 
 
 def expand_plan(model: nn.Module, plan: dict[str, str]) -> tuple[dict[str, str], list[str]]:
@@ -153,7 +165,10 @@ def apply_hugging_face_plan(model: nn.Module, mesh: Any) -> None:
     modules = dict(model.named_modules())
     with_parameters: dict[str, str] = {}
     for name, style in expanded.items():  # a module's own parameters split first (its
-        for param, _ in modules[name].named_parameters(recurse=False):  # loading path's job)
+        if name not in modules:  # loading path's job); a parameter the plan names itself
+            with_parameters[name] = style
+            continue
+        for param, _ in modules[name].named_parameters(recurse=False):
             with_parameters[f"{name}.{param}"] = style
         with_parameters[name] = style  # then its forward
     apply_tensor_parallelism(model, mesh, with_parameters)

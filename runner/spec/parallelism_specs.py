@@ -109,6 +109,10 @@ class FSDPSpec:
     # expert parallelism: groups of `expert` data ranks split each mixture-of-experts layer's
     # experts between them, tokens sent to their experts and back by all-to-all
     expert: int = _bound(1, min=1)
+    # the experts modules it splits, by name pattern (`*` a layer number), each of Hugging
+    # Face's shape (runner.models.expert_dispatch); null: the model's own (gpt_moe's MoE
+    # layers, a Hugging Face model's base_model_ep_plan)
+    ep_plan: tuple[str, ...] | dict[str, Any] | None = None
 
     @property
     def stages_each(self) -> int:

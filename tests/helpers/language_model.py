@@ -70,7 +70,8 @@ def train_plain(
         for chunk in torch.tensor(indices).chunk(naive_microbatches):
             collate = data.collate_fn or default_collate  # packed blocks need no padding
             batch = collate([data.train[i] for i in chunk.tolist()])
-            logits = model(batch["input_ids"], attention_mask=batch.get("attention_mask"))
+            out = model(batch["input_ids"], attention_mask=batch.get("attention_mask"))
+            logits = getattr(out, "logits", out)  # a Hugging Face model's output, or logits
             losses.append(
                 F.cross_entropy(
                     logits[:, :-1].reshape(-1, logits.shape[-1]),

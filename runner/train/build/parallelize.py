@@ -88,7 +88,7 @@ def parallelize(
         _split_layers(module, spec, grid, mesh, splits_classes)
     pairing = _split_sequence(module, spec, grid, mesh) if grid.context > 1 else SAME_POSITIONS
     if grid.expert > 1:
-        _split_experts(module, grid, mesh)
+        _split_experts(module, spec, grid, mesh)
     if spec.checkpoint_every:
         selective = spec.activation_checkpointing == "selective"
         apply_activation_checkpointing(module, spec.checkpoint_every, selective)
@@ -144,12 +144,12 @@ def _split_sequence(module: nn.Module, spec: RunSpec, grid: Layout, mesh: object
     return split
 
 
-def _split_experts(module: nn.Module, grid: Layout, mesh: object) -> None:
+def _split_experts(module: nn.Module, spec: RunSpec, grid: Layout, mesh: object) -> None:
     """Expert parallelism: each MoE layer's experts split across an expert group."""
     from runner.engines.device_mesh import expert_mesh
     from runner.models.expert_split import apply_experts
 
-    apply_experts(module, expert_mesh(mesh))
+    apply_experts(module, expert_mesh(mesh), spec.parallelism.ep_plan)
     log.info("expert parallelism: groups of %d ranks split each layer's experts", grid.expert)
 
 

@@ -1,0 +1,178 @@
+"""Hugging Face mixtures of experts (Mixtral, Qwen2-MoE with its shared expert, OLMoE, built
+from their configs) under fsdp as they are, and under expert parallelism through their own
+base_model_ep_plan or a plan the user names (runner.models.expert_dispatch): the weights of
+plain PyTorch within 1e-5, a resume at another expert degree, eval, export under Hugging
+Face's per-expert names, and the plans refused before any rank starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from runner.models.expert_dispatch import hugging_face_ep_plan
+from runner.models.expert_split import expert_problems, named_experts
+from runner.spec import resolve_spec
+from tests.helpers.cli import HANG, MATRIX, child_env, run_cli, runner_command
+from tests.helpers.config import compose_config
+from tests.helpers.equivalence import relative_error
+from tests.helpers.hugging_face import MOE_MODELS, moe_args
+from tests.helpers.language_model import STEPS, train_plain
+
+TRAINING = [
+    "precision=fp32",
+    "progress_bar=false",
+    "scheduler=constant",
+    "max_epochs=null",
+    f"max_steps={STEPS}",
+    "global_batch_size=16",
+    "log_interval=2",
+]
+
+
+def _args(kind: str, corpus: Path, *more: str) -> list[str]:
+    return [*moe_args(kind, corpus), *TRAINING, *more]
+
+
+def _built(kind: str):
+    import transformers
+
+    model_class, config_class, values = MOE_MODELS[kind]
+    config = getattr(transformers, config_class)(**values)
+    with torch.device("meta"):
+        return getattr(transformers, model_class)(config)
+
+
+@pytest.fixture(scope="module")
+def plain(corpus: Path):
+    """`plain(kind)`: plain PyTorch's weights, one process on whole global batches."""
+    made: dict[str, dict[str, torch.Tensor]] = {}
+
+    def reference(kind: str) -> dict[str, torch.Tensor]:
+        if kind not in made:
+            spec = resolve_spec(compose_config([*_args(kind, corpus), "nproc=1"]))
+            made[kind] = train_plain(spec)
+        return made[kind]
+
+    return reference
+
+
+def _run(tmp_path: Path, corpus: Path, kind: str, *more: str, name: str = "run"):
+    result = run_cli(tmp_path, *_args(kind, corpus, *more), name=name)
+    assert result.returncode == 0, result.output
+    return result
+
+
+def _weights(result) -> dict[str, torch.Tensor]:
+    return torch.load(result.run_dir / "model.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("kind", list(MOE_MODELS))
+def test_the_config_names_the_experts_modules(kind: str) -> None:
+    """transformers' own plan finds one experts module per layer, stacked by expert."""
+    model = _built(kind)
+    assert hugging_face_ep_plan(model) == ["model.layers.*.mlp.experts"]
+    named, unmatched = named_experts(model, None)
+    assert list(named) == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
+    assert unmatched == [] and expert_problems(model, 2) == []
+    function = {"_target_": "tests.helpers.hugging_face.experts_of"}
+    assert list(named_experts(model, function)[0]) == list(named)
+
+
+@pytest.mark.parametrize(
+    ("expert", "plan", "message"),
+    [
+        (3, None, "parallelism.expert=3: must divide the 4 experts of model.layers.0.mlp.experts"),
+        (2, ["model.layers.*.mlp.expertz"],
+         "parallelism.ep_plan: 'model.layers.*.mlp.expertz' names no module of "
+         "MixtralForCausalLM"),
+        (2, ["model.layers.*.self_attn"],
+         "parallelism.ep_plan: model.layers.0.self_attn (MixtralAttention) (and 1 more) does "
+         "not stack its parameters by expert on dim 0"),
+        (2, [], "parallelism.expert=2: MixtralForCausalLM has no mixture-of-experts layer"),
+        (2, {"_target_": "tests.helpers.hugging_face.experts_of", "suffix": "self_attn"},
+         "parallelism.ep_plan: model.layers.0.self_attn (MixtralAttention) (and 1 more)"),
+        (2, {"_target_": "tests.helpers.hugging_face.nowhere"},
+         "parallelism.ep_plan._target_=tests.helpers.hugging_face.nowhere"),
+    ],
+    ids=["not-dividing", "names-nothing", "not-stacked", "empty-plan", "function", "no-function"],
+)  # fmt: skip
+def test_a_plan_expert_parallelism_cannot_split_is_named(expert, plan, message) -> None:
+    problems = expert_problems(_built("mixtral"), expert, plan)
+    assert len(problems) == 1 and problems[0].startswith(message), problems
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "layout"),
+    [
+        pytest.param("mixtral", ("nproc=2", "grad_accum=2"), id="mixtral-fsdp"),
+        pytest.param(
+            "mixtral", ("nproc=2", "grad_accum=2", "parallelism.expert=2"), id="mixtral-expert2"
+        ),
+        pytest.param("mixtral", ("nproc=4", "parallelism.expert=4"), id="mixtral-expert4",
+                     marks=MATRIX),
+        pytest.param(
+            "mixtral",
+            ("nproc=2", "parallelism.expert=2", "parallelism.ep_plan=[model.layers.*.mlp.experts]"),
+            id="mixtral-expert2-named", marks=MATRIX,
+        ),
+        pytest.param("qwen2_moe", ("nproc=4", "parallelism.expert=2"), id="qwen2_moe-expert2",
+                     marks=MATRIX),
+        pytest.param("olmoe", ("nproc=4", "grad_accum=2", "parallelism.expert=2"),
+                     id="olmoe-expert2-shard2", marks=MATRIX),
+        pytest.param("mixtral", ("nproc=4", "parallelism.expert=2", "parallelism.tensor=2"),
+                     id="mixtral-expert2-tensor2", marks=MATRIX),
+    ],
+)  # fmt: skip
+def test_a_hugging_face_moe_trains_the_weights_of_plain_pytorch(
+    tmp_path: Path, corpus: Path, plain, kind: str, layout: tuple[str, ...]
+) -> None:
+    """Under fsdp as it is, and with its experts split over groups of ranks (tokens sent to
+    them by all-to-all): the weights of one process holding every expert, within 1e-5."""
+    result = _run(tmp_path, corpus, kind, "parallelism=fsdp", *layout)
+    assert relative_error(_weights(result), plain(kind)) <= 1e-5
+    if any(option.startswith("parallelism.expert") for option in layout):
+        assert "ranks split each layer's experts" in result.rank_log(0)
+
+
+@pytest.mark.slow
+def test_a_split_mixtral_resumes_evaluates_and_exports(tmp_path: Path, corpus: Path) -> None:
+    """A Mixtral run with expert=2: its checkpoint resumes with every rank holding every
+    expert (to the weights of the run that never stopped), `runner eval` reproduces its
+    logged val/loss, and `runner export` writes Hugging Face's per-expert names, which
+    from_pretrained loads back to model.pt's weights."""
+    import transformers
+    from safetensors import safe_open
+
+    ep = ("nproc=2", "parallelism=fsdp", "parallelism.expert=2")
+    first = _run(tmp_path, corpus, "mixtral", *ep, "checkpoint.interval=2", name="first")
+    checkpoint = sorted((first.run_dir / "checkpoints").glob("step_*"))[0]
+    resumed = _run(
+        tmp_path, corpus, "mixtral", "nproc=2", "parallelism=fsdp", f"resume={checkpoint}",
+        name="expert1",
+    )  # fmt: skip
+    assert resumed.summary()["resumed_from"] == int(checkpoint.name.split("_")[1])
+    assert relative_error(_weights(resumed), _weights(first)) <= 1e-5
+
+    evaluated = run_cli(tmp_path, "eval", str(first.run_dir), *ep[1:], name="eval")
+    assert evaluated.returncode == 0, evaluated.output
+    logged = [m["val/loss"] for m in first.metrics() if "val/loss" in m][-1]
+    loss = json.loads((evaluated.run_dir / "eval.json").read_text())["metrics"]["val/loss"]
+    assert loss == pytest.approx(logged, rel=1e-6)
+
+    exported = tmp_path / "export"
+    done = subprocess.run(
+        runner_command("export", str(first.run_dir), "--to", str(exported)),
+        capture_output=True, text=True, env=child_env(), timeout=HANG,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with safe_open(exported / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    assert "model.layers.0.block_sparse_moe.experts.3.w3.weight" in names
+    assert not any("gate_up_proj" in name for name in names)
+    loaded = transformers.MixtralForCausalLM.from_pretrained(exported).state_dict()
+    assert relative_error(loaded, _weights(first)) == 0
