@@ -144,8 +144,11 @@ def _alive(pid: int) -> bool:
 
 
 def read(path: Path, slots: int) -> list[Beat]:
+    """The first `slots` ranks' beats, as many as the file holds (another agent's file, of
+    fewer ranks, holds fewer)."""
     data = path.read_bytes()
-    return [Beat(*_SLOT.unpack_from(data, _slot_offset(i))) for i in range(slots)]
+    held = max(0, (len(data) - _CONTROL.size) // _SLOT.size)
+    return [Beat(*_SLOT.unpack_from(data, _slot_offset(i))) for i in range(min(slots, held))]
 
 
 def _slot_offset(local_rank: int) -> int:

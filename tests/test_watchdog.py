@@ -69,3 +69,18 @@ def test_exited_ranks_are_not_watched(watchdog, tmp_path: Path) -> None:
     r0, _ = ranks(watchdog)
     watchdog.killed.add(os.getpid())  # this process plays both ranks: as if it was killed
     assert watchdog.check(0.0) is None and watchdog.check(1e6) is None
+
+
+def test_another_agents_file_of_fewer_ranks_reads_as_its_own_ranks() -> None:
+    """A reader that looks at every agent's file on the machine (several runs at once) asks
+    for its own run's rank count: a file of fewer ranks gives its own, no error."""
+    from runner import heartbeat
+
+    path = heartbeat.create(1)
+    try:
+        Heartbeat(str(path), local_rank=0, rank=0, attempt=0).beat(Phase.BATCH, 3)
+        beats = heartbeat.read(path, 2)
+        assert [(b.pid, b.step) for b in beats] == [(os.getpid(), 3)]
+        assert heartbeat.finished_step(path, 2) == 2
+    finally:
+        path.unlink()
