@@ -148,3 +148,15 @@ def test_eval_of_a_chaos_drill_leaves_its_fault_injection_out(tmp_path: Path) ->
     save_spec(resolve_spec(compose_config([*drill, "device=cpu"])), run)
     argv = eval_argv([str(run), "nproc=1"], CONF_DIR)
     assert argv[-2:] == ["chaos.kill_rank=null", "chaos.at_step=null"] and "nproc=1" in argv
+
+
+def test_eval_drops_expert_groups_its_data_ranks_cannot_hold() -> None:
+    """Expert groups are cut from the data ranks: an expert=2 run evaluated on one rank
+    runs without them (the same weights, every expert on the rank); on 4 ranks, with."""
+    experts = {"parallelism": {"name": "fsdp", "expert": 2}, "nproc": 2}
+    sized = run_evaluations({"model": {}, "data": {}, "nodes": 1, "global_batch_size": 16,
+                             **experts}, ["nproc=1"])  # fmt: skip
+    assert sized.before[0] == "parallelism.expert=1"
+    assert "the run's expert=2 does not fit 1 data rank(s)" in sized.notes[0]
+    assert "parallelism.expert=1" not in sizing(experts, "nproc=4")[0]
+    assert "parallelism.expert=1" not in sizing(experts, "nproc=1", "parallelism.expert=2")[0]

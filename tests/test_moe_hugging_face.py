@@ -90,15 +90,21 @@ def test_the_config_names_the_experts_modules(kind: str) -> None:
          "parallelism.ep_plan: 'model.layers.*.mlp.expertz' names no module of "
          "MixtralForCausalLM"),
         (2, ["model.layers.*.self_attn"],
-         "parallelism.ep_plan: model.layers.0.self_attn (MixtralAttention) (and 1 more) does "
-         "not stack its parameters by expert on dim 0"),
+         "parallelism.ep_plan: model.layers.0.self_attn (MixtralAttention) (and 1 more) is "
+         "no experts module of Hugging Face's shape"),
+        (2, ["model.layers.*.mlp.gate"],  # stacked by expert, but takes no routing
+         "parallelism.ep_plan: model.layers.0.mlp.gate (MixtralTopKRouter) (and 1 more) is "
+         "no experts module"),
+        (1, ["model.layers.*.mlp.expertz"],  # a plan is checked even where nothing splits
+         "parallelism.ep_plan: 'model.layers.*.mlp.expertz' names no module"),
         (2, [], "parallelism.expert=2: MixtralForCausalLM has no mixture-of-experts layer"),
         (2, {"_target_": "tests.helpers.hugging_face.experts_of", "suffix": "self_attn"},
          "parallelism.ep_plan: model.layers.0.self_attn (MixtralAttention) (and 1 more)"),
         (2, {"_target_": "tests.helpers.hugging_face.nowhere"},
          "parallelism.ep_plan._target_=tests.helpers.hugging_face.nowhere"),
     ],
-    ids=["not-dividing", "names-nothing", "not-stacked", "empty-plan", "function", "no-function"],
+    ids=["not-dividing", "names-nothing", "not-stacked", "router", "expert1", "empty-plan",
+         "function", "no-function"],
 )  # fmt: skip
 def test_a_plan_expert_parallelism_cannot_split_is_named(expert, plan, message) -> None:
     problems = expert_problems(_built("mixtral"), expert, plan)
@@ -143,8 +149,8 @@ def test_a_hugging_face_moe_trains_the_weights_of_plain_pytorch(
 def test_a_split_mixtral_resumes_evaluates_and_exports(tmp_path: Path, corpus: Path) -> None:
     """A Mixtral run with expert=2: its checkpoint resumes with every rank holding every
     expert (to the weights of the run that never stopped), `runner eval` reproduces its
-    logged val/loss, and `runner export` writes Hugging Face's per-expert names, which
-    from_pretrained loads back to model.pt's weights."""
+    logged val/loss on one rank (the expert groups dropped), and `runner export` writes
+    Hugging Face's per-expert names, which from_pretrained loads to model.pt's weights."""
     import transformers
     from safetensors import safe_open
 
@@ -158,11 +164,12 @@ def test_a_split_mixtral_resumes_evaluates_and_exports(tmp_path: Path, corpus: P
     assert resumed.summary()["resumed_from"] == int(checkpoint.name.split("_")[1])
     assert relative_error(_weights(resumed), _weights(first)) <= 1e-5
 
-    evaluated = run_cli(tmp_path, "eval", str(first.run_dir), *ep[1:], name="eval")
+    evaluated = run_cli(tmp_path, "eval", str(first.run_dir), "nproc=1", name="eval")
     assert evaluated.returncode == 0, evaluated.output
     logged = [m["val/loss"] for m in first.metrics() if "val/loss" in m][-1]
     loss = json.loads((evaluated.run_dir / "eval.json").read_text())["metrics"]["val/loss"]
-    assert loss == pytest.approx(logged, rel=1e-6)
+    assert loss == pytest.approx(logged, rel=1e-6)  # on one rank: expert=2 dropped
+    assert "does not fit 1 data rank(s)" in evaluated.output
 
     exported = tmp_path / "export"
     done = subprocess.run(
@@ -174,5 +181,7 @@ def test_a_split_mixtral_resumes_evaluates_and_exports(tmp_path: Path, corpus: P
         names = set(f.keys())
     assert "model.layers.0.block_sparse_moe.experts.3.w3.weight" in names
     assert not any("gate_up_proj" in name for name in names)
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == ["MixtralForCausalLM"]
     loaded = transformers.MixtralForCausalLM.from_pretrained(exported).state_dict()
     assert relative_error(loaded, _weights(first)) == 0

@@ -115,6 +115,7 @@ def run_evaluations(config: dict[str, Any], overrides: list[str]) -> Sizing:
                 f"the run's {shown} does not fit {new_world} rank(s): evaluated without it "
                 f"({' '.join(f'parallelism.{k}=1' for k in dropped)}; the same weights)"
             )
+    _fit_experts(parallelism, given, new_world // math.prod(new.values()), switched, sized)
     replicate = parallelism.get("replicate")
     kept = isinstance(replicate, int) and not switched and "parallelism.replicate" not in given
     if kept and (new_world // math.prod(new.values())) % replicate:
@@ -125,6 +126,22 @@ def run_evaluations(config: dict[str, Any], overrides: list[str]) -> Sizing:
     if "eval_ranks" not in given:  # its batches, sample for sample: runner.data.sampler
         sized.after.append(f"eval_ranks={config.get('eval_ranks') or run_ranks}")
     return sized
+
+
+def _fit_experts(
+    parallelism: dict[str, Any], given: dict[str, str], data: int, switched: bool, sized: Sizing
+) -> None:
+    """The run's expert groups are cut from its data ranks: where the new `data` ranks
+    cannot hold them, evaluated without them (every rank holding every expert)."""
+    expert = parallelism.get("expert", 1)
+    if switched or "parallelism.expert" in given or not isinstance(expert, int) or expert < 2:
+        return
+    if data % expert:
+        sized.before.append("parallelism.expert=1")
+        sized.notes.append(
+            f"the run's expert={expert} does not fit {data} data rank(s): evaluated without "
+            "it (parallelism.expert=1; the same weights)"
+        )
 
 
 def _as_int(value: str | None, default: Any) -> int:

@@ -87,7 +87,10 @@ class _LastConverted:
 
 
 def write_config(module: nn.Module, directory: Path) -> list[Path]:
-    """config.json (and generation_config.json for a model that generates)."""
+    """config.json (and generation_config.json for a model that generates), naming the
+    model's class in `architectures` as save_pretrained does (tools pick the class by it)."""
+    if not getattr(module.config, "architectures", None):
+        module.config.architectures = [type(module).__name__]
     module.config.save_pretrained(directory)
     written = [directory / "config.json"]
     generation = getattr(module, "generation_config", None)

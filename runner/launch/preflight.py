@@ -249,10 +249,10 @@ def model_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
         from runner.models.context_split import context_problems
 
         found += context_problems(model, grid.context)
-    if grid.expert > 1:
+    if grid.expert > 1 or getattr(spec.parallelism, "ep_plan", None) is not None:
         from runner.models.expert_split import expert_problems
 
-        found += expert_problems(model, grid.expert, spec.parallelism.ep_plan)
+        found += expert_problems(model, grid.expert, getattr(spec.parallelism, "ep_plan", None))
     if spec.checkpoint_every and not find_blocks(model):
         found.append(
             f"activation_checkpointing={spec.activation_checkpointing}: {type(model).__name__} "

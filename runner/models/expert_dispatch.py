@@ -45,12 +45,29 @@ def hugging_face_ep_plan(model: nn.Module) -> list[str]:
 
 def stacked_experts(module: nn.Module) -> int | None:
     """How many experts `module` stacks (its direct parameters' common dim 0, also its
-    `num_experts` where it has one), or None when they do not agree."""
+    `num_experts` where it has one), or None when it is no experts module of Hugging Face's
+    shape: parameters that do not agree, or a forward that does not take each token's
+    chosen experts and their weights (a router's)."""
     sizes = {p.shape[0] for p in module.parameters(recurse=False) if p.dim() >= 1}
     declared = getattr(module, "num_experts", None)
     if len(sizes) != 1 or (isinstance(declared, int) and declared not in sizes):
         return None
-    return sizes.pop()
+    return sizes.pop() if _takes_routing(type(module).forward) else None
+
+
+def _takes_routing(forward: Any) -> bool:
+    """Whether `forward` takes (self,) hidden states, top-k indices and top-k weights."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(forward).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    kinds = [p.kind for p in params]
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        return True
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(kind in positional for kind in kinds) >= 4
 
 
 def dispatch(module: nn.Module, group: Any, per_rank: int) -> None:

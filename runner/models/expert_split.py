@@ -90,6 +90,8 @@ def expert_problems(model: nn.Module, expert: int, ep_plan: Plan = None) -> list
         size = stacked_experts(module)
         if size is not None and not isinstance(module, Experts):
             sizes.setdefault(f"the {size} experts of {name}", size)
+    if expert == 1:  # nothing splits: only the user's plan is checked
+        return found
     if not sizes and not found:
         return [
             f"{key}: {type(model).__name__} has no mixture-of-experts layer to split "
@@ -116,12 +118,17 @@ def _unfit(named: dict[str, nn.Module]) -> list[str]:
             f"{PLAN_KEY}: {ours[0]} is runner's gpt_moe's, which splits its own experts; "
             "leave parallelism.ep_plan null"
         )
-    flat = [f"{n} ({type(m).__name__})" for n, m in named.items() if stacked_experts(m) is None]
+    flat = [
+        f"{n} ({type(m).__name__})"
+        for n, m in named.items()
+        if stacked_experts(m) is None and not isinstance(m, Experts)
+    ]
     if flat:
         more = f" (and {len(flat) - 1} more)" if len(flat) > 1 else ""
         found.append(
-            f"{PLAN_KEY}: {flat[0]}{more} does not stack its parameters by expert on dim 0, "
-            "as an experts module of Hugging Face's shape does"
+            f"{PLAN_KEY}: {flat[0]}{more} is no experts module of Hugging Face's shape "
+            "(parameters stacked by expert on dim 0; forward(hidden_states, top_k_index, "
+            "top_k_weights))"
         )
     return found
 
