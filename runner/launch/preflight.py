@@ -280,7 +280,7 @@ def _init_from_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]
                     model = build_model(spec.model, info)
             except Exception:  # it reads values while it is built: the whole model, then
                 model = build_model(spec.model, info)
-            matching = match(file, loaded_tensors(model), spec.init_from)
+            matching = match(file, loaded_tensors(model), spec.init_from, model)
     except WeightsFileError as exc:
         return [f"init_from.path={path}: {exc}"]
     found = matching.problems(spec.init_from)

@@ -89,8 +89,11 @@ def open_weights(path: Path) -> TensorFile:
 
 
 def weights_file(path: Path) -> contextlib.AbstractContextManager[TensorFile]:
-    """`path`'s reader (open_weights), open while the context lasts."""
-    return tensor_file(path, open_weights)
+    """`path`'s reader (open_weights), open while the context lasts; it also reads the
+    stacked sources init_from matches (runner.models.stacked_experts)."""
+    from runner.models.stacked_experts import StackedReads
+
+    return tensor_file(path, lambda p: StackedReads(open_weights(p)))
 
 
 def find_weights(path: Path) -> RunWeights:

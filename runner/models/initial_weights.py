@@ -91,5 +91,5 @@ def pretrained_fills_all(spec: RunSpec) -> bool:
 
     _, module = build_data_and_model(spec, torch.device("meta"))
     with weights_file(Path(spec.init_from.path)) as file:
-        sources = match(file, loaded_tensors(module), spec.init_from).sources
+        sources = match(file, loaded_tensors(module), spec.init_from, module).sources
     return set(seed_tensors(module)) <= sources.keys()

@@ -90,9 +90,16 @@ def loaded_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return dict(module.state_dict(keep_vars=True))
 
 
-def match(file: TensorFile, tensors: dict[str, torch.Tensor], spec: InitFromSpec) -> Matching:
+def match(
+    file: TensorFile,
+    tensors: dict[str, torch.Tensor],
+    spec: InitFromSpec,
+    module: nn.Module | None = None,
+) -> Matching:
     """Pair the model's tensors with the file's (shapes: the model's whole ones; a sharded
-    tensor gives its global shape)."""
+    tensor gives its global shape). With the `module` (a Hugging Face one), a tensor the
+    file holds in parts, one per expert, is matched with its stacked source
+    (runner.models.stacked_experts)."""
     found = Matching()
     by_model = {model_name(n, spec): n for n in file.names()}
     filled: dict[int, str] = {}  # id of a tensor the file fills -> its file name
@@ -113,7 +120,42 @@ def match(file: TensorFile, tensors: dict[str, torch.Tensor], spec: InitFromSpec
         elif name not in differ:
             found.missing.append(name)
     found.unexpected = [n for n in by_model if n not in tensors]
+    if module is not None and found.missing and found.unexpected:
+        _match_stacked(found, file, tensors, module, by_model)
     return found
+
+
+def _match_stacked(
+    found: Matching,
+    file: TensorFile,
+    tensors: dict[str, torch.Tensor],
+    module: nn.Module,
+    by_model: dict[str, str],
+) -> None:
+    """The missing tensors the file holds one per expert (runner.models.stacked_experts),
+    matched with their stacked sources (parts under the file's names); their parts no
+    longer unexpected."""
+    import json
+
+    from runner.models.stacked_experts import MARK, StackedReads, parts_of, stacked_sources
+
+    shapes = {n: tuple(getattr(tensors[n], "ds_shape", tensors[n].shape)) for n in found.missing}
+    reads = StackedReads(file)
+    used: set[str] = set()
+    for name, source in stacked_sources(module, shapes, found.unexpected).items():
+        stacked = source.startswith(MARK)
+        parts = parts_of(source) if stacked else [source]
+        in_file = source if stacked else by_model[source]
+        if stacked:
+            recipe = json.loads(source[len(MARK) :])
+            recipe["groups"] = [[by_model[p] for p in group] for group in recipe["groups"]]
+            in_file = MARK + json.dumps(recipe)
+        if tuple(reads.shape(in_file)) != shapes[name]:
+            continue
+        found.sources[name] = in_file
+        used.update(parts)
+    found.missing = [n for n in found.missing if n not in found.sources]
+    found.unexpected = [n for n in found.unexpected if n not in used]
 
 
 def load_into(module: nn.Module, file: TensorFile, matching: Matching) -> None:

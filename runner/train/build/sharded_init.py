@@ -109,7 +109,7 @@ def _pretrained(spec: RunSpec, module: nn.Module) -> dict[str, str]:
 
 
 def _matching(spec: RunSpec, module: nn.Module, file: TensorFile) -> Matching:
-    matching = match(file, loaded_tensors(module), spec.init_from)
+    matching = match(file, loaded_tensors(module), spec.init_from, module)
     problems = matching.problems(spec.init_from)
     if problems:  # the launcher checked the same file; it changed since
         raise ValueError("; ".join(problems))
