@@ -100,11 +100,13 @@ def test_the_config_names_the_experts_modules(kind: str) -> None:
         (2, [], "parallelism.expert=2: MixtralForCausalLM has no mixture-of-experts layer"),
         (2, {"_target_": "tests.helpers.hugging_face.experts_of", "suffix": "self_attn"},
          "parallelism.ep_plan: model.layers.0.self_attn (MixtralAttention) (and 1 more)"),
+        (2, {"_target_": "tests.helpers.hugging_face.experts_of", "suffix": 5},
+         "parallelism.ep_plan: tests.helpers.hugging_face.experts_of(model) raised TypeError"),
         (2, {"_target_": "tests.helpers.hugging_face.nowhere"},
          "parallelism.ep_plan._target_=tests.helpers.hugging_face.nowhere"),
     ],
     ids=["not-dividing", "names-nothing", "not-stacked", "router", "expert1", "empty-plan",
-         "function", "no-function"],
+         "function", "function-raises", "no-function"],
 )  # fmt: skip
 def test_a_plan_expert_parallelism_cannot_split_is_named(expert, plan, message) -> None:
     problems = expert_problems(_built("mixtral"), expert, plan)

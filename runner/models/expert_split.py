@@ -82,7 +82,11 @@ def expert_problems(model: nn.Module, expert: int, ep_plan: Plan = None) -> list
         wrong = components.problems(PLAN_KEY, ep_plan, {"model": model})
         if wrong:
             return wrong
-    named, unmatched = named_experts(model, ep_plan)
+    try:
+        named, unmatched = named_experts(model, ep_plan)
+    except Exception as exc:  # the user's function failed on the model
+        given = ep_plan.get("_target_") if isinstance(ep_plan, Mapping) else ep_plan
+        return [f"{PLAN_KEY}: {given}(model) raised {type(exc).__name__}: {exc}"]
     found = [f"{PLAN_KEY}: {p!r} names no module of {type(model).__name__}" for p in unmatched]
     found += _unfit(named)
     sizes = {f"model.n_experts={m.n_experts}": m.n_experts for m in moe_layers(model)}
