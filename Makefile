@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-fast test-floor test-gpu test-matrix test-ray test-sweeps test-slurm lint bench profile clean-runs docs docs-serve
+.PHONY: install run test test-report test-fast test-floor test-gpu test-matrix test-ray test-sweeps test-slurm lint bench profile clean-runs docs docs-serve
 
 install: $(STAMP)
 
@@ -32,33 +32,40 @@ run: install
 # keep both cores busy (make test: 23 min one at a time; 4 workers: slower than 3).
 TEST_WORKERS ?= 3
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+	RUNNER_TEST_TARGET=test $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 		-m "not ray and not matrix and not sweeps" $(PYTEST_ARGS)
+
+# What each test module cost in the last run of each target (wall and CPU seconds, the ranks'
+# included, tests, runs launched), most expensive first: tests/helpers/cost.py records it
+# into .test-cost/ on every run. REPORT_ARGS: targets, --top N, --scopes; --schedule
+# rewrites tests/durations.json, the order make test starts its modules in.
+test-report:
+	@$(BIN)/python -m tests.helpers.cost_report $(REPORT_ARGS)
 
 # The tests that run sweeps (runner -m: every launcher and sweeper, resumed and stopped
 # sweeps, a sweep's directory), side by side as make test runs; Ray's are make test-ray's.
 test-sweeps: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+	RUNNER_TEST_TARGET=test-sweeps $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 		-m "sweeps and not ray" $(PYTEST_ARGS)
 
 # The rest of the equivalence and parallelism matrices (marked `matrix`): further splits,
 # engines and meshes of claims `make test` proves once each, side by side as make test runs.
 # CI runs it after make test; together they are every case.
 test-matrix: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+	RUNNER_TEST_TARGET=test-matrix $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 		-m "matrix and not ray" $(PYTEST_ARGS)
 
 # The tests that start a local Ray cluster (launcher=ray, hydra/launcher=tune), one at a
 # time: a run on Ray costs about 37 CPU-seconds, most of them in Ray's own processes, and
 # each test checks that the host's Ray processes are gone after it.
 test-ray: install
-	$(BIN)/python -m pytest -m ray $(PYTEST_ARGS)
+	RUNNER_TEST_TARGET=test-ray $(BIN)/python -m pytest -m ray $(PYTEST_ARGS)
 
 # The fast tier: every test that starts no process (a run, a rank, a worker), on two workers
 # (imports and composition keep one core busy each: 53 s here where one worker took 103 s).
 # tests/conftest.py fails a test outside `slow` that starts one.
 test-fast: install
-	$(BIN)/python -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+	RUNNER_TEST_TARGET=test-fast $(BIN)/python -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
 
 # The oldest torch runner supports (runner/cli/torch_release.py; pyproject.toml declares
 # it), in an environment of its own, set up as a GPU image has it: torch and torchvision
@@ -86,7 +93,7 @@ $(FLOOR_STAMP): pyproject.toml constraints.txt $(STAMP)
 	touch $(FLOOR_STAMP)
 
 test-floor: $(FLOOR_STAMP)
-	$(FLOOR_VENV)/bin/python -m pytest -m "not slow or floor" $(PYTEST_ARGS)
+	RUNNER_TEST_TARGET=test-floor $(FLOOR_VENV)/bin/python -m pytest -m "not slow or floor" $(PYTEST_ARGS)
 
 # The CUDA-only suite (tests/gpu: every parallelism in fp32, bf16 and fp16 over NCCL, meta
 # init, async checkpoints and a restart, export and eval, the guards, compile, no host sync
@@ -106,7 +113,7 @@ test-slurm: install
 				echo "test-slurm: could not install slurm-wlm and munge"; \
 		else echo "test-slurm: slurm-wlm and munge are missing; installing them needs root"; fi; \
 	fi
-	RUNNER_SLURM_TESTS=1 $(BIN)/python -m pytest tests/slurm -m slurm -rs $(PYTEST_ARGS)
+	RUNNER_SLURM_TESTS=1 RUNNER_TEST_TARGET=test-slurm $(BIN)/python -m pytest tests/slurm -m slurm -rs $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check runner hydra_plugins tests benchmarks examples docs

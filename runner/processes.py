@@ -87,6 +87,18 @@ def can_fork_ranks() -> bool:
     return sys.platform.startswith("linux")
 
 
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """SIGTERM and SIGHUP held back until the block ends, then delivered: for the few file
+    moves that must not stop halfway (a scheduler's SIGTERM right after the agent ended)."""
+    held = {signal.SIGTERM, signal.SIGHUP}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def exit_code_for_signal(sig: int) -> int:
     """The shell convention for 'ended by signal sig'."""
     return 128 + int(sig)

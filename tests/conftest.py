@@ -23,52 +23,32 @@ os.environ["RUNNER_CACHE_DIR"] = tempfile.mkdtemp(prefix="runner-test-cache-")
 atexit.register(shutil.rmtree, os.environ["RUNNER_CACHE_DIR"], True)
 
 
-# `make test` runs the modules side by side (pytest-xdist, a module to a worker, in the order
-# collected: --no-loadscope-reorder): longest first, so that the workers end together
-# instead of one of them running a long module alone at the end. Measured in `make test`:
-# 5.4 minutes of a worker down to 20 s, in that order; the rest take less, as collected.
-LONGEST_FIRST = (
-    "test_lifecycle.py",  # make test-matrix's longest: a worker per row, 2-4 minutes each
-    "test_tensor_parallel.py",
-    "test_resume.py",
-    "test_lm_equivalence.py",
-    "test_export.py",
-    "test_trackers.py",
-    "test_compile.py",
-    "test_pipeline.py",
-    "test_context_parallel.py",
-    "test_float8.py",
-    "test_equivalence.py",
-    "test_bad_input.py",
-    "test_terminal.py",
-    "test_streaming.py",
-    "test_components.py",
-    "test_faults.py",
-    "test_microbatching.py",
-    "test_recipes.py",
-    "test_graceful_stop.py",
-    "test_run.py",
-    "test_multinode.py",
-    "test_forkserver.py",
-    "test_token_cache.py",
-    "test_meta_init.py",
-    "test_eval.py",
-    "test_init_from.py",
-    "test_deepspeed_ops.py",
-    "test_augmentation.py",
-    "test_mixed_precision.py",
-    "test_damaged_files.py",
-    "test_callbacks.py",
-    "test_loss_spikes.py",
-    "test_resume_check.py",
-    "test_zero_fp16.py",
-    "test_sync_strategies.py",
-)
+# The suite's cost ledger (make test-report): each module's wall and CPU seconds and its runs.
+pytest_plugins = ["tests.helpers.cost"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # the rest: as is
+    """Under pytest-xdist (a module or class to a worker, handed out in the order collected:
+    --no-loadscope-reorder), the longest first by their recorded wall seconds
+    (tests/durations.json, or this machine's last record: make test-report), so that the
+    workers end together instead of one running a long module alone at the end; a scope not
+    recorded yet goes first (a scope under 0.1 s is not recorded: those go first too, and
+    cost nothing). Alone, pytest's own order is kept."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from tests.helpers.cost import scope_of
+    from tests.helpers.cost_report import recorded_durations
+
+    durations = recorded_durations(os.environ.get("RUNNER_TEST_TARGET", ""))
+    first_seen: dict[str, int] = {}
+    for item in items:
+        first_seen.setdefault(scope_of(item), len(first_seen))
+
+    def longest_first(item: pytest.Item) -> tuple[float, int]:
+        scope = scope_of(item)
+        return -durations.get(scope, float("inf")), first_seen[scope]
+
+    items.sort(key=longest_first)
 
 
 @pytest.fixture

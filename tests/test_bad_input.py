@@ -235,7 +235,8 @@ CASES = [
             [
                 "model=gpt",
                 "data=text",
-                "data.root=/tmp",
+                f"data.root={CONF_DIR.parent}",  # a corpus of one text file, not /tmp's
+                "data.pattern=constraints.txt",  # (a .txt there was another test's, or none)
                 "loss=causal_lm",
                 "parallelism=fsdp",
                 "parallelism.pipeline=2",

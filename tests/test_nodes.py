@@ -112,3 +112,24 @@ def test_store_listens_on_one_address_only() -> None:
         import os
 
         os.close(fd)
+
+
+def test_a_sigterm_while_a_node_joins_node_0_waits_until_its_files_moved() -> None:
+    """SLURM's requeue sends SIGTERM to every task; one that came while node 1's runner
+    moved its files next to node 0's left a run directory of that start behind (make
+    test-slurm). runner.cli.other_node does the move with SIGTERM and SIGHUP held."""
+    import os
+    import signal
+
+    from runner.processes import stops_held
+
+    got: list[str] = []
+    before = signal.signal(signal.SIGTERM, lambda *_: got.append("after" if moved else "during"))
+    moved = False
+    try:
+        with stops_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            moved = True
+        assert got == ["after"]
+    finally:
+        signal.signal(signal.SIGTERM, before)

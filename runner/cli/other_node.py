@@ -17,6 +17,7 @@ from runner.cli.outcome import report_outcome, shown
 from runner.cli.requeue import continue_after_stop
 from runner.cli.run_files import discard, environment
 from runner.cli.supervise import run_agent
+from runner.processes import stops_held
 from runner.rundir.files import RunDir, read_json, write_json
 from runner.rundir.summary import Status, read_summary
 from runner.secrets import Secrets
@@ -40,9 +41,10 @@ def run_other_node(
     save_spec(spec, node_dir, secrets)
     write_json(node_dir / "env.json", environment(spec, secrets))
     end = run_agent(node_dir, start_time, secrets.environment())
-    summary = _node_summary(end, spec, run_dir, outcome)
-    ranks_root = Path(summary.get("run_dir") or run_dir.root)
-    node_dir = _join_first_node(node_dir, ranks_root, run_dir)
+    with stops_held():  # a requeue's SIGTERM here left this start's directory behind
+        summary = _node_summary(end, spec, run_dir, outcome)
+        ranks_root = Path(summary.get("run_dir") or run_dir.root)
+        node_dir = _join_first_node(node_dir, ranks_root, run_dir)
     first = spec.node_rank * spec.nproc  # type: ignore[operator]
     log.info(
         "runner: node %d (ranks %d-%d): its files are in %s",

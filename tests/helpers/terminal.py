@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.helpers import cost
 from tests.helpers.cli import HANG, REPO
 
 VENV_BIN = Path(sys.executable).parent
@@ -63,6 +64,7 @@ def type_in(
     output so far satisfies the test, type these bytes (Ctrl-C: CTRL_C), or send the command
     this signal (an int: SIGTERM, as `kill` or a scheduler does)."""
     env = shell_env(activated)
+    cost.note_started(argv)
     pid, fd = pty.fork()
     if pid == 0:  # the child: a session of its own, the terminal its controlling one
         try:

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,3 +53,37 @@ def slurm() -> Iterator[dict[str, str]]:
     finally:
         subprocess.run([script, "down", str(state)], capture_output=True, timeout=60)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def _busy(env: dict[str, str]) -> list[str]:
+    """What keeps the cluster from being as a test found it: jobs in the queue (completing
+    ones too) and nodes that are not idle."""
+
+    def ask(*command: str) -> list[str]:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
+        return done.stdout.split("\n") if done.returncode == 0 else [f"{command[0]} failed"]
+
+    jobs = [f"job {line.strip()}" for line in ask("squeue", "-h", "-o", "%i %T") if line.strip()]
+    nodes = [line.strip() for line in ask("sinfo", "-h", "-N", "-o", "%N %T") if line.strip()]
+    return jobs + [f"node {n}" for n in nodes if not n.endswith(" idle")]
+
+
+def _wait_quiet(env: dict[str, str], timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (busy := _busy(env)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return busy
+
+
+@pytest.fixture(autouse=True)
+def quiet_cluster(slurm: dict[str, str]) -> Iterator[None]:
+    """Each test starts on an empty queue with both nodes idle, and leaves the cluster so: an
+    earlier test's job (requeued, or still completing) held the two nodes, and the next
+    test's job waited on them past its time limit. What a test leaves queued is cancelled."""
+    busy = _wait_quiet(slurm, timeout=240)
+    assert not busy, f"the cluster is still busy before this test: {busy}"
+    yield
+    if _busy(slurm):  # the tests run as root (network namespaces), and so do their jobs
+        subprocess.run(["scancel", "--user=root"], env=slurm, capture_output=True, timeout=30)
+    busy = _wait_quiet(slurm, timeout=120)
+    assert not busy, f"the cluster is still busy after this test: {busy}"
