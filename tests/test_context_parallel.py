@@ -12,27 +12,21 @@ import pytest
 import torch
 
 from runner.models.context_split import ContextSplit
-from tests.helpers.cli import MATRIX, CliResult, run_cli
+from tests.helpers.cli import MATRIX
 from tests.helpers.config import compose_config
 from tests.helpers.equivalence import relative_error
 from tests.helpers.language_model import lm_args
+from tests.helpers.refusals import refused
+from tests.helpers.shared_runs import SharedRuns
 
 RTOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def cp_run(tmp_path_factory, corpus: Path):
-    root = tmp_path_factory.mktemp("context_runs")
-    runs: dict[tuple[str, ...], CliResult] = {}
-
-    def run(*overrides: str) -> CliResult:
-        if overrides not in runs:
-            args = [*lm_args(corpus), "model.n_layer=2", "grad_clip_norm=0.5"]
-            runs[overrides] = run_cli(root, *args, *overrides, name=f"run{len(runs)}")
-            assert runs[overrides].returncode == 0, runs[overrides].output
-        return runs[overrides]
-
-    return run
+def cp_run(tmp_path_factory, corpus: Path) -> SharedRuns:
+    """`cp_run(*overrides)`: one run of the module's gpt with these overrides, made once."""
+    args = [*lm_args(corpus), "model.n_layer=2", "grad_clip_norm=0.5"]
+    return SharedRuns(tmp_path_factory.mktemp("context_runs"), args)
 
 
 @pytest.mark.slow
@@ -125,17 +119,9 @@ def test_a_context_split_that_cannot_run_is_refused(overrides, problem: str) -> 
     assert problem in str(refused.value)
 
 
-@pytest.mark.slow
-def test_a_model_runner_cannot_split_by_position_is_refused_before_launch(cli) -> None:
-    result = cli(
-        "model=mlp",
-        "data=digits",
-        "loss=causal_lm",
-        "nproc=2",
-        "parallelism=fsdp",
+def test_a_model_runner_cannot_split_by_position_is_refused_before_launch() -> None:
+    found = refused(
+        "model=mlp", "data=digits", "loss=causal_lm", "nproc=2", "parallelism=fsdp",
         "parallelism.context=2",
-        "progress_bar=false",
-    )
-    assert result.returncode == 2, result.output
-    assert "parallelism.context=2: runner cannot split Sequential's attention" in result.stderr
-    assert not (result.run_dir / "logs").exists()
+    )  # fmt: skip
+    assert "parallelism.context=2: runner cannot split Sequential's attention" in found

@@ -21,6 +21,8 @@ from tests.helpers.cli import MATRIX, REPO, run_cli
 from tests.helpers.config import compose_config
 from tests.helpers.equivalence import relative_error
 from tests.helpers.language_model import lm_args, train_plain
+from tests.helpers.refusals import refused
+from tests.helpers.shared_runs import SharedRuns
 
 WIDTH, EXPERTS = 16, 4
 HELPERS = REPO / "tests" / "helpers"
@@ -219,13 +221,9 @@ MOE = [
 ]
 
 
-@pytest.mark.slow
-def test_top_k_above_n_experts_is_refused_before_any_rank(tmp_path: Path, corpus: Path) -> None:
-    result = run_cli(tmp_path, *lm_args(corpus), *MOE, "model.top_k=5")
-    assert result.returncode == 2, result.output
-    assert "model.top_k=5: must be between 1 and model.n_experts=4" in result.stderr
-    assert "Traceback" not in result.output
-    assert not (tmp_path / "run" / "logs").exists()  # no rank started
+def test_top_k_above_n_experts_is_refused_before_any_rank(corpus: Path) -> None:
+    found = refused(*lm_args(corpus), *MOE, "model.top_k=5")
+    assert "model.top_k=5: must be between 1 and model.n_experts=4" in found
 
 
 @pytest.fixture(scope="module")
@@ -250,10 +248,18 @@ def plain_moe(corpus: Path):
     return reference
 
 
-def _moe_run(tmp_path: Path, corpus: Path, *overrides: str, name: str = "run"):
-    result = run_cli(tmp_path, *lm_args(corpus), *MOE, *overrides, name=name)
-    assert result.returncode == 0, result.output
-    return result
+@pytest.fixture(scope="module")
+def moe_run(tmp_path_factory, corpus: Path) -> SharedRuns:
+    """`moe_run(*overrides)`: one run of the module's gpt_moe with these overrides, made once
+    and read by every test that asks for it."""
+    return SharedRuns(tmp_path_factory.mktemp("moe_runs"), [*lm_args(corpus), *MOE])
+
+
+# What the runs of the split tests below also carry, for the tests that read them: the bytes
+# of expert weights each rank holds in its forward pass (test_expert_parallel_holds...), and
+# checkpoints to resume from (test_a_run_resumes_at_other_expert_degrees).
+HELD = (f"code_dir=[{HELPERS}]", "callbacks=[{_target_:expert_memory.ExpertBytes,ranks:all}]")
+RESUMABLE = ("checkpoint.interval=2",)
 
 
 def _weights(result) -> dict[str, torch.Tensor]:
@@ -266,20 +272,19 @@ def _weights(result) -> dict[str, torch.Tensor]:
     [
         pytest.param(1, 4, "ddp", (), id="1x4-ddp"),
         pytest.param(2, 3, "ddp", (), id="2x3-ddp", marks=MATRIX),
-        pytest.param(2, 2, "fsdp", (), id="2x2-fsdp"),
+        pytest.param(2, 2, "fsdp", HELD, id="2x2-fsdp"),
         pytest.param(4, 1, "fsdp", ("parallelism.tensor=2",), id="4x1-fsdp-tensor2", marks=MATRIX),
     ],
 )
 def test_every_split_trains_the_moe_of_plain_pytorch(
-    tmp_path: Path, corpus: Path, plain_moe, nproc: int, grad_accum: int, parallelism: str, more
+    moe_run, plain_moe, nproc: int, grad_accum: int, parallelism: str, more
 ) -> None:
     """Ragged, padded batches, the balance losses on: any split of the global batch over
     ranks and microbatches (and a tensor group routing its gathered sequence) trains the
     weights of one process on whole batches."""
-    result = _moe_run(
-        tmp_path, corpus, f"nproc={nproc}", f"grad_accum={grad_accum}",
-        f"parallelism={parallelism}", *more,
-    )  # fmt: skip
+    result = moe_run(
+        f"nproc={nproc}", f"grad_accum={grad_accum}", f"parallelism={parallelism}", *more
+    )
     assert relative_error(_weights(result), plain_moe()) <= 1e-5
     record = result.metrics()[-1]
     tokens = [record[f"moe/layer{i}/tokens_{s}"] for i in range(2) for s in ("min", "max")]
@@ -295,7 +300,7 @@ EP_BATCH = "global_batch_size=16"  # 2 or 4 ranks at grad_accum 1 or 4
     ("nproc", "grad_accum", "expert", "more"),
     [
         pytest.param(2, 1, 2, (), id="2x1-expert2", marks=MATRIX),
-        pytest.param(2, 4, 2, (), id="2x4-expert2"),
+        pytest.param(2, 4, 2, (*HELD, *RESUMABLE), id="2x4-expert2"),
         pytest.param(4, 1, 4, (), id="4x1-expert4"),
         pytest.param(
             2, 2, 2, ("activation_checkpointing=selective",), id="2x2-expert2-selective",
@@ -313,64 +318,67 @@ EP_BATCH = "global_batch_size=16"  # 2 or 4 ranks at grad_accum 1 or 4
     ],
 )  # fmt: skip
 def test_expert_parallel_trains_the_weights_of_every_rank_holding_every_expert(
-    tmp_path: Path, corpus: Path, plain_moe, nproc: int, grad_accum: int, expert: int, more
+    moe_run, plain_moe, nproc: int, grad_accum: int, expert: int, more
 ) -> None:
     """Dropless, the balance losses on: experts split over groups of `expert` ranks, tokens
     sent to them and back by all-to-all, train the weights of one process holding every
     expert, within 1e-5 (with grad_accum, beside FSDP's shards and a pipeline's stages)."""
     data = ("data.min_length=null",) if "data.min_length=null" in more else ()
-    result = _moe_run(
-        tmp_path, corpus, EP_BATCH, f"nproc={nproc}", f"grad_accum={grad_accum}",
-        "parallelism=fsdp", f"parallelism.expert={expert}", *more,
-    )  # fmt: skip
+    result = moe_run(*_expert_layout(nproc, grad_accum, expert), *more)
     assert relative_error(_weights(result), plain_moe(EP_BATCH, *data)) <= 1e-5
     assert f"groups of {expert} ranks split each layer's experts" in result.rank_log(0)
 
 
+def _expert_layout(nproc: int, grad_accum: int, expert: int) -> tuple[str, ...]:
+    return (
+        EP_BATCH, f"nproc={nproc}", f"grad_accum={grad_accum}", "parallelism=fsdp",
+        f"parallelism.expert={expert}",
+    )  # fmt: skip
+
+
 @pytest.mark.slow
-def test_expert_parallel_holds_a_share_of_the_experts(tmp_path: Path, corpus: Path) -> None:
+def test_expert_parallel_holds_a_share_of_the_experts(moe_run) -> None:
     """FSDP alone gathers a layer's experts whole for its forward pass; expert parallelism
-    gathers only the group's share: at expert=2, half (at most 0.55), measured in the run."""
-    held = {}
-    for expert in (1, 2):
-        result = _moe_run(
-            tmp_path, corpus, EP_BATCH, "nproc=2", "parallelism=fsdp",
-            f"parallelism.expert={expert}", f"code_dir=[{HELPERS}]",
-            "callbacks=[{_target_:expert_memory.ExpertBytes,ranks:all}]", name=f"e{expert}",
-        )  # fmt: skip
-        held[expert] = [
+    gathers only the group's share: at expert=2, half (at most 0.55), measured in the runs
+    of 2 ranks above (2x2-fsdp, 2x4-expert2)."""
+    runs = {
+        1: moe_run("nproc=2", "grad_accum=2", "parallelism=fsdp", *HELD),
+        2: moe_run(*_expert_layout(2, 4, 2), *HELD, *RESUMABLE),
+    }
+    held = {
+        expert: [
             json.loads((result.run_dir / f"expert_bytes_rank{r}.json").read_text())["bytes"]
             for r in range(2)
         ]
+        for expert, result in runs.items()
+    }
     whole = 2 * 4 * 32 * 64 * 4  # one layer's experts: 4 of them, two 32x64 fp32 weights
     assert held[1] == [whole, whole]
     assert max(held[2]) <= 0.55 * min(held[1]), held
 
 
 @pytest.mark.slow
-def test_a_run_resumes_at_other_expert_degrees(tmp_path: Path, corpus: Path) -> None:
-    """A checkpoint written with expert=2 holds every expert by its global index: it resumes
-    under ddp on one rank, with every rank holding every expert, and at expert=4, to the
-    weights of the run that never stopped."""
-    first = _moe_run(
-        tmp_path, corpus, EP_BATCH, "nproc=2", "parallelism=fsdp", "parallelism.expert=2",
-        "checkpoint.interval=2", name="first",
-    )  # fmt: skip
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param(("nproc=1", "parallelism=ddp"), id="ddp"),
+        pytest.param(("nproc=2", "parallelism=fsdp"), id="expert1", marks=MATRIX),
+        pytest.param(("nproc=4", "parallelism=fsdp", "parallelism.expert=4"), id="expert4"),
+    ],
+)
+def test_a_run_resumes_at_other_expert_degrees(moe_run, layout: tuple[str, ...]) -> None:
+    """A checkpoint written with expert=2 (the 2x4-expert2 run above) holds every expert by
+    its global index: it resumes under ddp on one rank, with every rank holding every
+    expert, and at expert=4, to the weights of the run that never stopped."""
+    first = moe_run(*_expert_layout(2, 4, 2), *HELD, *RESUMABLE)
     checkpoint = sorted((first.run_dir / "checkpoints").glob("step_*"))[0]
     step = int(checkpoint.name.split("_")[1])
     assert step < 6
-    for name, layout in {
-        "ddp": ["nproc=1", "parallelism=ddp"],
-        "expert1": ["nproc=2", "parallelism=fsdp"],
-        "expert4": ["nproc=4", "parallelism=fsdp", "parallelism.expert=4"],
-    }.items():
-        resumed = _moe_run(tmp_path, corpus, EP_BATCH, *layout, f"resume={checkpoint}", name=name)
-        assert resumed.summary()["resumed_from"] == step
-        error = relative_error(_weights(resumed), _weights(first))
-        assert error <= 1e-5, f"{name}: {error:.2e}"
+    resumed = moe_run(EP_BATCH, *layout, f"resume={checkpoint}")
+    assert resumed.summary()["resumed_from"] == step
+    assert relative_error(_weights(resumed), _weights(first)) <= 1e-5
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -389,14 +397,10 @@ def test_a_run_resumes_at_other_expert_degrees(tmp_path: Path, corpus: Path) -> 
     ids=["not-dividing-ranks", "not-dividing-experts", "ddp", "zero2", "no-experts"],
 )  # fmt: skip
 def test_a_bad_expert_degree_is_refused_before_any_rank(
-    tmp_path: Path, corpus: Path, overrides: list[str], message: str
+    corpus: Path, overrides: list[str], message: str
 ) -> None:
     model = [] if "model=gpt" in overrides else MOE
-    result = run_cli(tmp_path, *lm_args(corpus), *model, *overrides)
-    assert result.returncode == 2, result.output
-    assert message in result.stderr, result.stderr
-    assert "Traceback" not in result.output
-    assert not (tmp_path / "run" / "logs").exists()
+    assert message in refused(*lm_args(corpus), *model, *overrides)
 
 
 BALANCE = [

@@ -15,11 +15,14 @@ import pytest
 import torch
 
 from runner.models.pipeline_stages import layer_ranges, stage_problems
+from runner.spec import resolve_spec
 from runner.spec.mesh import Layout
 from tests.helpers.cli import MATRIX, CliResult, run_cli
 from tests.helpers.config import compose_config
 from tests.helpers.equivalence import relative_error
 from tests.helpers.hugging_face import llama_args, text_corpus
+from tests.helpers.refusals import refused
+from tests.helpers.shared_runs import SharedRuns
 
 RTOL = 1e-5
 
@@ -48,18 +51,9 @@ def pp_args(root: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def pp_run(tmp_path_factory, corpus: Path):
+def pp_run(tmp_path_factory, corpus: Path) -> SharedRuns:
     """`pp_run(*overrides)`: one run of the module's gpt with these overrides, made once."""
-    root = tmp_path_factory.mktemp("pipeline_runs")
-    runs: dict[tuple[str, ...], CliResult] = {}
-
-    def run(*overrides: str) -> CliResult:
-        if overrides not in runs:
-            runs[overrides] = run_cli(root, *pp_args(corpus), *overrides, name=f"run{len(runs)}")
-            assert runs[overrides].returncode == 0, runs[overrides].output
-        return runs[overrides]
-
-    return run
+    return SharedRuns(tmp_path_factory.mktemp("pipeline_runs"), pp_args(corpus))
 
 
 @pytest.fixture(scope="module")
@@ -95,16 +89,18 @@ def assert_same_training(result: CliResult, reference: CliResult) -> None:
 )
 def test_every_schedule_trains_what_ddp_trains(pp_run, ddp, schedule: str) -> None:
     """pipeline=2 on 2 ranks: 2 stages of 2 blocks (1f1b, gpipe), or 4 stages of one, two a
-    rank (interleaved_1f1b, looped_bfs)."""
-    result = pp_run(
-        "nproc=2",
-        "parallelism=fsdp",
-        "parallelism.pipeline=2",
-        f"parallelism.pipeline_schedule={schedule}",
-        "grad_accum=4",
-    )
+    rank (interleaved_1f1b, looped_bfs). 1f1b, the default, is the run of COMPILED (its
+    blocks compiled one by one: one run for both claims)."""
+    schedule_key = () if schedule == "1f1b" else (f"parallelism.pipeline_schedule={schedule}",)
+    result = pp_run(*PIPELINED, *schedule_key, *(COMPILED if schedule == "1f1b" else ()))
     assert result.summary()["world_size"] == 2
     assert_same_training(result, ddp)
+
+
+# The pipeline of 2 stages on 2 ranks, its default schedule (1f1b): the tests of schedules,
+# compile and resume read one run of it, its blocks compiled by aot_eager.
+PIPELINED = ("nproc=2", "parallelism=fsdp", "parallelism.pipeline=2", "grad_accum=4")
+COMPILED = ("compile={backend:aot_eager}",)
 
 
 @pytest.mark.slow
@@ -132,13 +128,7 @@ def test_pipeline_beside_sharding_trains_what_ddp_trains(pp_run, ddp, layout) ->
 )  # fmt: skip
 def test_blocks_compiled_one_by_one_train_what_ddp_trains(pp_run, ddp, backend: str) -> None:
     """compile per block before the stages are cut: each stage runs its compiled blocks."""
-    result = pp_run(
-        "nproc=2",
-        "parallelism=fsdp",
-        "parallelism.pipeline=2",
-        "grad_accum=4",
-        f"compile={{backend:{backend}}}",
-    )
+    result = pp_run(*PIPELINED, f"compile={{backend:{backend}}}")
     assert result.summary()["compile_s"] > 0
     assert "blocks (Block) compiled one by one" in result.rank_log(0)
     assert_same_training(result, ddp)
@@ -162,7 +152,7 @@ def test_the_logged_gradient_norm_adds_every_stages_without_clipping(tmp_path, c
 def test_checkpoints_resume_across_pipeline_degrees_and_engines(pp_run, ddp) -> None:
     """A pipeline=2 checkpoint goes on at pipeline=1 and under ddp; a ddp checkpoint goes on
     under pipeline=2 x shard=2 (DCP by name; ddp's whole state, stage by stage)."""
-    pipelined = pp_run("nproc=2", "parallelism=fsdp", "parallelism.pipeline=2", "grad_accum=4")
+    pipelined = pp_run(*PIPELINED, *COMPILED)  # resumed uncompiled: the same weights
     for source, targets in (
         (
             pipelined,
@@ -227,34 +217,29 @@ def cut(model, stage, stages):
 @pytest.mark.slow
 def test_a_cut_of_the_users_pipelines_their_model(cli, tmp_path: Path) -> None:
     """parallelism.pp_plan names a function of the user's that returns each stage: runner's
-    mlp in two stages trains ddp's weights, and model.pt keeps the model's names; a cut that
-    cannot be imported, and compile (the mlp has no blocks to compile one by one), are
-    refused before any rank starts."""
+    mlp in two stages trains plain PyTorch's weights, and model.pt keeps the model's names; a
+    cut that cannot be imported, and compile (the mlp has no blocks to compile one by one),
+    are refused before any rank starts."""
+    from tests.helpers.equivalence import train_plain
+
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "mycuts.py").write_text(USER_CUT)
-    common = ["model=mlp", "data=digits", "precision=fp32", "progress_bar=false", "max_epochs=1"]
-    common += ["grad_accum=2", "global_batch_size=32", f"code_dir=[{tmp_path / 'lib'}]"]
-    plain = cli(*common, "nproc=1", "parallelism=ddp", name="ddp")
-    assert plain.returncode == 0, plain.output
+    common = ["model=mlp", "data=digits", "precision=fp32", "progress_bar=false"]
+    common += ["max_epochs=null", "max_steps=12", "grad_accum=2", "global_batch_size=32"]
+    common += [f"code_dir=[{tmp_path / 'lib'}]", "nproc=2", "parallelism=fsdp"]
     cut = "parallelism.pp_plan={_target_:mycuts.cut}"
-    staged = cli(*common, "nproc=2", "parallelism=fsdp", "parallelism.pipeline=2", cut, name="pp")
+    staged = cli(*common, "parallelism.pipeline=2", cut, name="pp")
     assert staged.returncode == 0, staged.output
     weights = torch.load(staged.run_dir / "model.pt", weights_only=True)
-    expected = torch.load(plain.run_dir / "model.pt", weights_only=True)
+    expected = train_plain(resolve_spec(compose_config([*common, "nproc=1", "device=cpu"])))
     assert list(weights) == list(expected)
     assert relative_error(weights, expected) <= RTOL
-    missing = cli(*common, "nproc=2", "parallelism=fsdp", "parallelism.pipeline=2",
-                  "parallelism.pp_plan={_target_:mycuts.cutt}", name="missing")  # fmt: skip
-    assert missing.returncode == 2, missing.output
-    assert "parallelism.pp_plan._target_=mycuts.cutt: mycuts has no attribute 'cutt'" in (
-        missing.output
+    missing = refused(
+        *common, "parallelism.pipeline=2", "parallelism.pp_plan={_target_:mycuts.cutt}"
     )
-    compiled = cli(*common, "nproc=2", "parallelism=fsdp", "parallelism.pipeline=2", cut,
-                   "compile=true", name="compiled")  # fmt: skip
-    assert compiled.returncode == 2, compiled.output
-    assert "compile: under parallelism.pipeline runner compiles the model's blocks" in (
-        compiled.output
-    )
+    assert "parallelism.pp_plan._target_=mycuts.cutt: mycuts has no attribute 'cutt'" in missing
+    compiled = refused(*common, "parallelism.pipeline=2", cut, "compile=true")
+    assert "compile: under parallelism.pipeline runner compiles the model's blocks" in compiled
 
 
 @pytest.mark.parametrize(
@@ -302,12 +287,10 @@ def test_a_pipeline_that_cannot_run_is_refused(overrides, problem: str) -> None:
     assert problem in str(refused.value)
 
 
-@pytest.mark.slow
-def test_pipeline_under_ddp_or_zero_is_refused_naming_why(cli) -> None:
-    result = cli("nproc=2", "parallelism=zero2", "parallelism.pipeline=2")
-    assert result.returncode == 2
-    assert "not a key of the chosen parallelism option; only of parallelism=fsdp" in result.stderr
-    assert "DeepSpeed's ZeRO partitions the whole model" in result.stderr
+def test_pipeline_under_ddp_or_zero_is_refused_naming_why() -> None:
+    found = refused("nproc=2", "parallelism=zero2", "parallelism.pipeline=2")
+    assert "not a key of the chosen parallelism option; only of parallelism=fsdp" in found
+    assert "DeepSpeed's ZeRO partitions the whole model" in found
 
 
 def test_stage_splits_and_what_cannot_be_split() -> None:

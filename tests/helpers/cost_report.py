@@ -46,7 +46,7 @@ def by_module(ledger: dict) -> list[dict]:
         row = modules.setdefault(name, {"module": name})
         for key, value in scope.items():
             if key != "scope":
-                row[key] = row.get(key, 0) + value
+                row[key] = row.get(key, [] if isinstance(value, list) else 0) + value
     return sorted(modules.values(), key=lambda r: -r["wall_s"])
 
 
