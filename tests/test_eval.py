@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from runner.cli.evaluate import run_evaluations
-from tests.helpers.cli import FAST
+from tests.helpers.cli import CONF_DIR, FAST
+from tests.helpers.refusals import refused
 
 # the progress bar left on, as a user's run has it: `runner eval` inherits the run's config
 TRAIN = ["model=mlp", "data=digits", "precision=fp32", "max_steps=4", "eval_interval=2"]
@@ -56,16 +57,20 @@ def test_eval_of_a_run_and_of_its_checkpoint_at_another_nproc(cli, tmp_path: Pat
         assert all(r["optimizer"] == 0 for r in evaluated.summary()["state_bytes"])
 
 
-@pytest.mark.slow
-def test_eval_refuses_what_it_cannot_read(cli, tmp_path: Path) -> None:
-    missing = cli("eval", str(tmp_path / "nowhere"), name="missing")
-    assert missing.returncode == 2 and "no such file or directory" in missing.stderr
-    bare = cli("eval", name="bare")  # no source: the usage, as any bad input (exit 2)
-    assert bare.returncode == 2 and "usage: runner eval SOURCE" in bare.stderr
+def test_eval_refuses_what_it_cannot_read(tmp_path: Path, capsys) -> None:
+    """In-process, by the code `runner eval` runs (its arguments made a launch's, then the
+    launch's checks); tests/test_step_time.py refuses through the command."""
+    from runner.cli.evaluate import eval_argv
+
+    for argv, said in (
+        ([str(tmp_path / "nowhere")], "no such file or directory"),
+        ([], "usage: runner eval SOURCE"),  # no source: the usage, as any bad input (exit 2)
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            eval_argv(argv, CONF_DIR)
+        assert stopped.value.code == 2 and said in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
-    empty = cli("eval", str(tmp_path / "empty"), *FAST, name="empty")
-    assert empty.returncode == 2, empty.output
-    assert "init_from.path=" in empty.stderr and "Traceback" not in empty.output
+    assert "init_from.path=" in refused(*eval_argv([str(tmp_path / "empty"), *FAST], CONF_DIR))
 
 
 def sizing(config: dict, *overrides: str) -> tuple[list[str], list[str]]:

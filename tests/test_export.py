@@ -110,11 +110,12 @@ def test_every_checkpoint_exports_the_weights_of_model_pt(
         assert exported.keys() == final.keys(), name
         assert all(torch.equal(exported[k], v) for k, v in final.items()), name
 
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    done = _export(tmp_path, empty, "--to", tmp_path / "nothing")
-    assert done.returncode == 2 and "no model.pt and no complete checkpoint" in done.stderr
-    assert "Traceback" not in done.stderr and not (tmp_path / "nothing").exists()
+    if parallelism == "ddp":  # what has no weights, once through the command (exit 2)
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        done = _export(tmp_path, empty, "--to", tmp_path / "nothing")
+        assert done.returncode == 2 and "no model.pt and no complete checkpoint" in done.stderr
+        assert "Traceback" not in done.stderr and not (tmp_path / "nothing").exists()
 
 
 @pytest.mark.slow

@@ -39,11 +39,14 @@ def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     return max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in a)
 
 
-def train_plain(spec: RunSpec, naive_microbatches: int = 1) -> dict[str, torch.Tensor]:
+def train_plain(
+    spec: RunSpec, naive_microbatches: int = 1, grad_norms: list[float] | None = None
+) -> dict[str, torch.Tensor]:
     """Plain PyTorch, one process: each step trains on the whole global batch.
 
     naive_microbatches=K instead averages K per-microbatch mean losses: what a split that
-    ignores microbatch sizes computes. It differs only when a microbatch is uneven.
+    ignores microbatch sizes computes. It differs only when a microbatch is uneven. Each
+    step's gradient norm is appended to `grad_norms` when given.
     """
     seed_everything(spec.seed)
     data = build_datasets(spec.data)
@@ -61,6 +64,9 @@ def train_plain(spec: RunSpec, naive_microbatches: int = 1) -> dict[str, torch.T
             chunks = np.array_split(np.arange(len(indices)), naive_microbatches)
             loss = sum(F.cross_entropy(model(inputs[c]), labels[c]) for c in chunks) / len(chunks)
             loss.backward()
+            if grad_norms is not None:
+                grads = [p.grad for p in model.parameters() if p.grad is not None]
+                grad_norms.append(torch.nn.utils.get_total_norm(grads).item())
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()

@@ -22,12 +22,13 @@ def refusal(*overrides: str, run_dir: Path | None = None, components: bool = Tru
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
+    from runner.cli.command_line import expand_shorthands
     from runner.cli.compose_errors import composition_problems, with_origins
     from runner.cli.resume_point import resume_problems
     from runner.spec import SpecError
     from runner.spec.composed import resolve_cfg
 
-    given = list(overrides)
+    given = expand_shorthands(list(overrides))  # init_from=PATH, as the command reads it
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=given)
@@ -44,12 +45,26 @@ def refusal(*overrides: str, run_dir: Path | None = None, components: bool = Tru
         return damaged
     from runner.launch.preflight import component_problems
 
-    before = list(sys.path)
+    before, imported = list(sys.path), set(sys.modules)
+    added = [Path.cwd(), *(Path(d).resolve() for d in spec.code_dir)]  # as runner adds them
     try:
-        sys.path[:0] = [str(Path(d)) for d in spec.code_dir]  # as the agent adds them
+        sys.path[:0] = [str(d) for d in added]
         return with_origins(component_problems(spec), given)
     finally:
         sys.path[:] = before
+        _forget_user_modules(set(sys.modules) - imported, added)
+
+
+def _forget_user_modules(names: set[str], directories: list[Path]) -> None:
+    """The modules a check imported from the user's directories (another test's may hold
+    other modules of the same name); never runner's, the venv's or the standard library's
+    (a compiled extension imported twice aborts the process)."""
+    kept = (Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), CONF_DIR.parent)
+    users = [d for d in directories if not any(k.is_relative_to(d) for k in kept)]
+    for name in names:
+        where = getattr(sys.modules[name], "__file__", None)
+        if where and any(Path(where).resolve().is_relative_to(d) for d in users):
+            del sys.modules[name]
 
 
 def refused(*overrides: str, run_dir: Path | None = None) -> str:
