@@ -89,14 +89,22 @@ def can_fork_ranks() -> bool:
 
 @contextlib.contextmanager
 def stops_held() -> Iterator[None]:
-    """SIGTERM and SIGHUP held back until the block ends, then delivered: for the few file
-    moves that must not stop halfway (a scheduler's SIGTERM right after the agent ended)."""
-    held = {signal.SIGTERM, signal.SIGHUP}
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    """SIGTERM and SIGHUP held back until the block ends, then delivered to the handlers
+    they had: for the few file moves that must not stop halfway (a scheduler's SIGTERM right
+    after the agent ended). Noted by a handler of its own rather than masked: a mask holds
+    only this thread, and another thread would take the signal for Python's handler."""
+    got: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: got.append(signum))
+        for sig in (signal.SIGTERM, signal.SIGHUP)
+    }
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(got):
+            signal.raise_signal(signum)
 
 
 def exit_code_for_signal(sig: int) -> int:

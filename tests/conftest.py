@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import HANG, RESTARTABLE, ZERO2_OFFLOAD, CliResult, run_cli
+from tests.helpers.cli import HANG, ONE_THREAD, RESTARTABLE, ZERO2_OFFLOAD, CliResult, run_cli
+
+# The tests' own torch (plain-PyTorch references, in-process checks) on one thread too,
+# before anything imports torch: see ONE_THREAD.
+for _name, _value in ONE_THREAD.items():
+    os.environ.setdefault(_name, _value)
 
 # Token caches (data=text) go to one temporary cache for the session, shared by its runs,
 # never to the user's ~/.cache/runner.

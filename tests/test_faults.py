@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers.cli import FAST, RESTARTABLE, start_runner, wait_until
+from tests.helpers.cli import FAST, MATRIX, RESTARTABLE, start_runner, wait_until
 from tests.helpers.nodes import chaos_time
 
 pytestmark = pytest.mark.slow
@@ -73,7 +73,8 @@ def listening_addresses(processes: list[psutil.Process]) -> list[tuple[str, int]
     return found
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+# SIGINT takes the same relay as SIGTERM; make test types it as Ctrl-C (tests/test_terminal.py)
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGINT, marks=MATRIX), signal.SIGTERM])
 def test_signal_to_runner_stops_every_rank(tmp_path: Path, sig: signal.Signals) -> None:
     run_dir = tmp_path / "run"
     proc = start_runner(tmp_path, run_dir, *LONG)

@@ -21,6 +21,7 @@ from tests.helpers.config import compose_config
 from tests.helpers.equivalence import relative_error
 from tests.helpers.hugging_face import MOE_MODELS, moe_args
 from tests.helpers.language_model import STEPS, train_plain
+from tests.helpers.shared_runs import SharedRuns
 
 TRAINING = [
     "precision=fp32",
@@ -60,10 +61,15 @@ def plain(corpus: Path):
     return reference
 
 
-def _run(tmp_path: Path, corpus: Path, kind: str, *more: str, name: str = "run"):
-    result = run_cli(tmp_path, *_args(kind, corpus, *more), name=name)
-    assert result.returncode == 0, result.output
-    return result
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory, corpus: Path):
+    """`hf_run(kind, *more)`: one run of that model with these overrides, made once."""
+    runs = SharedRuns(tmp_path_factory.mktemp("moe_hf_runs"))
+    return lambda kind, *more: runs(*_args(kind, corpus, *more))
+
+
+# The expert=2 split run keeps checkpoints: the resume test below goes on from them.
+EXPERT2 = ("nproc=2", "grad_accum=2", "parallelism.expert=2", "checkpoint.interval=2")
 
 
 def _weights(result) -> dict[str, torch.Tensor]:
@@ -118,9 +124,7 @@ def test_a_plan_expert_parallelism_cannot_split_is_named(expert, plan, message) 
     ("kind", "layout"),
     [
         pytest.param("mixtral", ("nproc=2", "grad_accum=2"), id="mixtral-fsdp"),
-        pytest.param(
-            "mixtral", ("nproc=2", "grad_accum=2", "parallelism.expert=2"), id="mixtral-expert2"
-        ),
+        pytest.param("mixtral", EXPERT2, id="mixtral-expert2"),
         pytest.param("mixtral", ("nproc=4", "parallelism.expert=4"), id="mixtral-expert4",
                      marks=MATRIX),
         pytest.param(
@@ -137,32 +141,32 @@ def test_a_plan_expert_parallelism_cannot_split_is_named(expert, plan, message) 
     ],
 )  # fmt: skip
 def test_a_hugging_face_moe_trains_the_weights_of_plain_pytorch(
-    tmp_path: Path, corpus: Path, plain, kind: str, layout: tuple[str, ...]
+    hf_run, plain, kind: str, layout: tuple[str, ...]
 ) -> None:
     """Under fsdp as it is, and with its experts split over groups of ranks (tokens sent to
     them by all-to-all): the weights of one process holding every expert, within 1e-5."""
-    result = _run(tmp_path, corpus, kind, "parallelism=fsdp", *layout)
+    result = hf_run(kind, "parallelism=fsdp", *layout)
     assert relative_error(_weights(result), plain(kind)) <= 1e-5
     if any(option.startswith("parallelism.expert") for option in layout):
         assert "ranks split each layer's experts" in result.rank_log(0)
 
 
 @pytest.mark.slow
-def test_a_split_mixtral_resumes_evaluates_and_exports(tmp_path: Path, corpus: Path) -> None:
-    """A Mixtral run with expert=2: its checkpoint resumes with every rank holding every
-    expert (to the weights of the run that never stopped), `runner eval` reproduces its
-    logged val/loss on one rank (the expert groups dropped), and `runner export` writes
-    Hugging Face's per-expert names, which from_pretrained loads to model.pt's weights."""
+def test_a_split_mixtral_resumes_evaluates_and_exports(
+    tmp_path: Path, corpus: Path, hf_run
+) -> None:
+    """The Mixtral run with expert=2 (the split test's): its checkpoint resumes with every
+    rank holding every expert (to the weights of the run that never stopped), `runner eval`
+    reproduces its logged val/loss on one rank (the expert groups dropped), and `runner
+    export` writes Hugging Face's per-expert names, which from_pretrained loads to model.pt's
+    weights."""
     import transformers
     from safetensors import safe_open
 
     ep = ("nproc=2", "parallelism=fsdp", "parallelism.expert=2")
-    first = _run(tmp_path, corpus, "mixtral", *ep, "checkpoint.interval=2", name="first")
+    first = hf_run("mixtral", "parallelism=fsdp", *EXPERT2)
     checkpoint = sorted((first.run_dir / "checkpoints").glob("step_*"))[0]
-    resumed = _run(
-        tmp_path, corpus, "mixtral", "nproc=2", "parallelism=fsdp", f"resume={checkpoint}",
-        name="expert1",
-    )  # fmt: skip
+    resumed = hf_run("mixtral", "nproc=2", "parallelism=fsdp", f"resume={checkpoint}")
     assert resumed.summary()["resumed_from"] == int(checkpoint.name.split("_")[1])
     assert relative_error(_weights(resumed), _weights(first)) <= 1e-5
 

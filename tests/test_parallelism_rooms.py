@@ -39,6 +39,32 @@ ROOMS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
         ("context",),
     ),
     "float8": (("runner/engines/float8.py",), ("float8",), ()),
+    "tensor": (
+        ("runner/models/tensor_plans.py",),
+        ("tensor_plan", "tp_plan", "parallelize_module", "colwise", "rowwise"),
+        (),
+    ),
+    "expert": (
+        (
+            "runner/models/expert_split.py",
+            "runner/models/expert_exchange.py",
+            "runner/models/expert_dispatch.py",
+        ),
+        ("expert_split", "split_experts", "apply_experts", "ep_plan", "expert_dispatch"),
+        (),
+    ),
+}
+
+# Where two rooms meet today, and why; each is to go (the open issue on declaring a
+# parallelism once), so the list only shrinks: a meeting not found any more fails
+# test_every_known_meeting_is_still_there until it is struck off here.
+KNOWN_MEETINGS = {
+    # FSDP divides the experts' gradients by their group itself, in its step
+    ("runner/engines/fsdp.py", "expert"): {"_split_experts", "expert_split", "split_experts"},
+    # a Hugging Face MoE's tensor plan leaves its experts whole, asking the expert room which
+    ("runner/models/tensor_plans.py", "expert"): {"expert_dispatch", "hugging_face_ep_plan"},
+    # the expert plan's module patterns are expanded by the tensor plan's code
+    ("runner/models/expert_split.py", "tensor"): {"tensor_plans"},
 }
 
 # the names another library or a documented config key gives a meeting of two (torchao's
@@ -103,14 +129,30 @@ def test_every_room_file_exists() -> None:
         assert (REPO / file).is_file(), file
 
 
-def test_no_parallelism_names_another() -> None:
-    found = []
+def meetings() -> dict[tuple[str, str], set[str]]:
+    """(a room's file, another room): the names it says of it."""
+    found = {}
     for room, (files, _, _) in ROOMS.items():
         for file in files:
             for other in ROOMS:
                 if other != room and named(REPO / file, other):
-                    found.append(f"{file} ({room}) names {other}: {named(REPO / file, other)}")
-    assert not found, "\n".join(found)
+                    found[(file, other)] = set(named(REPO / file, other))
+    return found
+
+
+def test_no_parallelism_names_another() -> None:
+    unknown = [
+        f"{file} names {other}: {sorted(names - KNOWN_MEETINGS.get((file, other), set()))}"
+        for (file, other), names in meetings().items()
+        if names - KNOWN_MEETINGS.get((file, other), set())
+    ]
+    assert not unknown, "\n".join(unknown)
+
+
+def test_every_known_meeting_is_still_there() -> None:
+    found = meetings()
+    gone = {key: names - found.get(key, set()) for key, names in KNOWN_MEETINGS.items()}
+    assert not any(gone.values()), f"strike these off KNOWN_MEETINGS: {gone}"
 
 
 def test_the_shared_path_names_no_parallelism() -> None:

@@ -75,7 +75,9 @@ def reference_of(tmp_path_factory, request):
     # zero3 saves and loads through the same DeepSpeed calls as zero2 (its checkpoints are
     # also resumed at another world size below); dropped from this list for test time
     [
-        pytest.param("ddp", "sigkill", marks=pytest.mark.floor),
+        # a SIGKILLed rank's restart, bit for bit, is make test's in tests/test_lifecycle.py
+        # (early_stop x restart) and in the async checkpoint test below
+        pytest.param("ddp", "sigkill", marks=[pytest.mark.floor, MATRIX]),
         pytest.param("zero2", "sigkill", marks=[pytest.mark.floor, MATRIX]),
         ("fsdp", "hang"),
     ],

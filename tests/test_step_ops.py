@@ -20,8 +20,8 @@ from tests.helpers.op_counts import OpCounts, counted
 pytestmark = pytest.mark.slow
 
 LAYERS, WIDTH, HEADS, BLOCK, BATCH, VOCAB = 12, 32, 2, 64, 8, 256
-STEPS = 14
-QUIET = range(4, STEPS)  # after the first steps' warm-up; the last one logs and saves
+STEPS = 9
+QUIET = range(4, STEPS)  # after the first steps' warm-up (5 of them); the last logs and saves
 # What runner's step may dispatch beyond the hand-written loop's: the loss counts its items,
 # is weighted by the global batch's and summed over the microbatches, the non-finite guard
 # notes it; the batch comes from the loader's indexing, not one randint. Measured here
