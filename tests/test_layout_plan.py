@@ -198,14 +198,13 @@ def test_each_job_of_a_sweep_plans_for_itself(tmp_path: Path, corpus: Path) -> N
 
 @pytest.mark.slow
 def test_a_budget_ddp_does_not_fit_picks_a_sharded_layout_that_trains_within_it(
-    tmp_path: Path, corpus: Path
+    tmp_path: Path, corpus: Path, peak_plans: dict
 ) -> None:
-    """plan.memory_per_rank below every ddp layout's predicted peak: the pick shards, and the
-    run it trains stays within the budget, measured (resident memory above each rank's base)."""
+    """plan.memory_per_rank below every ddp layout's predicted peak (the plan of the peak
+    test's gpt): the pick shards, and the run it trains stays within the budget, measured
+    (resident memory above each rank's base)."""
     args = [*lm_args(corpus), *PEAK_GPT, *QUIET, "max_steps=3"]
-    listed = run_cli(tmp_path, "plan", *args, "--json", name="plan")
-    assert listed.returncode == 0, listed.output
-    plan = json.loads(listed.stdout[listed.stdout.index("{") :])
+    plan = peak_plans["gpt"]
     valid = [r for r in plan["candidates"] if r["valid"]]
     ddp = min(r["predicted"]["peak_bytes"] for r in valid if r["overrides"]["parallelism"] == "ddp")
     budget = ddp - 2**20  # a MB short of the smallest ddp layout

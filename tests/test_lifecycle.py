@@ -51,6 +51,11 @@ def gpt(corpus: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def moe(corpus: Path) -> list[str]:
+    """The same 2-layer gpt with a mixture of 4 experts in each block, 2 a token."""
+    return [*(a for a in gpt(corpus) if a != "model=gpt"), "model=gpt_moe", "model.n_experts=4"]
+
+
 def mlp(corpus: Path) -> list[str]:
     """The mlp on digits: a plateau early_stop.patience=2 ends at step 72 (min_delta 0.01)."""
     return [
@@ -97,6 +102,7 @@ FEATURES = {
     ),
     "compile": Feature(("compile={backend:aot_eager}",)),
     "selective": Feature(("activation_checkpointing=selective",)),
+    "expert": Feature((*FSDP, "parallelism.expert=2"), base="moe"),
 }
 # the smallest rows' cases make test runs; the rest are make test-matrix's
 IN_MAKE_TEST = {
@@ -131,7 +137,7 @@ def feature(request: pytest.FixtureRequest) -> Feature:
 
 @pytest.fixture(scope="class")
 def args(feature: Feature, corpus: Path) -> list[str]:
-    base = gpt(corpus) if feature.base == "gpt" else mlp(corpus)
+    base = {"gpt": gpt, "moe": moe, "mlp": mlp}[feature.base](corpus)
     return [*base, f"nproc={feature.nproc}", *feature.overrides]
 
 

@@ -14,6 +14,7 @@ from runner.models import build_model
 from runner.spec import load_spec
 from tests.helpers.cli import REPO
 from tests.helpers.datasets import make_cifar10, make_image_folder
+from tests.helpers.shared_runs import SharedRuns
 
 pytestmark = pytest.mark.slow
 RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
@@ -35,10 +36,17 @@ def test_every_recipe_is_smoke_tested() -> None:
     assert {"mlp_digits", "resnet18_cifar10", "resnet50"} <= set(RECIPES)
 
 
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """`smoke(recipe)`: the recipe's run of 2 steps, made once (the rerun test reruns one)."""
+    root = tmp_path_factory.mktemp("recipes")
+    runs = SharedRuns(root)
+    return lambda recipe: runs(f"+recipe={recipe}", *SMOKE, *data_overrides(recipe, root))
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_recipe_runs(cli, tmp_path: Path, recipe: str) -> None:
-    result = cli(f"+recipe={recipe}", *SMOKE, *data_overrides(recipe, tmp_path))
-    assert result.returncode == 0, result.output
+def test_recipe_runs(smoke, recipe: str) -> None:
+    result = smoke(recipe)
     summary = result.summary()
     assert summary["status"] == "completed" and summary["steps"] == 2
     assert summary["world_size"] == 2
@@ -55,11 +63,11 @@ def test_recipe_runs(cli, tmp_path: Path, recipe: str) -> None:
     build_model(spec.model, build_datasets(spec.data).info).load_state_dict(state, strict=True)
 
 
-def test_recipe_rerun_reproduces(cli) -> None:
-    """`runner rerun RUN_DIR` trains the same losses and weights bit for bit (the sweep tests
-    show that another seed gives other losses, so the comparison can fail)."""
-    first = cli("+recipe=mlp_digits", "max_epochs=null", "max_steps=30", "log_interval=5")
-    assert first.returncode == 0, first.output
+def test_recipe_rerun_reproduces(cli, smoke) -> None:
+    """`runner rerun RUN_DIR` of a recipe's run (mlp_digits', above) trains the same losses
+    and weights bit for bit (the sweep tests show that another seed gives other losses, so
+    the comparison can fail)."""
+    first = smoke("mlp_digits")
     losses = [m["train/loss"] for m in first.metrics()]
     again = cli("rerun", str(first.run_dir), name="again")
     assert again.returncode == 0, again.output
