@@ -78,9 +78,12 @@ up() {
         --pid-file="$DIR/munge/munged.pid" --log-file="$DIR/munge/munged.log"
     cp "$DIR/munge/munged.pid" "$DIR/run/munged.pid"
 
+    # every core of the machine: nproc honours OMP_NUM_THREADS, which the suite sets to 1
+    local cpus
+    cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
     local nodelines=""
     for i in "${!NODES[@]}"; do
-        nodelines+="NodeName=${NODES[$i]} NodeAddr=${ADDRS[$i]} CPUs=$(nproc) State=UNKNOWN"$'\n'
+        nodelines+="NodeName=${NODES[$i]} NodeAddr=${ADDRS[$i]} CPUs=$cpus State=UNKNOWN"$'\n'
     done
     cat >"$DIR/slurm.conf" <<EOF
 ClusterName=runner
