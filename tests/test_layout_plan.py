@@ -189,6 +189,7 @@ def test_no_layout_fits_a_budget_too_small(tmp_path: Path, corpus: Path) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.sweeps  # runner -m: make test-sweeps'
 def test_each_job_of_a_sweep_plans_for_itself(tmp_path: Path, corpus: Path) -> None:
     proc, root = run_sweep(tmp_path, *lm_args(corpus), *GPT, "max_steps=1", "parallelism=auto,ddp")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -93,8 +93,15 @@ def run_sweep(
 # One intra-op thread a rank, as a user sets it for runs side by side (runner keeps a
 # user's OMP_NUM_THREADS): the suite runs three workers' runs at once on 2 cores, and a rank
 # of a 1-rank run would otherwise take 2 threads, whose OpenMP team spins while the other is
-# off its core (3 such runs at once: 82 CPU-seconds where one thread each took 12).
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+# off its core (3 such runs at once: 82 CPU-seconds where one thread each took 12). Inductor
+# builds its kernels in the rank, not in a pool of worker processes that each import torch
+# (the mlp's compiled 2-rank run: 30 CPU-seconds where the pool took 33).
+ONE_THREAD = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "TORCHINDUCTOR_COMPILE_THREADS": "1",
+}
 
 
 def child_env() -> dict[str, str]:
