@@ -109,7 +109,9 @@ COMPILED = ("compile={backend:aot_eager}",)
     [
         pytest.param(("parallelism.replicate=1",), id="pipeline2-shard2"),
         pytest.param(("parallelism.replicate=2",), id="pipeline2-hsdp2", marks=MATRIX),
-        pytest.param(("parallelism.tensor=2",), id="pipeline2-tensor2"),
+        # clipped: the matrix's; make test trains pipeline=2 x tensor=2 unclipped, to the same
+        # weights, losses and norms (test_the_logged_gradient_norm_adds_every_stages_...)
+        pytest.param(("parallelism.tensor=2",), id="pipeline2-tensor2", marks=MATRIX),
     ],
 )
 def test_pipeline_beside_sharding_trains_what_ddp_trains(pp_run, ddp, layout) -> None:
@@ -138,7 +140,8 @@ def test_blocks_compiled_one_by_one_train_what_ddp_trains(pp_run, ddp, backend: 
 @pytest.mark.slow
 def test_the_logged_gradient_norm_adds_every_stages_without_clipping(tmp_path, corpus) -> None:
     """Unclipped, pipeline=2 x tensor=2 logs the norm DTensor reduces over each stage's mesh,
-    shared once among the stage's ranks."""
+    shared once among the stage's ranks, and trains what ddp trains (make test's run of a
+    pipeline beside tensor parallelism; clipped, it is the matrix's)."""
     args = [a for a in pp_args(corpus) if not a.startswith("grad_clip_norm")]
     reference = run_cli(tmp_path, *args, "nproc=1", "parallelism=ddp", "grad_accum=4", name="ddp")
     assert reference.returncode == 0, reference.output
