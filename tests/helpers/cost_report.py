@@ -99,7 +99,13 @@ def report(targets: list[str], top: int, scopes: bool, runs_of: str = "") -> str
     found = ledgers()
     if not found:
         return f"no ledger yet under {LEDGER_DIR}: run make test (or any make test-*) first"
+    if unknown := [t for t in targets if t not in found]:
+        return (
+            f"no record of {', '.join(unknown)} under {LEDGER_DIR} (recorded: "
+            f"{', '.join(found)}): run make {unknown[0]} first"
+        )
     totals = []
+    listed = False
     for target, ledger in found.items():
         if targets and target not in targets:
             continue
@@ -130,8 +136,11 @@ def report(targets: list[str], top: int, scopes: bool, runs_of: str = "") -> str
             )
         for r in rows if runs_of else []:
             if r[name].startswith(runs_of):
+                listed = True
                 lines.append(f"\n  the runs of {r[name]}:")
                 lines += [f"    {command}" for command in r.get("commands", [])]
+    if runs_of and not listed:
+        lines.append(f"\nno module recorded matches --runs {runs_of}")
     if len(totals) > 1:
         lines.append("\ntarget        wall      tests  runs  CPU")
         for target, wall, tests, runs, cpu in totals:
