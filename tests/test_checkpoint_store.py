@@ -201,3 +201,35 @@ def test_a_file_is_digested_as_it_is_written(tmp_path: Path) -> None:
         written.seek(0)
         written.write(b"x")
     assert written.digest() is None
+
+
+def test_a_ranks_failed_write_leaves_its_peers_writing_and_the_parent_sweeps_it(
+    tmp_path: Path,
+) -> None:
+    """One rank's write fails (ENOSPC) while another still writes into the same partial
+    directory: the failing rank's error names the path, the OS error and the resume point,
+    and the directory stays under its peer (its write goes on, so its own error never
+    passes for the run's cause); once every rank is gone, discard_unfinished removes it."""
+    import errno
+
+    from runner.train.checkpoints.checkpointing import CheckpointWriteError, failing_write
+
+    store = CheckpointStore(tmp_path / "checkpoints", keep=2)
+    save(store, 4)
+    partial = store.begin(6)
+    peer = (partial / "model.pt").open("wb")  # rank 0, mid-write
+    peer.write(b"x" * 10)
+    filled = partial / "rank1.pt"
+    with pytest.raises(CheckpointWriteError) as failed, failing_write(store, 6):
+        raise OSError(errno.ENOSPC, "No space left on device", str(filled))
+    message = str(failed.value)
+    assert "checkpoint of step 6 could not be written: No space left on device" in message
+    assert str(filled) in message and "the resume point stays" in message
+    assert message.split("stays ")[1].startswith(str(store.root / "step_00000004"))
+    peer.write(b"y" * 10)
+    peer.close()
+    (partial / "meta.json").write_text("{}")  # the peer's next file
+    assert (partial / "model.pt").stat().st_size == 20
+    assert store.latest() == store.root / "step_00000004"
+    store.discard_unfinished()
+    assert sorted(p.name for p in store.root.iterdir()) == ["latest", "step_00000004"]

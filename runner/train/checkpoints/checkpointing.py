@@ -114,12 +114,15 @@ class CheckpointReadError(Explained):
 @contextlib.contextmanager
 def failing_write(store: CheckpointStore, step: int) -> Iterator[None]:
     """A write that fails (a full disk, EIO, a quota) ends with a message naming the path and
-    the OS error; the half-written checkpoint is removed and never becomes latest."""
+    the OS error; the half-written checkpoint never becomes latest. Its partial directory
+    stays while the other ranks may still write into it (pulled from under them, their
+    writes would fail too, and one of those could be reported as the run's cause): the
+    parent removes it once every rank is gone (runner.launch.outcomes), a restart's rank 0
+    as it starts (find_resume_point)."""
     try:
         yield
     except (OSError, RuntimeError) as exc:  # torch.save reports ENOSPC as a RuntimeError
         partial = store.partial_dir(step)
-        shutil.rmtree(partial, ignore_errors=True)  # free what it took
         if isinstance(exc, OSError) and exc.strerror:
             cause = f"{exc.strerror} ({exc.filename or partial})"
         else:
