@@ -211,9 +211,9 @@ def test_tokens_count_each_batch_once(ddp_and_tp) -> None:
 @pytest.mark.parametrize(
     "mesh",
     [
-        pytest.param(["parallelism=fsdp"], id="to-fsdp4", marks=MATRIX),  # DCP reshards, as to-tp4
-        pytest.param(["parallelism=fsdp", "parallelism.tensor=4"], id="to-tp4"),
-        pytest.param(["parallelism=ddp", "nproc=2"], id="to-ddp"),  # at half the ranks
+        pytest.param(["nproc=4", "parallelism=fsdp"], id="to-fsdp4", marks=MATRIX),  # as to-tp4
+        pytest.param(["nproc=4", "parallelism=fsdp", "parallelism.tensor=4"], id="to-tp4"),
+        pytest.param(["nproc=2", "parallelism=ddp"], id="to-ddp"),  # at half the ranks
     ],
 )
 def test_a_tensor_parallel_checkpoint_resumes_on_another_mesh(
@@ -224,9 +224,7 @@ def test_a_tensor_parallel_checkpoint_resumes_on_another_mesh(
     weights of the run that never stopped."""
     reference = ddp_and_tp["fsdp2xtp2"]
     checkpoint = sorted((reference.run_dir / "checkpoints").glob("step_*"))[0]
-    second = cli(
-        *tp_args(corpus), *CLIPPED, "nproc=4", *mesh, f"resume={checkpoint}", name="second"
-    )
+    second = cli(*tp_args(corpus), *CLIPPED, *mesh, f"resume={checkpoint}", name="second")
     assert second.returncode == 0, second.output
     assert second.summary()["resumed_from"] == int(checkpoint.name.split("_")[1])
     assert max_relative_difference(second.run_dir, reference.run_dir) < 1e-5
