@@ -16,6 +16,7 @@ def _scope(scope: str, wall: float, runs: int, commands: list[str]) -> dict:
     return {
         "scope": scope, "wall_s": wall, "cpu_s": 1.0, "children_cpu_s": 2.0 * runs,
         "tests": 2, "failed": 0, "runs": runs, "processes": runs, "commands": commands,
+        "test_costs": [[f"test_{i}", wall / 2, 1.0 + i, 1] for i in range(2)],
     }  # fmt: skip
 
 
@@ -44,6 +45,14 @@ def test_modules_sum_their_classes_most_expensive_first(ledger_dir: Path) -> Non
     assert "test: 1.5 min wall, 3 worker(s), 6 tests, 3 runs" in out
     listed = out[out.index("the runs of tests/test_a.py") :]
     assert all(c in listed for c in ("runner model=mlp", "runner model=gpt", "runner eval R"))
+
+
+def test_a_modules_tests_are_listed_most_cpu_first(ledger_dir: Path) -> None:
+    out = cost_report.report(["test"], top=10, scopes=False, tests_of="tests/test_a.py")
+    listed = out[out.index("the tests of tests/test_a.py") :].splitlines()[2:]
+    rows = [line.split() for line in listed if line.strip()]
+    assert [r[0] for r in rows[:4]] == ["2.0", "2.0", "1.0", "1.0"]  # both classes' tests
+    assert {r[1] for r in rows[:2]} == {"15.0", "5.0"} and rows[0][3] == "test_1"  # wall s
 
 
 def test_what_it_has_no_record_of_is_said(ledger_dir: Path) -> None:

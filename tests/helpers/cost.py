@@ -40,6 +40,9 @@ class ScopeCost:
     runs: int = 0  # `runner ...` commands started (a run, a sweep, eval, export, plan)
     processes: int = 0  # every child process started (runs included)
     commands: list[str] = field(default_factory=list)  # the runs' arguments, as typed
+    # each test's [name, wall s, CPU s (own and children's), runs]; a module-scoped
+    # fixture's run is charged to the first test that asked for it
+    test_costs: list[list] = field(default_factory=list)
 
 
 def _cpu() -> tuple[float, float]:
@@ -128,9 +131,14 @@ class CostRecorder:
             self._open = (scope, time.monotonic(), own, kids)
             self.scopes.setdefault(scope, ScopeCost(scope))
             self._marks = (self.runs, self.processes)
+        wall0, runs0, (own0, kids0) = time.monotonic(), self.runs, _cpu()
         yield
+        own, kids = _cpu()
         cost = self.scopes[scope]
         cost.tests += 1
+        name = item.nodeid.split("::", 1)[-1]
+        spent = [round(time.monotonic() - wall0, 2), round(own + kids - own0 - kids0, 2)]
+        cost.test_costs.append([name, *spent, self.runs - runs0])
         if nextitem is None or scope_of(nextitem) != scope:
             self._close()
 

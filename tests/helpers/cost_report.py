@@ -3,6 +3,7 @@ ledger tests/helpers/cost.py records (.test-cost/<target>.json), most expensive 
 schedule the suite starts its modules in, derived from those records.
 
     python -m tests.helpers.cost_report [TARGET ...] [--top N] [--scopes] [--runs MODULE]
+                                        [--tests MODULE]
     python -m tests.helpers.cost_report --schedule   # rewrite tests/durations.json
 
 tests/durations.json (checked in) holds each scope's wall seconds as last recorded; the
@@ -94,7 +95,9 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
-def report(targets: list[str], top: int, scopes: bool, runs_of: str = "") -> str:
+def report(
+    targets: list[str], top: int, scopes: bool, runs_of: str = "", tests_of: str = ""
+) -> str:
     lines: list[str] = []
     found = ledgers()
     if not found:
@@ -139,8 +142,16 @@ def report(targets: list[str], top: int, scopes: bool, runs_of: str = "") -> str
                 listed = True
                 lines.append(f"\n  the runs of {r[name]}:")
                 lines += [f"    {command}" for command in r.get("commands", [])]
-    if runs_of and not listed:
-        lines.append(f"\nno module recorded matches --runs {runs_of}")
+        for r in rows if tests_of else []:
+            if r[name].startswith(tests_of):
+                listed = True
+                lines.append(f"\n  the tests of {r[name]}, most CPU first:")
+                lines.append(f"    {'CPU s':>7}  {'wall s':>7}  runs  test")
+                costs = sorted(r.get("test_costs", []), key=lambda t: -t[2])
+                lines += [f"    {c:7.1f}  {w:7.1f}  {n:4d}  {t}" for t, w, c, n in costs]
+    if (runs_of or tests_of) and not listed:
+        flag = f"--runs {runs_of}" if runs_of else f"--tests {tests_of}"
+        lines.append(f"\nno module recorded matches {flag}")
     if len(totals) > 1:
         lines.append("\ntarget        wall      tests  runs  CPU")
         for target, wall, tests, runs, cpu in totals:
@@ -159,12 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=10, help="modules shown per target (10)")
     parser.add_argument("--scopes", action="store_true", help="per xdist scope, not per module")
     parser.add_argument("--runs", default="", metavar="MODULE", help="list the runs it made")
+    parser.add_argument("--tests", default="", metavar="MODULE", help="each test's cost")
     parser.add_argument("--schedule", action="store_true", help=f"rewrite {SCHEDULE.name}")
     args = parser.parse_args(argv)
     if args.schedule:
         print(f"wrote {write_schedule()}")
         return 0
-    print(report(args.targets, args.top, args.scopes, args.runs))
+    print(report(args.targets, args.top, args.scopes, args.runs, args.tests))
     return 0
 
 
