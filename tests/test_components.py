@@ -156,7 +156,9 @@ def test_torchvision_model_and_torchmetrics_metrics(tmp_path: Path) -> None:
 
 def test_hugging_face_causal_lm_trains_through_target(tmp_path: Path) -> None:
     """GPT-2 built from its config class (no download): keyword inputs, an output object
-    holding logits, runner's token-weighted causal LM loss on ragged, padded batches."""
+    holding logits, runner's token-weighted causal LM loss on ragged, padded batches. Its
+    ranks are forks of the server that imported transformers' GPT-2 for them (its import
+    loads scipy's OpenBLAS, whose pool would have left the server unfit to fork)."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 200)
@@ -186,6 +188,8 @@ def test_hugging_face_causal_lm_trains_through_target(tmp_path: Path) -> None:
     losses = [m["train/loss"] for m in result.metrics()]
     assert losses[-1] < 0.8 * losses[0], losses
     assert result.summary()["final"]["val/perplexity"] < 256
+    assert "spawning the ranks instead" not in result.output
+    assert "forked by the fork server" in result.rank_log(1)
 
 
 def test_problems_bind_arguments_without_calling_anything() -> None:

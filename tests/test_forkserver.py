@@ -259,3 +259,15 @@ def test_the_server_imports_torch_s_compiler_for_the_cpu_ranks_that_load_it(
 
     spec = resolve_spec(compose_config(overrides), cuda_devices=2)
     assert (COMPILER in modules_for(spec)) == imports_it
+
+
+def test_the_server_imports_a_transformers_model_class_for_the_ranks() -> None:
+    """transformers loads a model's modeling module on first use: the server asks for the
+    class itself (about 2 s of CPU a rank here, made once)."""
+    from runner.launch.forked_ranks import modules_for
+
+    target = "model._target_=transformers.LlamaForCausalLM"
+    spec = resolve_spec(compose_config(["model=custom", target, "device=cpu"]))
+    assert "transformers:LlamaForCausalLM" in modules_for(spec)
+    default = modules_for(resolve_spec(compose_config([])))
+    assert not any(m.startswith("transformers") for m in default)

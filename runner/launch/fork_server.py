@@ -139,15 +139,27 @@ def _preload(modules: list[str] | tuple[str, ...]) -> None:
     Without the cyclic garbage collector, which would walk the growing heap over and over
     (a quarter of the import time here); then every object so far is frozen out of its
     reach, so that a rank's collections never walk torch's modules either, nor write to the
-    pages it shares with this process."""
+    pages it shares with this process. OpenBLAS as the agent's import of torch kept it: a
+    library that loads another copy (scipy's, through transformers' modeling modules) sizes
+    its pool from the environment, and a pool would leave the server unfit to fork; each
+    rank sizes the pools it inherits from its own environment (_match_blas_threads)."""
+    blas = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
     gc.disable()
     try:
         for name in modules:
+            module, _, attribute = name.partition(":")  # "package:Name": a lazy attribute too
             with contextlib.suppress(Exception):
-                importlib.import_module(name)
+                loaded = importlib.import_module(module)
+                if attribute:
+                    getattr(loaded, attribute)
     finally:
         gc.enable()
         gc.freeze()
+        if blas is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = blas
 
 
 def set_title(title: str) -> None:

@@ -42,13 +42,16 @@ log = logging.getLogger("runner")
 
 def modules_for(spec: RunSpec) -> list[str]:
     """What this run's ranks import beyond fork_server.PRELOAD and the server may import too:
-    the modules of runner's and torchvision's components it names, torchvision for runner's
-    resnets, and on the CPU torch's compiler for the ranks that import it (see
+    the modules of runner's and torchvision's components it names, a transformers model
+    class (`transformers:LlamaForCausalLM`: the module, then the attribute), torchvision for
+    runner's resnets, and on the CPU torch's compiler for the ranks that import it (see
     _imports_the_compiler). Not DeepSpeed itself: it picks its accelerator as it loads. Not
     the user's code: what it does on import is unknown."""
     targets = [spec.model.target, spec.data.target, spec.loss.target]
     targets += [metric.target for metric in spec.metrics.values()]
     modules = [t.rpartition(".")[0] for t in targets if t.split(".")[0] in _SAFE_PACKAGES]
+    if _is_transformers_class(spec.model.target):  # its modeling module loads on first use
+        modules.append(":".join(spec.model.target.rsplit(".", 1)))
     if spec.model.target.startswith("runner.models.builders.resnet"):
         modules.append("torchvision.models")
     if _imports_the_compiler(spec):
@@ -71,6 +74,13 @@ def _imports_the_compiler(spec: RunSpec) -> bool:
 
 
 _SAFE_PACKAGES = ("runner", "torchvision")
+
+
+def _is_transformers_class(target: str) -> bool:
+    """`transformers.LlamaForCausalLM` and the like: transformers' import and its modeling
+    module's (about 2 s of CPU a rank here) made once, in the server."""
+    package, _, name = target.partition(".")
+    return package == "transformers" and name.isidentifier() and name[:1].isupper()
 
 
 class ForkServerError(RuntimeError):
