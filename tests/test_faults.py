@@ -127,6 +127,7 @@ def test_nan_loss_stops_the_run_and_is_never_saved(cli, log_interval: int) -> No
     assert all(m["step"] < 3 for m in result.metrics())
 
 
+@MATRIX  # make test's: tests/test_resume.py's fsdp hang, restarted (the words, the stacks)
 def test_hung_rank_is_named_with_every_stack_and_the_run_ends(cli) -> None:
     """chaos hang: rank 1 stops for good at the start of step 3, and rank 0 waits for it in
     the gradient all-reduce. The watchdog ends the run within its timeout (+ a few seconds),

@@ -191,19 +191,20 @@ def test_checkpoints_resume_across_pipeline_degrees_and_engines(pp_run, ddp) -> 
 )
 def test_a_hugging_face_decoder_is_cut_by_its_layer_list(cli, tmp_path: Path, layout) -> None:
     """A transformers Llama (built from its config, no download): embeddings with the first
-    stage, norm and head with the last, the rotary embedding on both; the weights FSDP alone
-    trains, and model.pt under the model's own names. Beside tensor parallelism each stage's
-    layers split by transformers' plan, which passes whole activations."""
+    stage, norm and head with the last, the rotary embedding on both; the weights plain
+    PyTorch trains in one process on whole global batches, and model.pt under the model's
+    own names. Beside tensor parallelism each stage's layers split by transformers' plan,
+    which passes whole activations."""
+    from tests.helpers.language_model import STEPS, train_plain
+
     corpus = text_corpus(tmp_path)
     args = [a for a in llama_args(corpus) if not a.startswith("data.min_length")]
-    common = [*args, "precision=fp32", "max_epochs=null", "max_steps=4", "log_interval=2"]
-    common += ["parallelism=fsdp", "grad_accum=2"]
-    plain = cli(*common, "nproc=2", name="fsdp2")
-    assert plain.returncode == 0, plain.output
+    common = [*args, "precision=fp32", "max_epochs=null", f"max_steps={STEPS}"]
+    common += ["log_interval=2", "parallelism=fsdp", "grad_accum=2"]
     staged = cli(*common, *layout, name="pipeline2")
     assert staged.returncode == 0, staged.output
     weights = torch.load(staged.run_dir / "model.pt", weights_only=True)
-    expected = torch.load(plain.run_dir / "model.pt", weights_only=True)
+    expected = train_plain(resolve_spec(compose_config([*common, "nproc=1", "device=cpu"])))
     assert list(weights) == list(expected)
     assert relative_error(weights, expected) <= RTOL
 

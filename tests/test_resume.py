@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,8 +105,19 @@ def test_killed_rank_restarts_and_ends_bit_for_bit(
     ]
     log = (killed.run_dir / "logs" / "rank1.log").read_text()
     assert "rank 1 attempt 0" in log and "rank 1 attempt 1" in log  # both attempts kept
-    if fault == "hang":
-        assert "hung: rank 1 after step 4" in killed.stderr and "runner watchdog" in log
+    if fault == "hang":  # named, every rank's stack in its log, ended within the timeout
+        said = killed.stderr[killed.stderr.index("hung: rank 1 after step 4") :].split("\n")[0]
+        assert "stopped first; also stuck: rank 0 in step 5" in said
+        assert "(watchdog.timeout=3)" in said
+        assert "Traceback" not in killed.stderr
+        for rank, frame in ((1, "in maybe_fail"), (0, "in forward")):  # where each one waits
+            stack = killed.rank_log(rank).split("===== runner watchdog:")[1]
+            stack = stack.split(f"===== rank {rank} attempt 1")[0]
+            assert "the Python stack of every thread follows" in stack and frame in stack, stack
+        hung_at = float(re.search(r"chaos: rank 1 hangs at step 5 at t=([\d.]+)", log).group(1))
+        again = re.search(r"===== rank 1 attempt 1 pid \d+ (\S+ \S+),", log).group(1)
+        restarted = time.mktime(time.strptime(again, "%Y-%m-%d %H:%M:%S"))
+        assert restarted - hung_at < 3 + 10, f"{restarted - hung_at:.1f}s from the hang on"
     if parallelism == "zero2":  # DeepSpeed's own layout, so its tools work on it
         assert (killed.run_dir / "checkpoints" / "step_00000012" / "zero_to_fp32.py").is_file()
     if parallelism == "fsdp":
