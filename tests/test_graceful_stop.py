@@ -31,7 +31,7 @@ def test_sigusr1_stops_every_rank_after_one_step_and_resume_ends_bit_for_bit(
     first step after a start differently without the warm-up pass (runner.engines.ddp), and
     the resumed run would not end bit for bit; the shared-memory all-reduce (the default
     here) sums in rank order and needs no warm-up."""
-    args = [*FAST, "nproc=4", "max_epochs=null", "max_steps=300", "checkpoint.interval=25"]
+    args = [*FAST, "nproc=4", "max_epochs=null", "max_steps=150", "checkpoint.interval=25"]
     args.append(f"parallelism.shm_allreduce={shm}")
     run_dir = tmp_path / "stopped"
     proc = start_runner(tmp_path, run_dir, *args)
