@@ -34,8 +34,11 @@ def cp_run(tmp_path_factory, corpus: Path) -> SharedRuns:
     ("layout", "data_ranks"),
     [
         pytest.param(("nproc=2", "grad_accum=2"), 1, id="context2"),
-        pytest.param(
-            ("nproc=2", "grad_accum=2", "compile={backend:aot_eager}"), 1, id="context2-compiled"
+        pytest.param(  # compiled blocks: make test's in tests/test_compile.py, test_pipeline.py
+            ("nproc=2", "grad_accum=2", "compile={backend:aot_eager}"),
+            1,
+            id="context2-compiled",
+            marks=MATRIX,
         ),
         pytest.param(
             ("nproc=2", "grad_accum=2", "compile=true"), 1, id="context2-inductor", marks=MATRIX
