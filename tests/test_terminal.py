@@ -45,19 +45,10 @@ def finished_run(tmp_path_factory) -> Path:
     return run
 
 
-def test_a_zero2_run_as_typed_trains_without_building_anything(
-    tmp_path: Path, finished_run: Path
-) -> None:
-    """Switching from the activated venv (the module's run, which built nothing either) to
-    .venv/bin/runner: another ninja on the PATH, the op built at install kept."""
-    argv = [command("runner", False), *TINY, "parallelism=zero2", "precision=bf16"]
-    typed = type_in([*argv, "max_steps=4", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path, False)
-    assert typed.returncode == 0, typed.output
-    _clean(typed)
-    assert "building DeepSpeed" not in typed.output and BAR.search(typed.output)
-
-
 def test_eval_export_report_and_rerun_as_typed(tmp_path: Path, finished_run: Path) -> None:
+    """The module's run read by each command, typed. The rerun is a ZeRO-2 run switched from
+    the activated venv (the module's run, which built nothing either) to .venv/bin/runner:
+    another ninja on the PATH, the op built at install kept."""
     evaluated = type_in(
         [command("runner", False), "eval", str(finished_run), f"hydra.run.dir={tmp_path / 'e'}"],
         tmp_path,
@@ -87,6 +78,7 @@ def test_eval_export_report_and_rerun_as_typed(tmp_path: Path, finished_run: Pat
     assert again.returncode == 0, again.output
     _clean(again)
     assert "runner: completed 2 steps" in again.output
+    assert "building DeepSpeed" not in again.output and BAR.search(again.output)
 
 
 def test_prepare_manifest_and_config_as_typed(tmp_path: Path) -> None:
