@@ -306,9 +306,9 @@ def test_a_resumed_auto_run_keeps_the_layout_it_was_planned_with(
     """resume=auto in an auto run's directory goes on with its plan.json's pick (a new plan
     could pick otherwise); a damaged plan.json is said, and the run plans again (as a run
     without one: the command's own reading of it, in-process)."""
-    from runner.cli.layout_plan import planned_before
-
     import shutil
+
+    from runner.cli.layout_plan import planned_before
 
     assert auto_run.returncode == 0, auto_run.output
     args = [*lm_args(corpus), *AUTO]
