@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from runner.spec.schema import FSDPSpec, OptimizerSpec, Precision, PrecisionSpec, RunSpec
 from tests.helpers.engines import engine_of
 from tests.helpers.precision_probe import TanhBlocks
+from tests.helpers.ranks import start_ranks
 
 WORLD = 2
 
@@ -75,4 +75,4 @@ def worker(rank: int, init_file: str) -> None:
 
 @pytest.mark.slow
 def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(tmp_path: Path) -> None:
-    mp.spawn(worker, args=(str(tmp_path / "init"),), nprocs=WORLD, join=True)
+    start_ranks(worker, (str(tmp_path / "init"),), WORLD)

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from runner.spec.schema import DDPSpec, OptimizerSpec, RunSpec, SyncStrategy, SyncStrategySpec
 from tests.helpers.engines import engine_of
+from tests.helpers.ranks import start_ranks
 
 WORLD, MICRO, STEPS = 2, 3, 3
 
@@ -73,4 +73,4 @@ def worker(rank: int, init_file: str) -> None:
 
 @pytest.mark.slow
 def test_kept_gradients_are_added_into_and_train_the_same_weights(tmp_path: Path) -> None:
-    mp.spawn(worker, args=(str(tmp_path / "init"),), nprocs=WORLD, join=True)
+    start_ranks(worker, (str(tmp_path / "init"),), WORLD)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from runner.hardware import shared_memory_obstacle
+from tests.helpers.ranks import start_ranks
 
 WORLD = 3
 SLOT_BYTES = 4096  # small: a tensor of 2500 floats takes three rounds
@@ -72,7 +72,7 @@ def worker(rank: int, init_file: str, failures: Path) -> None:
 )
 @pytest.mark.slow
 def test_every_element_is_summed_in_rank_order(tmp_path: Path) -> None:
-    mp.spawn(worker, args=(str(tmp_path / "init"), tmp_path), nprocs=WORLD, join=True)
+    start_ranks(worker, (str(tmp_path / "init"), tmp_path), WORLD)
     assert not list(tmp_path.glob("rank*")), [p.read_text() for p in tmp_path.glob("rank*")]
 
 

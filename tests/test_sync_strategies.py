@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from runner.spec.schema import DDPSpec, OptimizerSpec, RunSpec, SyncStrategy, SyncStrategySpec
 from tests.helpers.engines import engine_of
+from tests.helpers.ranks import start_ranks
 
 WORLD, MICRO = 2, 3
 HEADS = {0: ["left", "left", "right"], 1: ["left", "right", "left"]}  # [rank][microbatch]
@@ -122,4 +122,4 @@ def worker(rank: int, init_file: str) -> None:
 
 @pytest.mark.slow
 def test_gradients_after_every_microbatch(tmp_path: Path) -> None:
-    mp.spawn(worker, args=(str(tmp_path / "init"),), nprocs=WORLD, join=True)
+    start_ranks(worker, (str(tmp_path / "init"),), WORLD)

@@ -21,6 +21,7 @@ from tests.helpers.config import compose_config
 from tests.helpers.equivalence import ARGS, relative_error
 from tests.helpers.hugging_face import llama_args, text_corpus
 from tests.helpers.language_model import lm_args, train_plain
+from tests.helpers.ranks import start_ranks
 from tests.helpers.refusals import refused
 from tests.helpers.weights import assert_exports_model_pt, max_relative_difference
 
@@ -95,10 +96,9 @@ def test_the_loss_runs_on_logits_split_by_vocabulary(tmp_path: Path) -> None:
     ignored token included) and every gradient equal those of gathered logits, on a
     sequence the group does not divide (the gpt pads it to a multiple of the group; an
     uneven split raised in torch 2.11's DTensor linear)."""
-    import torch.multiprocessing as mp
 
     out = tmp_path / "results.pt"
-    mp.spawn(split_head, args=(str(tmp_path / "init"), str(out)), nprocs=2, join=True)
+    start_ranks(split_head, (str(tmp_path / "init"), str(out)), 2)
     results = torch.load(out, weights_only=True)
     (gathered_loss, gathered), (split_loss, split) = results[False], results[True]
     assert split_loss == pytest.approx(gathered_loss.item(), rel=1e-6)

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from runner.engines.base import Engine
 from runner.spec.schema import (
@@ -35,6 +34,7 @@ from runner.spec.schema import (
 from tests.helpers.cli import MATRIX
 from tests.helpers.engines import engine_of
 from tests.helpers.precision_probe import TanhBlocks
+from tests.helpers.ranks import start_ranks
 
 WORLD = 2
 ZERO = {"zero2": ZeroSpec(name="zero2"), "zero3": Zero3Spec(param_persistence_threshold=0)}
@@ -148,4 +148,4 @@ def worker(rank: int, init_file: str, name: str, checkpoint: str) -> None:
 @pytest.mark.parametrize("name", ["zero2", pytest.param("zero3", marks=MATRIX)])
 def test_an_overflow_skips_alike_and_the_scale_moves_as_gradscaler_s(tmp_path: Path, name):
     args = (str(tmp_path / "init"), name, str(tmp_path / "checkpoint"))
-    mp.spawn(worker, args=args, nprocs=WORLD, join=True)
+    start_ranks(worker, args, WORLD)

@@ -5,8 +5,10 @@ recorded into `.test-cost/<target>.json` for `make test-report` (tests/helpers/c
 A module's time runs from its first test's setup to its last test's teardown, module-scoped
 fixtures (the runs its tests share) included. Children's CPU seconds are what the kernel
 counts for the processes a test waited for, and theirs (a run's agent waits for its ranks);
-a process nobody waits for (Ray's own daemons) is not seen. Under pytest-xdist each worker
-measures the modules it runs and hands its records to the controller, which writes the file.
+a process nobody waits for (Ray's own daemons) is not seen; multiprocessing's fork server,
+which outlives the tests that start ranks from it, is read as it runs. Under pytest-xdist
+each worker measures the modules it runs and hands its records to the controller, which
+writes the file.
 
 The target is `RUNNER_TEST_TARGET` (the Makefile sets it: test, test-matrix, ...), else the
 `-m` expression, else "pytest"; a run that selects files or tests by hand (pytest tests/x.py,
@@ -48,7 +50,24 @@ class ScopeCost:
 def _cpu() -> tuple[float, float]:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime + _forkserver_cpu()
+
+
+def _forkserver_cpu() -> float:
+    """multiprocessing's fork server (tests/helpers/ranks.py) lives on between tests: its own
+    CPU seconds and those of the ranks it forked and reaped, so far."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if not pid:
+        return 0.0
+    try:
+        import psutil
+
+        times = psutil.Process(pid).cpu_times()
+    except Exception:  # gone, or no psutil: what it cost is the kernel's to count
+        return 0.0
+    return times.user + times.system + times.children_user + times.children_system
 
 
 def is_runner_command(args: object) -> bool:
