@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from runner.train.step.batch_parts import batch_size
-from runner.train.step.microbatching import cut_batch, slice_batch
 from tests.helpers.cli import HANG
 from tests.helpers.equivalence import ARGS, RTOL, relative_error
 from tests.helpers.language_model import lm_args
@@ -109,6 +108,10 @@ def test_a_backward_pass_that_runs_out_is_retried_where_it_exchanges_nothing(
 
 
 def test_cutting_a_batch_keeps_the_sampler_split_and_fills_empty_parts():
+    # imported here: the module brings torch._dynamo (the MoE layer's compiler.disable), which
+    # every worker of the suite would import to collect this file
+    from runner.train.step.microbatching import cut_batch, slice_batch
+
     batch = {"x": torch.arange(10).view(5, 2), "labels": torch.arange(5), "names": list("abcde")}
     assert batch_size(batch) == 5
     assert batch_size((["a", "b"], {"x": torch.zeros(2, 3)})) == 2

@@ -4,8 +4,6 @@ plugin's own reading), so a study kept by either goes on under the other."""
 
 from __future__ import annotations
 
-from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
-
 from runner.sweeps.search_space import search_space
 
 OVERRIDES = [
@@ -22,6 +20,9 @@ OVERRIDES = [
 
 
 def test_each_override_means_what_hydras_optuna_sweeper_reads() -> None:
+    # imported here: Optuna costs seconds, and every worker of the suite collects this module
+    from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
+
     searched, fixed = search_space(OVERRIDES)
     theirs, their_fixed = create_params_from_overrides(OVERRIDES)
     assert searched == theirs

@@ -5,6 +5,7 @@ test_sizes). Nothing is imported."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from tests.helpers.cli import REPO
@@ -42,7 +43,8 @@ def _type_checking_only(node: ast.If) -> bool:
     )
 
 
-def defined_names(module: str) -> set[str]:
+@functools.cache  # the source does not change while the tests read it
+def defined_names(module: str) -> frozenset[str]:
     """The names a runner module defines or imports at its top level."""
     parts = module.split(".")[1:]
     target = PACKAGE.joinpath(*parts)
@@ -57,10 +59,11 @@ def defined_names(module: str) -> set[str]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-    return names
+    return frozenset(names)
 
 
-def runner_imports(path: Path) -> list[tuple[str, bool, int]]:
+@functools.cache
+def runner_imports(path: Path) -> tuple[tuple[str, bool, int], ...]:
     """(imported runner module, lazy?, line) for every import of runner code that runs."""
     found: list[tuple[str, bool, int]] = []
 
@@ -90,7 +93,7 @@ def runner_imports(path: Path) -> list[tuple[str, bool, int]]:
             visit(child, lazy or inner)
 
     visit(ast.parse(path.read_text(), str(path)), False)
-    return found
+    return tuple(found)
 
 
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
