@@ -93,18 +93,30 @@ def _export(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     "parallelism", ["ddp", pytest.param("zero3", marks=MATRIX), "fsdp"]
 )  # fmt: skip
 def test_every_checkpoint_exports_the_weights_of_model_pt(
-    cli, tmp_path: Path, parallelism: str
+    cli, tmp_path: Path, parallelism: str, capsys
 ) -> None:
+    """`runner export` of a run's checkpoint and of its model.pt, by the command's own code in
+    the test's process (the command itself: the refusal below, the Hugging Face round trip
+    and tests/test_terminal.py's typed export)."""
+    import warnings
+
+    from runner.export.command import main
+
     run = cli(*FAST, f"parallelism={parallelism}", "max_epochs=null", "max_steps=3")
     assert run.returncode == 0, run.output
     final = torch.load(run.run_dir / "model.pt", weights_only=True)
     (checkpoint,) = (run.run_dir / "checkpoints").glob("step_*")
     for source, name in ((checkpoint, "from-checkpoint"), (run.run_dir, "from-run")):
-        done = _export(tmp_path, source, "--to", tmp_path / name, "--max-shard-size", "20KB")
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert "Warning" not in done.stderr, done.stderr  # fsdp's DCP read: torch's, on 58e01cd
+        capsys.readouterr()
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            code = main([str(source), "--to", str(tmp_path / name), "--max-shard-size", "20KB"])
+        done = capsys.readouterr()
+        assert code == 0, done.out + done.err
+        assert not warned, [str(w.message) for w in warned]  # fsdp's DCP read: torch's, 58e01cd
+        assert "Warning" not in done.err, done.err
         read_from = run.run_dir / "model.pt" if source == run.run_dir else checkpoint
-        assert f"runner export: {read_from} -> " in done.stdout
+        assert f"runner export: {read_from} -> " in done.out
         assert (tmp_path / name / "model.safetensors.index.json").is_file()  # sharded
         exported = _read_all(tmp_path / name)
         assert exported.keys() == final.keys(), name
