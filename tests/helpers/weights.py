@@ -21,18 +21,14 @@ def max_relative_difference(a: Path, b: Path) -> float:
 
 
 def assert_exports_model_pt(checkpoint: Path, final: dict[str, torch.Tensor], to: Path) -> None:
-    """`runner export CHECKPOINT --to TO` gives the tensors of model.pt (`final`), by name."""
-    import subprocess
-
+    """`runner export CHECKPOINT --to TO` gives the tensors of model.pt (`final`), by name:
+    the command's own code, in the test's process (no new interpreter importing torch; the
+    command itself is tests/test_export.py's and tests/test_terminal.py's)."""
     from safetensors.torch import load_file
 
-    from tests.helpers.cli import HANG, child_env, runner_command
+    from runner.export.command import main
 
-    done = subprocess.run(
-        runner_command("export", str(checkpoint), "--to", str(to)),
-        capture_output=True, text=True, timeout=HANG, env=child_env(),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert main([str(checkpoint), "--to", str(to)]) == 0
     exported = load_file(to / "model.safetensors")
     assert exported.keys() == final.keys()
     assert all(torch.equal(exported[k], v) for k, v in final.items())
