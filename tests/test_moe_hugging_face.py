@@ -7,7 +7,6 @@ Face's per-expert names, and the plans refused before any rank starts."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 from runner.models.expert_dispatch import hugging_face_ep_plan
 from runner.models.expert_split import expert_problems, named_experts
 from runner.spec import resolve_spec
-from tests.helpers.cli import HANG, MATRIX, child_env, run_cli, runner_command
+from tests.helpers.cli import MATRIX, run_cli
 from tests.helpers.config import compose_config
 from tests.helpers.equivalence import relative_error
 from tests.helpers.hugging_face import MOE_MODELS, moe_args
@@ -179,12 +178,10 @@ def test_a_split_mixtral_resumes_evaluates_and_exports(
     assert loss == pytest.approx(logged, rel=1e-6)  # on one rank: expert=2 dropped
     assert "does not fit 1 data rank(s)" in evaluated.output
 
+    from runner.export.command import main as export  # the command's code, in this process
+
     exported = tmp_path / "export"
-    done = subprocess.run(
-        runner_command("export", str(first.run_dir), "--to", str(exported)),
-        capture_output=True, text=True, env=child_env(), timeout=HANG,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert export([str(first.run_dir), "--to", str(exported)]) == 0
     with safe_open(exported / "model.safetensors", "pt") as f:
         names = set(f.keys())
     assert "model.layers.0.block_sparse_moe.experts.3.w3.weight" in names
