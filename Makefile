@@ -44,7 +44,8 @@ test: install
 
 # What each test module cost in the last run of each target (wall and CPU seconds, the ranks'
 # included, tests, runs launched), most expensive first: tests/helpers/cost.py records it
-# into .test-cost/ on every run. REPORT_ARGS: targets, --top N, --scopes; --schedule
+# into .test-cost/ on every run. REPORT_ARGS: targets, --top N, --scopes, --runs MODULE,
+# --tests MODULE (its tests by CPU seconds); --schedule
 # rewrites tests/durations.json, the order make test starts its modules in.
 test-report:
 	@$(BIN)/python -m tests.helpers.cost_report $(REPORT_ARGS)
