@@ -178,6 +178,22 @@ def without_mlflow() -> Iterator[None]:
             del sys.modules["mlflow"]
 
 
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """OPENBLAS_NUM_THREADS=1 inside, as it was after: an OpenBLAS loaded inside (numpy's,
+    scipy's) sizes its thread pool from the environment as it loads, and a process that
+    forks the ranks next must not hold a pool's threads."""
+    before = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = before
+
+
 class _KnownNoise(logging.Filter):
     """Library messages about the libraries themselves, which a user can do nothing about."""
 

@@ -269,5 +269,7 @@ def test_the_server_imports_a_transformers_model_class_for_the_ranks() -> None:
     target = "model._target_=transformers.LlamaForCausalLM"
     spec = resolve_spec(compose_config(["model=custom", target, "device=cpu"]))
     assert "transformers:LlamaForCausalLM" in modules_for(spec)
+    on_a_gpu = resolve_spec(compose_config(["model=custom", target, "device=cuda"]), cuda_devices=2)
+    assert not any(m.startswith("transformers") for m in modules_for(on_a_gpu))  # not measured
     default = modules_for(resolve_spec(compose_config([])))
     assert not any(m.startswith("transformers") for m in default)

@@ -33,7 +33,7 @@ import traceback
 from typing import Any, NoReturn
 
 from runner.heartbeat import STOP_SIGNALS
-from runner.processes import FORKED_ENV, RANK_PARENT_ENV, die_with_parent
+from runner.processes import FORKED_ENV, RANK_PARENT_ENV, die_with_parent, one_blas_thread
 
 # Imported by every rank on any run; importing them here is what the fork server is for.
 PRELOAD = (
@@ -143,23 +143,18 @@ def _preload(modules: list[str] | tuple[str, ...]) -> None:
     library that loads another copy (scipy's, through transformers' modeling modules) sizes
     its pool from the environment, and a pool would leave the server unfit to fork; each
     rank sizes the pools it inherits from its own environment (_match_blas_threads)."""
-    blas = os.environ.get("OPENBLAS_NUM_THREADS")
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
     gc.disable()
     try:
-        for name in modules:
-            module, _, attribute = name.partition(":")  # "package:Name": a lazy attribute too
-            with contextlib.suppress(Exception):
-                loaded = importlib.import_module(module)
-                if attribute:
-                    getattr(loaded, attribute)
+        with one_blas_thread():
+            for name in modules:
+                module, _, attribute = name.partition(":")  # "package:Name": an attribute too
+                with contextlib.suppress(Exception):
+                    loaded = importlib.import_module(module)
+                    if attribute:
+                        getattr(loaded, attribute)
     finally:
         gc.enable()
         gc.freeze()
-        if blas is None:
-            del os.environ["OPENBLAS_NUM_THREADS"]
-        else:
-            os.environ["OPENBLAS_NUM_THREADS"] = blas
 
 
 def set_title(title: str) -> None:

@@ -42,16 +42,17 @@ log = logging.getLogger("runner")
 
 def modules_for(spec: RunSpec) -> list[str]:
     """What this run's ranks import beyond fork_server.PRELOAD and the server may import too:
-    the modules of runner's and torchvision's components it names, a transformers model
-    class (`transformers:LlamaForCausalLM`: the module, then the attribute), torchvision for
-    runner's resnets, and on the CPU torch's compiler for the ranks that import it (see
-    _imports_the_compiler). Not DeepSpeed itself: it picks its accelerator as it loads. Not
-    the user's code: what it does on import is unknown."""
+    the modules of runner's and torchvision's components it names, torchvision for runner's
+    resnets, and on the CPU a transformers model class (`transformers:LlamaForCausalLM`: the
+    module, then the attribute) and torch's compiler for the ranks that import it (see
+    _imports_the_compiler; on a GPU they stay the ranks' to import: whether the imports leave
+    the server fit to fork there has not been measured). Not DeepSpeed itself: it picks its
+    accelerator as it loads. Not the user's code: what it does on import is unknown."""
     targets = [spec.model.target, spec.data.target, spec.loss.target]
     targets += [metric.target for metric in spec.metrics.values()]
     modules = [t.rpartition(".")[0] for t in targets if t.split(".")[0] in _SAFE_PACKAGES]
-    if _is_transformers_class(spec.model.target):  # its modeling module loads on first use
-        modules.append(":".join(spec.model.target.rsplit(".", 1)))
+    if spec.device == "cpu" and _is_transformers_class(spec.model.target):
+        modules.append(":".join(spec.model.target.rsplit(".", 1)))  # loaded on first use
     if spec.model.target.startswith("runner.models.builders.resnet"):
         modules.append("torchvision.models")
     if _imports_the_compiler(spec):

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner.processes import one_blas_thread
 from runner.rundir.files import RunDir
 
 
@@ -67,19 +68,14 @@ def import_torch() -> None:
     here). Imported once here, the fork server has them too; imported after the fork, both
     processes paid for them at once, on 2 cores beside the parent's Hydra (+0.8 s to the
     first step)."""
-    blas = os.environ.get("OPENBLAS_NUM_THREADS")
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    gc.disable()  # it would walk the growing heap over and over: a quarter of the import
-    try:
-        import hydra.utils  # noqa: F401
-        import torch
-        import torch._dynamo  # noqa: F401
-    finally:
-        gc.enable()
-        if blas is None:
-            del os.environ["OPENBLAS_NUM_THREADS"]
-        else:
-            os.environ["OPENBLAS_NUM_THREADS"] = blas
+    with one_blas_thread():
+        gc.disable()  # it would walk the growing heap over and over: a quarter of the import
+        try:
+            import hydra.utils  # noqa: F401
+            import torch
+            import torch._dynamo  # noqa: F401
+        finally:
+            gc.enable()
 
 
 def quiet_cpp_warnings() -> None:
