@@ -14,7 +14,9 @@ import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
-# What every such rank imports before its test module's own imports.
+# What every such rank imports before its test module's own imports. The server is one per
+# process, and its preload is whoever started it first: nothing else sets one (a rank that
+# must run without MLflow, test_zero_fp16's, would otherwise find it imported).
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.fsdp", "torch._dynamo"]
 
 
