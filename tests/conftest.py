@@ -105,6 +105,44 @@ def zero2_offload_run(tmp_path_factory) -> CliResult:
     return result
 
 
+# ------------------------------------------------------------------ warm agents
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_agents(request):
+    """Each run's agent forked from this process's warm server (tests/helpers/warm.py), in a
+    module with a run that does not say COLD_START = True; a new interpreter otherwise."""
+    from runner.launch.warm_server import SERVER_ENV
+    from tests.helpers import warm
+
+    module = request.module
+    runs = any(
+        item.module is module and item.get_closest_marker("slow") is not None
+        for item in request.session.items
+    )
+    if runs and not getattr(module, "COLD_START", False):
+        os.environ[SERVER_ENV] = warm.start()
+    else:
+        os.environ.pop(SERVER_ENV, None)
+    yield
+    os.environ.pop(SERVER_ENV, None)
+
+
+@pytest.fixture(autouse=True)
+def _cold_start(request, monkeypatch):
+    """A test marked cold_start runs its commands without the warm server."""
+    if request.node.get_closest_marker("cold_start") is not None:
+        from runner.launch.warm_server import SERVER_ENV
+
+        monkeypatch.delenv(SERVER_ENV, raising=False)
+
+
+def pytest_sessionfinish(session) -> None:
+    from tests.helpers import warm
+
+    warm.stop()
+
+
 # ------------------------------------------------------------------ the fast tier
 # `make test-fast` runs the tests not marked slow; a test that starts a process (a run, a
 # rank, a child interpreter) is slow by definition, and this holds it to that.

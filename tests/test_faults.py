@@ -75,6 +75,7 @@ def listening_addresses(processes: list[psutil.Process]) -> list[tuple[str, int]
 
 # SIGINT takes the same relay as SIGTERM; make test types it as Ctrl-C (tests/test_terminal.py)
 @pytest.mark.parametrize("sig", [pytest.param(signal.SIGINT, marks=MATRIX), signal.SIGTERM])
+@pytest.mark.cold_start  # it reads the command's process tree: its agent a child
 def test_signal_to_runner_stops_every_rank(tmp_path: Path, sig: signal.Signals) -> None:
     run_dir = tmp_path / "run"
     proc = start_runner(tmp_path, run_dir, *LONG)
@@ -188,6 +189,7 @@ def test_nan_under_skip_costs_one_step_alike_for_ddp_and_deepspeed(cli) -> None:
     assert max_relative_difference(runs["ddp"].run_dir, runs["zero2"].run_dir) < 1e-5
 
 
+@pytest.mark.cold_start  # it reads the command's process tree: its agent a child
 def test_an_agent_killed_by_sigkill_leaves_nothing_in_dev_shm(tmp_path: Path) -> None:
     """The agent removes its heartbeat file when it ends; SIGKILL gives it no chance, so the
     `runner` that started it removes it (and the next agent on the machine would)."""
@@ -229,6 +231,7 @@ def test_the_next_agent_removes_heartbeat_files_of_agents_that_are_gone() -> Non
         stale.unlink(missing_ok=True)
 
 
+@pytest.mark.cold_start  # it reads the command's process tree: its agent a child
 def test_sigterm_as_a_restarted_run_ends_changes_nothing(tmp_path: Path) -> None:
     """A rank killed and restarted, then SIGTERM over and over from the moment rank 0 wrote
     summary.json (`completed`): once to `runner`, which relays it, and to the agent until it

@@ -174,6 +174,7 @@ def test_forked_and_spawned_ranks_train_the_same_weights(cli) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.cold_start  # it reads the command's process tree: its agent a child
 def test_killing_the_agent_takes_the_server_and_the_ranks_with_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = start_runner(tmp_path, run_dir, *FAST, "max_steps=100000", "log_interval=5")

@@ -137,6 +137,9 @@ except SystemExit:
 from runner.rundir.files import environment_info
 from runner.spec import SpecError, resolve_spec, save_spec
 from tests.helpers.config import compose_config
+
+# The first run's path as a user takes it: each agent a new interpreter (tests/helpers/warm.py).
+COLD_START = True
 base = ['model=mlp', 'data=digits', 'device=cpu', 'resume={checkpoint}']
 save_spec(resolve_spec(compose_config(base), run_dir='{tmp_path / "new"}'), '{tmp_path}')
 environment_info()

@@ -9,20 +9,27 @@ import os
 import subprocess
 import sys
 
+from runner.cli import warm_start
+
 
 class _Planner:
-    prestarted: subprocess.Popen | None = None
+    prestarted: subprocess.Popen | warm_start.WarmProcess | None = None
 
 
-def start() -> subprocess.Popen:
-    """A planner process: it imports torch, then waits for its request on stdin."""
+def start() -> subprocess.Popen | warm_start.WarmProcess:
+    """A planner process: it imports torch, then waits for its request on stdin. A fork of
+    the warm server where one serves (runner.launch.warm_server: torch imported already)."""
+    env = {**os.environ, "RUNNER_PARENT_PID": str(os.getpid())}
+    warm = warm_start.start("runner.layouts.planner", [], env, pipes=3)
+    if warm is not None:  # (the planner ignores warnings itself: PYTHONWARNINGS is read at load)
+        return warm
     return subprocess.Popen(
         [sys.executable, "-m", "runner.layouts.planner"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "RUNNER_PARENT_PID": str(os.getpid())},
+        env={**env, "PYTHONWARNINGS": "ignore"},
     )
 
 
@@ -34,7 +41,7 @@ def prestart(argv: list[str]) -> None:
         atexit.register(_end_unasked)
 
 
-def take() -> subprocess.Popen:
+def take() -> subprocess.Popen | warm_start.WarmProcess:
     """The prestarted planner, or a new one."""
     child, _Planner.prestarted = _Planner.prestarted or start(), None
     return child

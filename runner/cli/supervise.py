@@ -25,17 +25,19 @@ from pathlib import Path
 from typing import Any
 
 from runner import heartbeat
+from runner.cli import warm_start
 from runner.heartbeat import STOP_SIGNALS
 from runner.processes import START_METHOD_ENV, exit_code_for_signal
 from runner.secrets import SECRETS_ENV
 
 GRACE_S = 20.0
+Agent = subprocess.Popen | warm_start.WarmProcess  # a new interpreter, or a warm fork
 
 
 class _Relay:
     """Forwards the first signal to the agent; a second one, or a slow agent, gets SIGKILL."""
 
-    def __init__(self, agent: subprocess.Popen):
+    def __init__(self, agent: Agent):
         self.agent = agent
         self.first: int | None = None
         self.since = 0.0
@@ -55,7 +57,7 @@ _NO_RUN_FLAGS = (
     "-m", "--multirun", "-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info",
     "-sc", "--shell-completion", "--version", "-p", "--package", "--resolve",
 )  # fmt: skip
-_prestarted: subprocess.Popen | None = None
+_prestarted: Agent | None = None
 
 
 def prestart_agent(argv: list[str]) -> None:
@@ -70,12 +72,14 @@ def prestart_agent(argv: list[str]) -> None:
         key, _, value = arg.lstrip("+~").partition("=")
         if key == "start_method":
             env[START_METHOD_ENV] = value
-    _prestarted = subprocess.Popen(
-        [sys.executable, "-m", "runner.launch.agent", "-"],
-        env=env,
-        stdin=subprocess.PIPE,
-        start_new_session=True,
-    )
+    _prestarted = warm_start.start("runner.launch.agent", ["-"], env, pipes=1)
+    if _prestarted is None:  # no warm server (runner.launch.warm_server): a new interpreter
+        _prestarted = subprocess.Popen(
+            [sys.executable, "-m", "runner.launch.agent", "-"],
+            env=env,
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+        )
     atexit.register(_discard_prestarted)
 
 
@@ -85,7 +89,7 @@ def _discard_prestarted() -> None:
         _prestarted.wait()
 
 
-def _start_agent(run_dir: Path, start_time: float, secrets: str) -> subprocess.Popen:
+def _start_agent(run_dir: Path, start_time: float, secrets: str) -> Agent:
     """The prestarted agent, told where the run is and the secrets kept out of its files
     (runner.secrets); else a new one."""
     global _prestarted
@@ -101,6 +105,9 @@ def _start_agent(run_dir: Path, start_time: float, secrets: str) -> subprocess.P
     env["RUNNER_START_TIME"] = repr(start_time)
     env["RUNNER_PARENT_PID"] = str(os.getpid())
     env[SECRETS_ENV] = secrets
+    warm = warm_start.start("runner.launch.agent", [str(run_dir)], env)
+    if warm is not None:
+        return warm
     return subprocess.Popen(
         [sys.executable, "-m", "runner.launch.agent", str(run_dir)], env=env, start_new_session=True
     )
@@ -110,7 +117,7 @@ class _Asks:
     """Forwards SIGUSR1/SIGUSR2 (a graceful stop, runner.launch.stopping) to the agent, each
     time: they ask it to stop after a step with a checkpoint, and arm no kill."""
 
-    def __init__(self, agent: subprocess.Popen):
+    def __init__(self, agent: Agent):
         self.agent = agent
         self.first: int | None = None
 
@@ -185,12 +192,12 @@ def catch_early_asks() -> None:
         signal.signal(sig, _note_early_ask)
 
 
-def _send(proc: subprocess.Popen, signum: int) -> None:
+def _send(proc: Agent, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signum)
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: Agent) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -30,6 +30,7 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from runner.heartbeat import STOP_SIGNALS
@@ -116,6 +117,14 @@ def _loop(conn: socket.socket) -> None:
 
 
 def _reap(conn: socket.socket, ranks: set[int]) -> None:
+    for pid, code in reaped():
+        if pid in ranks:
+            ranks.discard(pid)
+            _send(conn, {"exit": pid, "code": code})
+
+
+def reaped() -> Iterator[tuple[int, int]]:
+    """Each child that has ended, reaped now, with its exit code as subprocess.Popen's."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -123,9 +132,7 @@ def _reap(conn: socket.socket, ranks: set[int]) -> None:
             return
         if pid == 0:
             return
-        if pid in ranks:
-            ranks.discard(pid)
-            _send(conn, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        yield pid, os.waitstatus_to_exitcode(status)
 
 
 def _send(conn: socket.socket, message: dict[str, Any]) -> None:
@@ -180,6 +187,21 @@ def _become_rank(request: dict[str, Any], fds: list[int], closing: tuple[int, ..
     """In the forked child: become `python -u -m MODULE ARGS` as the agent would have started
     it (torch elastic's environment, the agent's working directory and standard streams, a
     session of its own), and never return into the server's loop."""
+    parent = os.getppid()
+    become(request, fds, closing, {RANK_PARENT_ENV: str(parent), FORKED_ENV: "1"}, parent)
+
+
+def become(
+    request: dict[str, Any],
+    fds: list[int],
+    closing: tuple[int, ...],
+    marks: dict[str, str],
+    parent: int,
+) -> NoReturn:
+    """In a forked child: become `python -u -m MODULE ARGS` as `request` asks (its
+    environment, with `marks` set over it, its working directory, the standard streams `fds`,
+    a session of its own, SIGKILL when `parent` goes), closing the server's descriptors
+    `closing`, and never return into the server's loop (runner.launch.warm_server's too)."""
     code = 1
     try:
         os.setsid()  # torch elastic ends a rank with killpg, as for the ranks it spawns
@@ -197,7 +219,7 @@ def _become_rank(request: dict[str, Any], fds: list[int], closing: tuple[int, ..
         for fd in fds:
             if fd > 2:
                 os.close(fd)
-        _fresh_process_state(request)
+        _fresh_process_state(request, marks, parent)
         command = [sys.executable, "-u", "-m", request["module"], *request["args"]]
         set_title(" ".join(command))  # what ps shows for a spawned rank
         sys.argv = [request["module"], *request["args"]]
@@ -214,13 +236,11 @@ def _become_rank(request: dict[str, Any], fds: list[int], closing: tuple[int, ..
         os._exit(code)
 
 
-def _fresh_process_state(request: dict[str, Any]) -> None:
+def _fresh_process_state(request: dict[str, Any], marks: dict[str, str], parent: int) -> None:
     """What a new interpreter would hold that this fork inherited from the server."""
-    parent = os.getppid()
     os.environ.clear()
     os.environ.update(request["env"])
-    os.environ[RANK_PARENT_ENV] = str(parent)
-    os.environ[FORKED_ENV] = "1"
+    os.environ.update(marks)
     die_with_parent(signal.SIGKILL, parent)
     os.chdir(request["cwd"])
     # sys.path as `python -m` builds it: the working directory, PYTHONPATH, then the rest.

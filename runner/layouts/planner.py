@@ -259,8 +259,11 @@ def main() -> None:
     plan, or {"problems": [...]}."""
     import os
     import signal
+    import warnings
 
     from runner.processes import die_with_parent
+
+    warnings.simplefilter("ignore")  # a fork of the warm server read no PYTHONWARNINGS
 
     parent = os.environ.get("RUNNER_PARENT_PID")
     die_with_parent(signal.SIGTERM, int(parent) if parent else None)

@@ -54,13 +54,18 @@ def _cpu() -> tuple[float, float]:
 
 
 def _forkserver_cpu() -> float:
-    """multiprocessing's fork server (tests/helpers/ranks.py) lives on between tests: its own
-    CPU seconds and those of the ranks it forked and reaped, so far."""
+    """multiprocessing's fork server (tests/helpers/ranks.py) and runner's warm server
+    (tests/helpers/warm.py) live on between tests: their own CPU seconds and those of the
+    ranks and agents they forked and reaped, so far."""
     from multiprocessing import forkserver
 
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    if not pid:
-        return 0.0
+    from tests.helpers import warm
+
+    pids = [getattr(forkserver._forkserver, "_forkserver_pid", None), warm.server_pid()]
+    return sum(_cpu_of(pid) for pid in pids if pid)
+
+
+def _cpu_of(pid: int) -> float:
     try:
         import psutil
 

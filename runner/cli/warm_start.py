@@ -1,0 +1,157 @@
+"""The command's side of a warm start (runner.launch.warm_server): where RUNNER_WARM_SERVER
+names a listening server, the agent is a fork of it, torch already imported, instead of a
+new interpreter. Anything that keeps the server from serving (none listening, another Python,
+another environment) leaves the command to start a new interpreter, as without one.
+Nothing here imports more than the standard library."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+SERVER_ENV = "RUNNER_WARM_SERVER"  # runner.launch.warm_server.SERVER_ENV
+# Signals a new interpreter resets to their defaults unless they are ignored here
+# (runner.launch.fork_server.RESET_SIGNALS)
+_RESET = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD)
+_ANSWER_S = 30.0  # a server that takes longer to fork is stuck: a new interpreter instead
+
+refused: list[str] = []  # why the server did not serve this process's last request
+
+
+class WarmProcess:
+    """A process the warm server forked: what `runner` uses of subprocess.Popen's handle."""
+
+    def __init__(self, conn: socket.socket, pid: int, args: Sequence[str], pipes: list[int]):
+        self._conn = conn
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: int | None = None
+        self.stdin = os.fdopen(pipes[0], "wb") if pipes else None
+        self._outputs = pipes[1:]  # stdout's and stderr's read ends, where they are pipes
+
+    def communicate(self, text: str) -> tuple[str, str]:
+        """Write `text` to stdin, read stdout and stderr to their ends, wait (Popen's, text)."""
+        assert self.stdin is not None and len(self._outputs) == 2
+        with contextlib.suppress(BrokenPipeError):
+            self.stdin.write(text.encode())
+        with contextlib.suppress(BrokenPipeError):
+            self.stdin.close()
+        read: dict[int, list[bytes]] = {fd: [] for fd in self._outputs}
+        open_fds = list(self._outputs)
+        while open_fds:
+            for fd in select.select(open_fds, [], [])[0]:
+                chunk = os.read(fd, 65536)
+                if chunk:
+                    read[fd].append(chunk)
+                else:
+                    open_fds.remove(fd)
+                    os.close(fd)
+        self.wait()
+        out, err = (b"".join(read[fd]).decode(errors="replace") for fd in self._outputs)
+        return out, err
+
+    def poll(self) -> int | None:
+        self._read(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            self._read(left)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _read(self, timeout: float | None) -> None:
+        if self.returncode is not None:
+            return
+        ready, _, _ = select.select([self._conn], [], [], timeout)
+        if not ready:
+            return
+        try:
+            data = self._conn.recv(4096)
+        except OSError:
+            data = b""
+        if data:
+            self.returncode = int(json.loads(data)["exit"])
+        else:  # the server died (its agents get SIGTERM with it): wait for ours to be gone
+            while _alive(self.pid):
+                time.sleep(0.05)
+            self.returncode = -signal.SIGTERM
+        self._conn.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rpartition(")")[2].split()[0] != "Z"  # a zombie is gone for us
+    return True
+
+
+def start(
+    module: str, args: Sequence[str], env: dict[str, str], pipes: int = 0
+) -> WarmProcess | None:
+    """`python -m MODULE ARGS` in `env`, forked by the warm server with this process's
+    working directory and standard streams (the first `pipes` of stdin, stdout and stderr
+    new pipes instead), in a session of its own; None where no server serves it (`refused`
+    says why)."""
+    refused.clear()
+    path = env.get(SERVER_ENV)
+    if not path:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    theirs, ours = [0, 1, 2], []
+    try:
+        conn.connect(path)
+        for fd in range(pipes):
+            read_end, write_end = os.pipe()
+            theirs[fd], mine = (read_end, write_end) if fd == 0 else (write_end, read_end)
+            ours.append(mine)
+        ignored = [s.name for s in _RESET if signal.getsignal(s) == signal.SIG_IGN]
+        message = {"module": module, "args": list(args), "env": env, "cwd": os.getcwd()}
+        message.update(ignored=ignored, executable=sys.executable, runner=_runner_dir())
+        sys.stdout.flush()
+        sys.stderr.flush()
+        socket.send_fds(conn, [json.dumps(message).encode()], theirs)
+        ready, _, _ = select.select([conn], [], [], _ANSWER_S)
+        reply = json.loads(conn.recv(4096) or b'{"error": "the server went away"}') if ready else {}
+    except (OSError, ValueError) as exc:
+        reply = {"error": f"no warm server at {path} ({exc})"}
+    finally:
+        for fd in theirs[:pipes]:
+            os.close(fd)
+    if "pid" not in reply:
+        refused.append(reply.get("error", "the server did not answer"))
+        conn.close()
+        for fd in ours:
+            os.close(fd)
+        return None
+    return WarmProcess(conn, int(reply["pid"]), [sys.executable, "-m", module, *args], ours)
+
+
+def _runner_dir() -> str:
+    import runner
+
+    return os.path.dirname(runner.__file__)

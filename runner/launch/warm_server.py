@@ -1,0 +1,203 @@
+"""A warm start for many runs in a row: one process imports torch and the agent's modules
+once, then forks the agent of every `runner` command that asks for one.
+
+    python -m runner.launch.warm_server /tmp/runner-warm.sock &
+    export RUNNER_WARM_SERVER=/tmp/runner-warm.sock
+
+A run's agent otherwise starts as a new interpreter that imports torch, torch._dynamo and
+Hydra's instantiate (about 3 CPU-seconds here, most of a short run's cost); forked from this
+server it has them already, and so has the fork server it forks for its ranks
+(runner.launch.fork_server, whose way of becoming `python -m MODULE ARGS` this reuses: the
+command's environment, working directory, standard streams, signals and a session of its
+own). The command (runner.cli.warm_start) falls back to a new interpreter whenever this
+server cannot serve it: none listening, another Python or another copy of runner, or an
+environment that differs from the server's in what a library reads as it loads (OMP_*,
+TORCH_*, CUDA_*, LD_*, ...).
+
+One SOCK_SEQPACKET connection a process, one JSON message a packet:
+  command -> here: {"module", "args", "env", "cwd", "ignored", "executable", "runner"}
+                   with fds 0, 1, 2 attached
+  here -> command: {"pid": N} or {"error": "..."}; then {"exit": C} when it ends
+                   (C as subprocess.Popen reports it), and the connection closes.
+A command that goes away first leaves its agent a SIGTERM, as the kernel gives a new
+interpreter's agent (PR_SET_PDEATHSIG) when its command dies. The server forks only while
+it has a single thread and CUDA uninitialized, and never holds a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import runner
+from runner.heartbeat import STOP_SIGNALS
+from runner.launch import fork_server
+from runner.processes import die_with_parent, keep_extensions_in_environment, quiet_library_noise
+
+# What the agent imports before it knows the run (runner.launch.torch_setup.import_torch),
+# the agent itself, and what its fork server imports for every rank.
+PRELOAD = (
+    "hydra.utils",
+    "torch",
+    "torch._dynamo",
+    "torch.distributed.elastic.agent.server.api",
+    "torch.distributed.launcher.api",
+    "runner.launch.agent",
+    *fork_server.PRELOAD,
+)
+# Environment a library reads as it loads (thread pools, allocators, torch's flags): a
+# request whose values differ from the server's gets a new interpreter instead.
+READ_AT_LOAD = (
+    "TORCH", "PYTORCH", "OMP_", "MKL_", "OPENBLAS", "GOTO", "KMP_", "CUDA", "NCCL", "NVIDIA",
+    "LD_", "MALLOC", "GLIBC", "DS_", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONOPTIMIZE",
+    "PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONSAFEPATH",
+)  # fmt: skip
+SERVER_ENV = "RUNNER_WARM_SERVER"  # the socket's path, where `runner` looks for this server
+FORKED_ENV = "RUNNER_WARM_STARTED"  # set in a process this server forked
+
+
+def mismatch(env: dict[str, str], own: dict[str, str]) -> str | None:
+    """The first variable read at load that `env` and `own` disagree on, or None."""
+    for key in sorted(set(env) | set(own)):
+        if key.startswith(READ_AT_LOAD) and env.get(key) != own.get(key):
+            return key
+    return None
+
+
+def serve(path: Path) -> NoReturn:
+    """Import, then listen at `path` and fork what each connection asks, until SIGTERM."""
+    keep_extensions_in_environment()  # as the `runner` command sets it for its agent
+    own = dict(os.environ)  # what the imports saw (a request's own replaces it in the fork)
+    for sig in STOP_SIGNALS:  # a forked agent catches them itself (runner.launch.stopping)
+        signal.signal(sig, signal.SIG_IGN)
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # never CUDA's runtime here
+    quiet_library_noise()
+    fork_server._preload(PRELOAD)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.unlink(missing_ok=True)
+    listener.bind(str(staging))
+    listener.listen(64)
+    os.replace(staging, path)  # listening before anyone can connect: no refused first try
+    try:
+        _loop(listener, own)
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    os._exit(0)
+
+
+def _loop(listener: socket.socket, own: dict[str, str]) -> None:
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
+    waiting: set[socket.socket] = set()  # connected, request not read yet
+    children: dict[int, socket.socket | None] = {}  # pid -> its command's connection
+    while not stop:
+        watched = [listener, wake_r, *waiting, *(c for c in children.values() if c)]
+        try:
+            ready, _, _ = select.select(watched, [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 4096)
+        _reap(children)
+        for pid, conn in list(children.items()):
+            if conn is not None and conn in ready:  # the command is gone (nothing else comes)
+                conn.close()
+                children[pid] = None
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        if listener in ready:
+            with contextlib.suppress(OSError):
+                waiting.add(listener.accept()[0])
+        for conn in [c for c in ready if c in waiting]:
+            waiting.discard(conn)
+            closing = (listener.fileno(), wake_r, wake_w, *(c.fileno() for c in waiting))
+            closing += tuple(c.fileno() for c in children.values() if c)
+            pid = _answer(conn, own, closing)
+            if pid is None:
+                conn.close()
+            else:
+                children[pid] = conn
+    for pid in children:  # stopped: what we forked goes with us, as their commands' would
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
+def _answer(conn: socket.socket, own: dict[str, str], closing: tuple[int, ...]) -> int | None:
+    """Read a request on `conn` and fork it; the child's pid, or None (refused, or gone)."""
+    try:
+        data, fds, _, _ = socket.recv_fds(conn, fork_server.MAX_MESSAGE, 3)
+    except OSError:
+        return None
+    try:
+        if not data or len(fds) != 3:
+            return None
+        request = json.loads(data)
+        problem = _refusal(request, own) or fork_server._unsafe_to_fork()
+        if problem:
+            _send(conn, {"error": problem})
+            return None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        server = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            # the agent dies with this server, as a new interpreter's dies with its command
+            marks = {FORKED_ENV: "1", "RUNNER_PARENT_PID": str(server)}
+            fork_server.become(request, fds, (*closing, conn.fileno()), marks, server)
+        _send(conn, {"pid": pid})
+        return pid
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _refusal(request: dict[str, Any], own: dict[str, str]) -> str | None:
+    if request.get("executable") != sys.executable:
+        return f"another Python ({request.get('executable')}, the server's {sys.executable})"
+    if request.get("runner") != os.path.dirname(runner.__file__):
+        return f"another copy of runner ({request.get('runner')})"
+    key = mismatch(request.get("env", {}), own)
+    if key is not None:
+        return f"{key} differs from the server's environment"
+    return None
+
+
+def _reap(children: dict[int, socket.socket | None]) -> None:
+    for pid, code in fork_server.reaped():
+        conn = children.pop(pid, None)
+        if conn is not None:
+            _send(conn, {"exit": code})
+            conn.close()
+
+
+def _send(conn: socket.socket, message: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):  # the command went away: it cannot hear us anyway
+        conn.send(json.dumps(message).encode())
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m runner.launch.warm_server SOCKET_PATH")
+    parent = os.environ.get("RUNNER_WARM_SERVER_PARENT")  # a test suite's worker, say
+    if parent:
+        die_with_parent(signal.SIGTERM, int(parent))
+    serve(Path(sys.argv[1]).absolute())
+
+
+if __name__ == "__main__":
+    main()

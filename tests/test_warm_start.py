@@ -1,0 +1,95 @@
+"""The warm server (runner.launch.warm_server): an agent forked from it trains what a new
+interpreter's does, a request it cannot serve gets a new interpreter, and a command that
+dies leaves its warm agent a SIGTERM, as a new interpreter's gets from the kernel."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from runner.launch.warm_server import SERVER_ENV, mismatch
+from tests.helpers import warm
+from tests.helpers.cli import FAST, HANG, RESTARTABLE, child_env, runner_command
+from tests.helpers.weights import same_weights
+
+# This module picks, run by run, whether the command may use the suite's warm server.
+COLD_START = True
+
+
+def _forked_cpu(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.children_user + times.children_system
+
+
+def _run(tmp_path: Path, name: str, env: dict[str, str], *overrides: str):
+    return subprocess.run(
+        runner_command(*RESTARTABLE, *overrides, f"hydra.run.dir={tmp_path / name}"),
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_warm_agent_trains_what_a_new_interpreters_agent_does(tmp_path):
+    socket_path = warm.start()
+    server = warm.server_pid()
+    assert server is not None
+    cold = _run(tmp_path, "cold", child_env())
+    assert cold.returncode == 0, cold.stderr
+    before = _forked_cpu(server)
+    hot = _run(tmp_path, "warm", {**child_env(), SERVER_ENV: socket_path})
+    assert hot.returncode == 0, hot.stderr
+    assert _forked_cpu(server) > before + 0.2  # its agent and ranks ran below the server
+    finals = [json.loads((tmp_path / n / "summary.json").read_text()) for n in ("cold", "warm")]
+    losses = [{k: v for k, v in f["final"].items() if "loss" in k} for f in finals]
+    assert losses[0] == losses[1] and losses[0]
+    assert same_weights(tmp_path / "cold", tmp_path / "warm")
+    # another environment where a library reads it as it loads: a new interpreter
+    assert mismatch({**child_env(), "OMP_NUM_THREADS": "2"}, child_env()) == "OMP_NUM_THREADS"
+    other = {**child_env(), SERVER_ENV: socket_path, "OMP_NUM_THREADS": "2"}
+    before = _forked_cpu(server)
+    refused = _run(tmp_path, "refused", other, "max_steps=2")
+    assert refused.returncode == 0, refused.stderr
+    assert _forked_cpu(server) == pytest.approx(before, abs=0.05)
+    # no server at that path any more: a new interpreter too
+    gone = {**child_env(), SERVER_ENV: str(tmp_path / "nobody.sock")}
+    assert _run(tmp_path, "no-server", gone, "max_steps=2").returncode == 0
+
+
+@pytest.mark.slow
+def test_a_command_killed_leaves_its_warm_agent_a_sigterm_and_the_run_resumes(tmp_path):
+    socket_path = warm.start()
+    server = warm.server_pid()
+    env = {**child_env(), SERVER_ENV: socket_path}
+    run_dir = tmp_path / "run"
+    overrides = [*FAST, "max_epochs=null", "max_steps=400", "log_interval=1",
+                 "checkpoint.interval=5", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    command = subprocess.Popen(
+        runner_command(*overrides), cwd=tmp_path, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + HANG
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 8):
+        assert command.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    agents = [p for p in psutil.Process(server).children() if p.status() != psutil.STATUS_ZOMBIE]
+    assert agents, "the agent is not the warm server's"
+    command.kill()
+    command.wait()
+    psutil.wait_procs(agents, timeout=HANG)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert not [p for p in psutil.Process(server).children(recursive=True) if p.is_running()]
+    resumed = subprocess.run(
+        runner_command(*overrides[:-1], "max_steps=30", f"hydra.run.dir={run_dir}", "resume=auto"),
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert os.path.exists(run_dir / "model.pt")
