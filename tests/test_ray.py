@@ -17,6 +17,9 @@ import torch
 from runner.launch.ray_launch import LOCAL_CLUSTER
 from tests.helpers.cli import FAST, HANG
 
+# SLURM's and Ray's processes as they start them: no warm server (tests/helpers/warm.py)
+COLD_START = True
+
 pytestmark = [pytest.mark.slow, pytest.mark.ray]  # make test-ray
 pytest.importorskip("ray")
 

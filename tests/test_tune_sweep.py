@@ -15,6 +15,9 @@ import pytest
 from runner.sweeps.ray_cluster import resource_problems
 from tests.helpers.cli import FAST, HANG, run_sweep, start_runner, wait_until
 
+# SLURM's and Ray's processes as they start them: no warm server (tests/helpers/warm.py)
+COLD_START = True
+
 TUNE = "hydra/launcher=tune"
 SHORT = [*FAST, "max_epochs=null", "nproc=1", "eval_interval=20", "log_interval=20"]
 

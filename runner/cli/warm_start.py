@@ -132,6 +132,7 @@ def start(
         ignored = [s.name for s in _RESET if signal.getsignal(s) == signal.SIG_IGN]
         message = {"module": module, "args": list(args), "env": env, "cwd": os.getcwd()}
         message.update(ignored=ignored, executable=sys.executable, runner=_runner_dir())
+        message["place"] = place()
         sys.stdout.flush()
         sys.stderr.flush()
         socket.send_fds(conn, [json.dumps(message).encode()], theirs)
@@ -149,6 +150,18 @@ def start(
             os.close(fd)
         return None
     return WarmProcess(conn, int(reply["pid"]), [sys.executable, "-m", module, *args], ours)
+
+
+def place() -> dict[str, str]:
+    """Where this process lives: its cgroup and namespaces. A SLURM job step's, a container's
+    or another network namespace's command must not have its agent forked outside them."""
+    found = {}
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as cgroup:
+        found["cgroup"] = cgroup.read()
+    for ns in ("mnt", "net", "pid", "user"):
+        with contextlib.suppress(OSError):
+            found[ns] = os.readlink(f"/proc/self/ns/{ns}")
+    return found
 
 
 def _runner_dir() -> str:

@@ -10,9 +10,9 @@ server it has them already, and so has the fork server it forks for its ranks
 (runner.launch.fork_server, whose way of becoming `python -m MODULE ARGS` this reuses: the
 command's environment, working directory, standard streams, signals and a session of its
 own). The command (runner.cli.warm_start) falls back to a new interpreter whenever this
-server cannot serve it: none listening, another Python or another copy of runner, or an
-environment that differs from the server's in what a library reads as it loads (OMP_*,
-TORCH_*, CUDA_*, LD_*, ...).
+server cannot serve it: none listening, another Python or another copy of runner, another
+cgroup or namespace (a SLURM job step's, a container's), or an environment that differs
+from the server's in what a library reads as it loads (OMP_*, TORCH_*, CUDA_*, LD_*, ...).
 
 One SOCK_SEQPACKET connection a process, one JSON message a packet:
   command -> here: {"module", "args", "env", "cwd", "ignored", "executable", "runner"}
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import runner
+from runner.cli import warm_start
 from runner.heartbeat import STOP_SIGNALS
 from runner.launch import fork_server
 from runner.processes import die_with_parent, keep_extensions_in_environment, quiet_library_noise
@@ -171,6 +172,8 @@ def _refusal(request: dict[str, Any], own: dict[str, str]) -> str | None:
         return f"another Python ({request.get('executable')}, the server's {sys.executable})"
     if request.get("runner") != os.path.dirname(runner.__file__):
         return f"another copy of runner ({request.get('runner')})"
+    if request.get("place") != warm_start.place():
+        return "another cgroup or namespace (a job step's, a container's)"
     key = mismatch(request.get("env", {}), own)
     if key is not None:
         return f"{key} differs from the server's environment"

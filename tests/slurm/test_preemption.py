@@ -18,6 +18,9 @@ from tests.helpers.cli import runner_command
 from tests.slurm import jobs
 from tests.slurm.jobs import SUBMITIT_2_NODES
 
+# SLURM's and Ray's processes as they start them: no warm server (tests/helpers/warm.py)
+COLD_START = True
+
 STEPS = 240
 TRAIN = [
     *jobs.FAST,

@@ -10,6 +10,9 @@ from tests.helpers.equivalence import relative_error
 from tests.slurm import jobs
 from tests.slurm.jobs import SUBMITIT_2_NODES, TRAIN, runner
 
+# SLURM's and Ray's processes as they start them: no warm server (tests/helpers/warm.py)
+COLD_START = True
+
 RTOL = 1e-5
 
 
