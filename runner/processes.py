@@ -206,3 +206,15 @@ class _KnownNoise(logging.Filter):
 def quiet_library_noise() -> None:
     """Leave out of every process's output what only the libraries' authors can act on."""
     logging.getLogger("torch.utils._pytree").addFilter(_KnownNoise())
+
+
+def process_place() -> dict[str, str]:
+    """Where this process lives: its cgroup and namespaces. A SLURM job step's, a container's
+    or another network namespace's command must not have its agent forked outside them."""
+    found = {}
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as cgroup:
+        found["cgroup"] = cgroup.read()
+    for ns in ("mnt", "net", "pid", "user"):
+        with contextlib.suppress(OSError):
+            found[ns] = os.readlink(f"/proc/self/ns/{ns}")
+    return found

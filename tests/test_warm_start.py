@@ -44,6 +44,7 @@ def test_a_warm_agent_trains_what_a_new_interpreters_agent_does(tmp_path):
     before = _forked_cpu(server)
     hot = _run(tmp_path, "warm", {**child_env(), SERVER_ENV: socket_path})
     assert hot.returncode == 0, hot.stderr
+    assert "Warning" not in hot.stderr, hot.stderr  # what a fork adds: nothing on the console
     assert _forked_cpu(server) > before + 0.2  # its agent and ranks ran below the server
     finals = [json.loads((tmp_path / n / "summary.json").read_text()) for n in ("cold", "warm")]
     losses = [{k: v for k, v in f["final"].items() if "loss" in k} for f in finals]

@@ -17,6 +17,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from runner.processes import process_place
+
 SERVER_ENV = "RUNNER_WARM_SERVER"  # runner.launch.warm_server.SERVER_ENV
 # Signals a new interpreter resets to their defaults unless they are ignored here
 # (runner.launch.fork_server.RESET_SIGNALS)
@@ -132,7 +134,7 @@ def start(
         ignored = [s.name for s in _RESET if signal.getsignal(s) == signal.SIG_IGN]
         message = {"module": module, "args": list(args), "env": env, "cwd": os.getcwd()}
         message.update(ignored=ignored, executable=sys.executable, runner=_runner_dir())
-        message["place"] = place()
+        message["place"] = process_place()
         sys.stdout.flush()
         sys.stderr.flush()
         socket.send_fds(conn, [json.dumps(message).encode()], theirs)
@@ -150,18 +152,6 @@ def start(
             os.close(fd)
         return None
     return WarmProcess(conn, int(reply["pid"]), [sys.executable, "-m", module, *args], ours)
-
-
-def place() -> dict[str, str]:
-    """Where this process lives: its cgroup and namespaces. A SLURM job step's, a container's
-    or another network namespace's command must not have its agent forked outside them."""
-    found = {}
-    with contextlib.suppress(OSError), open("/proc/self/cgroup") as cgroup:
-        found["cgroup"] = cgroup.read()
-    for ns in ("mnt", "net", "pid", "user"):
-        with contextlib.suppress(OSError):
-            found[ns] = os.readlink(f"/proc/self/ns/{ns}")
-    return found
 
 
 def _runner_dir() -> str:

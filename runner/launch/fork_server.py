@@ -223,6 +223,7 @@ def become(
         command = [sys.executable, "-u", "-m", request["module"], *request["args"]]
         set_title(" ".join(command))  # what ps shows for a spawned rank
         sys.argv = [request["module"], *request["args"]]
+        sys.modules.pop(request["module"], None)  # preloaded (the agent): runpy runs it anew
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:

@@ -37,10 +37,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import runner
-from runner.cli import warm_start
 from runner.heartbeat import STOP_SIGNALS
 from runner.launch import fork_server
-from runner.processes import die_with_parent, keep_extensions_in_environment, quiet_library_noise
+from runner.processes import (
+    die_with_parent,
+    keep_extensions_in_environment,
+    process_place,
+    quiet_library_noise,
+)
 
 # What the agent imports before it knows the run (runner.launch.torch_setup.import_torch),
 # the agent itself, and what its fork server imports for every rank.
@@ -172,7 +176,7 @@ def _refusal(request: dict[str, Any], own: dict[str, str]) -> str | None:
         return f"another Python ({request.get('executable')}, the server's {sys.executable})"
     if request.get("runner") != os.path.dirname(runner.__file__):
         return f"another copy of runner ({request.get('runner')})"
-    if request.get("place") != warm_start.place():
+    if request.get("place") != process_place():
         return "another cgroup or namespace (a job step's, a container's)"
     key = mismatch(request.get("env", {}), own)
     if key is not None:
@@ -196,6 +200,9 @@ def _send(conn: socket.socket, message: dict[str, Any]) -> None:
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m runner.launch.warm_server SOCKET_PATH")
+    # First, while the environment is as the interpreter laid it out: setproctitle sets up
+    # here what lets each fork show its own command line (an agent's, a rank's: ps, pkill -f)
+    fork_server.set_title(f"runner warm server: {sys.argv[1]}")
     parent = os.environ.get("RUNNER_WARM_SERVER_PARENT")  # a test suite's worker, say
     if parent:
         die_with_parent(signal.SIGTERM, int(parent))
