@@ -27,6 +27,16 @@ FORKED_ENV = "RUNNER_FORKED"  # set in a forked rank (its log's first line says 
 # so rank 0 draws none (plain lines where it would print them); the job's config is untouched
 NO_BAR_ENV = "RUNNER_NO_PROGRESS_BAR"
 EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"  # where torch builds C++ extensions (DeepSpeed's ops)
+WARM_SERVER_ENV = "RUNNER_WARM_SERVER"  # a warm server's socket (runner.launch.warm_server)
+# Signals exec resets to their defaults unless they are ignored: what a fork that becomes a
+# new command (a rank, a warm agent) resets, keeping the ones its starter ignores
+EXEC_RESET_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD)
+
+
+def ignored_signals() -> list[str]:
+    """The names of EXEC_RESET_SIGNALS this process ignores (a job started in the background
+    ignores SIGINT), which a command it starts keeps ignoring."""
+    return [s.name for s in EXEC_RESET_SIGNALS if signal.getsignal(s) == signal.SIG_IGN]
 
 
 def keep_extensions_in_environment() -> None:

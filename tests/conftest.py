@@ -112,7 +112,7 @@ def zero2_offload_run(tmp_path_factory) -> CliResult:
 def _warm_agents(request):
     """Each run's agent forked from this process's warm server (tests/helpers/warm.py), in a
     module with a run that does not say COLD_START = True; a new interpreter otherwise."""
-    from runner.launch.warm_server import SERVER_ENV
+    from runner.processes import WARM_SERVER_ENV as SERVER_ENV
     from tests.helpers import warm
 
     module = request.module
@@ -132,7 +132,7 @@ def _warm_agents(request):
 def _cold_start(request, monkeypatch):
     """A test marked cold_start runs its commands without the warm server."""
     if request.node.get_closest_marker("cold_start") is not None:
-        from runner.launch.warm_server import SERVER_ENV
+        from runner.processes import WARM_SERVER_ENV as SERVER_ENV
 
         monkeypatch.delenv(SERVER_ENV, raising=False)
 

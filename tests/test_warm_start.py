@@ -13,7 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runner.launch.warm_server import SERVER_ENV, mismatch
+from runner.launch.warm_server import mismatch
+from runner.processes import WARM_SERVER_ENV as SERVER_ENV
 from tests.helpers import warm
 from tests.helpers.cli import FAST, HANG, RESTARTABLE, child_env, runner_command
 from tests.helpers.weights import same_weights

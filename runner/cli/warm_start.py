@@ -17,15 +17,9 @@ import sys
 import time
 from collections.abc import Sequence
 
-from runner.processes import process_place
+from runner.processes import WARM_SERVER_ENV, ignored_signals, process_place
 
-SERVER_ENV = "RUNNER_WARM_SERVER"  # runner.launch.warm_server.SERVER_ENV
-# Signals a new interpreter resets to their defaults unless they are ignored here
-# (runner.launch.fork_server.RESET_SIGNALS)
-_RESET = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD)
 _ANSWER_S = 30.0  # a server that takes longer to fork is stuck: a new interpreter instead
-
-refused: list[str] = []  # why the server did not serve this process's last request
 
 
 class WarmProcess:
@@ -117,10 +111,8 @@ def start(
 ) -> WarmProcess | None:
     """`python -m MODULE ARGS` in `env`, forked by the warm server with this process's
     working directory and standard streams (the first `pipes` of stdin, stdout and stderr
-    new pipes instead), in a session of its own; None where no server serves it (`refused`
-    says why)."""
-    refused.clear()
-    path = env.get(SERVER_ENV)
+    new pipes instead), in a session of its own; None where no server serves it."""
+    path = env.get(WARM_SERVER_ENV)
     if not path:
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -131,9 +123,8 @@ def start(
             read_end, write_end = os.pipe()
             theirs[fd], mine = (read_end, write_end) if fd == 0 else (write_end, read_end)
             ours.append(mine)
-        ignored = [s.name for s in _RESET if signal.getsignal(s) == signal.SIG_IGN]
         message = {"module": module, "args": list(args), "env": env, "cwd": os.getcwd()}
-        message.update(ignored=ignored, executable=sys.executable, runner=_runner_dir())
+        message.update(ignored=ignored_signals(), executable=sys.executable, runner=_runner_dir())
         message["place"] = process_place()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -145,8 +136,7 @@ def start(
     finally:
         for fd in theirs[:pipes]:
             os.close(fd)
-    if "pid" not in reply:
-        refused.append(reply.get("error", "the server did not answer"))
+    if "pid" not in reply:  # reply["error"] says why (no server, another environment, ...)
         conn.close()
         for fd in ours:
             os.close(fd)

@@ -34,7 +34,13 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from runner.heartbeat import STOP_SIGNALS
-from runner.processes import FORKED_ENV, RANK_PARENT_ENV, die_with_parent, one_blas_thread
+from runner.processes import (
+    EXEC_RESET_SIGNALS,
+    FORKED_ENV,
+    RANK_PARENT_ENV,
+    die_with_parent,
+    one_blas_thread,
+)
 
 # Imported by every rank on any run; importing them here is what the fork server is for.
 PRELOAD = (
@@ -47,9 +53,6 @@ PRELOAD = (
     "runner.engines.ddp",
 )
 MAX_MESSAGE = 1 << 20
-# Signals a forked rank gets back as exec would leave them (SIGPIPE: Python ignores it anyway;
-# SIGUSR1/SIGUSR2 stay ignored: a stop is the agent's business, runner.launch.stopping).
-RESET_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD)
 
 
 def serve(conn: socket.socket, agent_pid: int) -> NoReturn:
@@ -211,7 +214,7 @@ def become(
         # as after exec: what the agent ignores stays ignored, the rest is the default (and
         # SIGINT raises KeyboardInterrupt, as a new interpreter sets it up)
         ignored = {getattr(signal, name) for name in request.get("ignored", ())}
-        for sig in RESET_SIGNALS:
+        for sig in EXEC_RESET_SIGNALS:  # (SIGUSR1/2 stay ignored: runner.launch.stopping)
             default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
             signal.signal(sig, signal.SIG_IGN if sig in ignored else default)
         for target, fd in enumerate(fds):

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from runner.launch import fork_server
+from runner.processes import ignored_signals
 from runner.spec import RunSpec
 from runner.spec.parallelism_specs import DEEPSPEED_SPECS
 
@@ -121,9 +122,7 @@ class ForkServer:
         """Start `python [-u] -m MODULE ARGS...` (torch elastic's command line) as a fork."""
         module, rest = _module_command(args)
         # exec keeps an ignored signal ignored (a job started in the background ignores SIGINT)
-        ignored = [
-            s.name for s in fork_server.RESET_SIGNALS if signal.getsignal(s) == signal.SIG_IGN
-        ]
+        ignored = ignored_signals()
         message = {"op": "fork", "module": module, "args": rest, "env": env, "cwd": os.getcwd()}
         message["ignored"] = ignored
         with self._lock:

@@ -64,8 +64,6 @@ READ_AT_LOAD = (
     "LD_", "MALLOC", "GLIBC", "DS_", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONOPTIMIZE",
     "PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONSAFEPATH",
 )  # fmt: skip
-SERVER_ENV = "RUNNER_WARM_SERVER"  # the socket's path, where `runner` looks for this server
-FORKED_ENV = "RUNNER_WARM_STARTED"  # set in a process this server forked
 
 
 def mismatch(env: dict[str, str], own: dict[str, str]) -> str | None:
@@ -162,7 +160,7 @@ def _answer(conn: socket.socket, own: dict[str, str], closing: tuple[int, ...]) 
         pid = os.fork()
         if pid == 0:
             # the agent dies with this server, as a new interpreter's dies with its command
-            marks = {FORKED_ENV: "1", "RUNNER_PARENT_PID": str(server)}
+            marks = {"RUNNER_PARENT_PID": str(server)}
             fork_server.become(request, fds, (*closing, conn.fileno()), marks, server)
         _send(conn, {"pid": pid})
         return pid

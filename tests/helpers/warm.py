@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from runner.launch.warm_server import SERVER_ENV
+from runner.processes import WARM_SERVER_ENV as SERVER_ENV
 from tests.helpers.cli import HANG, child_env
 
 _server: list[subprocess.Popen] = []
