@@ -148,6 +148,9 @@ def pytest_sessionfinish(session) -> None:
 # rank, a child interpreter) is slow by definition, and this holds it to that.
 
 
+LOOKUPS = {"ldconfig", "fc-list"}
+
+
 @pytest.fixture(autouse=True)
 def _fast_tests_start_no_process(request, monkeypatch):
     if request.node.get_closest_marker("slow") is not None:
@@ -158,9 +161,10 @@ def _fast_tests_start_no_process(request, monkeypatch):
     process_start = multiprocessing.process.BaseProcess.start
 
     def noting_popen(self, args, *rest, **kwargs):
-        # ctypes.util.find_library asks ldconfig where a shared library is (a library's
-        # first import can): a lookup, not a run, a rank or a worker
-        if not (isinstance(args, list | tuple) and str(args[0]).endswith("ldconfig")):
+        # lookups, not a run, a rank or a worker: ctypes.util.find_library asks ldconfig
+        # where a shared library is (a library's first import can), and matplotlib's first
+        # import on a machine lists its fonts with fc-list (then keeps them in its cache)
+        if not (isinstance(args, list | tuple) and Path(str(args[0])).name in LOOKUPS):
             started.append(f"subprocess {args!r}"[:200])
         popen_init(self, args, *rest, **kwargs)
 
