@@ -23,6 +23,13 @@ from tests.helpers.weights import same_weights
 COLD_START = True
 
 
+def cache_dir() -> str:
+    """TORCHINDUCTOR_CACHE_DIR as torch's compiler sets it when it loads without one."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.path.abspath(default_cache_dir())
+
+
 def _forked_cpu(pid: int) -> float:
     times = psutil.Process(pid).cpu_times()
     return times.children_user + times.children_system
@@ -36,31 +43,49 @@ def _run(tmp_path: Path, name: str, env: dict[str, str], *overrides: str):
 
 
 @pytest.mark.slow
-def test_a_warm_agent_trains_what_a_new_interpreters_agent_does(tmp_path):
+def test_a_warm_agent_trains_what_a_new_interpreters_agent_does(tmp_path, capsys):
+    """The same weights and losses from a warm agent as from a new interpreter's (the command
+    named a server that is gone: it starts one, says so once, and trains). A command from a
+    process that imported torch's compiler (which sets TORCHINDUCTOR_CACHE_DIR as it loads)
+    is served warm; one whose environment differs in what a library reads at load is not."""
+    from runner.cli import warm_start
+
     socket_path = warm.start()
     server = warm.server_pid()
     assert server is not None
-    cold = _run(tmp_path, "cold", child_env())
+    gone = {**child_env(), SERVER_ENV: str(tmp_path / "nobody.sock")}
+    cold = _run(tmp_path, "cold", gone)
     assert cold.returncode == 0, cold.stderr
+    said = [line for line in cold.stderr.splitlines() if line.startswith(warm_start.FALLBACK)]
+    assert len(said) == 1 and "no warm server at" in said[0], cold.stderr
     before = _forked_cpu(server)
-    hot = _run(tmp_path, "warm", {**child_env(), SERVER_ENV: socket_path})
+    compiler = {"TORCHINDUCTOR_CACHE_DIR": cache_dir()}  # as torch's compiler leaves it
+    hot = _run(tmp_path, "warm", {**child_env(), SERVER_ENV: socket_path, **compiler})
     assert hot.returncode == 0, hot.stderr
     assert "Warning" not in hot.stderr, hot.stderr  # what a fork adds: nothing on the console
+    assert warm_start.FALLBACK not in hot.stderr, hot.stderr
     assert _forked_cpu(server) > before + 0.2  # its agent and ranks ran below the server
     finals = [json.loads((tmp_path / n / "summary.json").read_text()) for n in ("cold", "warm")]
     losses = [{k: v for k, v in f["final"].items() if "loss" in k} for f in finals]
     assert losses[0] == losses[1] and losses[0]
     assert same_weights(tmp_path / "cold", tmp_path / "warm")
-    # another environment where a library reads it as it loads: a new interpreter
+    # another environment where a library reads it as it loads: refused, and said (the
+    # command then starts a new interpreter, as the cold run above did)
     assert mismatch({**child_env(), "OMP_NUM_THREADS": "2"}, child_env()) == "OMP_NUM_THREADS"
     other = {**child_env(), SERVER_ENV: socket_path, "OMP_NUM_THREADS": "2"}
-    before = _forked_cpu(server)
-    refused = _run(tmp_path, "refused", other, "max_steps=2")
-    assert refused.returncode == 0, refused.stderr
-    assert _forked_cpu(server) == pytest.approx(before, abs=0.05)
-    # no server at that path any more: a new interpreter too
-    gone = {**child_env(), SERVER_ENV: str(tmp_path / "nobody.sock")}
-    assert _run(tmp_path, "no-server", gone, "max_steps=2").returncode == 0
+    assert warm_start.start("runner.launch.agent", ["-"], other, pipes=1) is None
+    assert "OMP_NUM_THREADS differs from the server's environment" in capsys.readouterr().err
+
+
+def test_a_value_a_library_sets_as_it_loads_is_the_servers_too() -> None:
+    own = {"OMP_NUM_THREADS": "1", "PATH": "/bin"}
+    loaded = {**own, "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_me"}
+    assert mismatch(own, own, loaded) is None  # as the server's imports saw it
+    assert mismatch(loaded, own, loaded) is None  # as they left it
+    other_dir = {**own, "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"}
+    assert mismatch(other_dir, own, loaded) == "TORCHINDUCTOR_CACHE_DIR"
+    assert mismatch({**own, "PATH": "/usr/bin"}, own, loaded) is None  # not read at load
+    assert mismatch({"PATH": "/bin"}, own, loaded) == "OMP_NUM_THREADS"
 
 
 @pytest.mark.slow

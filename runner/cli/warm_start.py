@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from runner.processes import WARM_SERVER_ENV, ignored_signals, process_place
 
+FALLBACK = "runner: the warm server does not serve this command"  # said on stderr, then why
 _ANSWER_S = 30.0  # a server that takes longer to fork is stuck: a new interpreter instead
 
 
@@ -140,6 +141,11 @@ def start(
         conn.close()
         for fd in ours:
             os.close(fd)
+        # said once a command: a fallback costs seconds of CPU, which a user who named the
+        # server would not know of otherwise
+        why = reply.get("error", "it did not answer")
+        print(f"{FALLBACK}: {why}; a new interpreter instead ({WARM_SERVER_ENV}={path})",
+              file=sys.stderr)  # fmt: skip
         return None
     return WarmProcess(conn, int(reply["pid"]), [sys.executable, "-m", module, *args], ours)
 

@@ -66,10 +66,18 @@ READ_AT_LOAD = (
 )  # fmt: skip
 
 
-def mismatch(env: dict[str, str], own: dict[str, str]) -> str | None:
-    """The first variable read at load that `env` and `own` disagree on, or None."""
-    for key in sorted(set(env) | set(own)):
-        if key.startswith(READ_AT_LOAD) and env.get(key) != own.get(key):
+def mismatch(
+    env: dict[str, str], own: dict[str, str], loaded: dict[str, str] | None = None
+) -> str | None:
+    """The first variable read at load on which `env` disagrees with `own` (the server's
+    environment as its imports saw it), or None. A value a library set as it loaded
+    (`loaded`: the server's environment after its imports; torch's compiler sets
+    TORCHINDUCTOR_CACHE_DIR to its default) agrees too: a new interpreter given it ends
+    where the server's imports did (a command started by a process that imported torch's
+    compiler itself passes it on)."""
+    loaded = own if loaded is None else loaded
+    for key in sorted(set(env) | set(own) | set(loaded)):
+        if key.startswith(READ_AT_LOAD) and env.get(key) not in (own.get(key), loaded.get(key)):
             return key
     return None
 
@@ -83,6 +91,7 @@ def serve(path: Path) -> NoReturn:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # never CUDA's runtime here
     quiet_library_noise()
     fork_server._preload(PRELOAD)
+    loaded = dict(os.environ)  # and what they set in it
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     staging = path.with_name(f".{path.name}.{os.getpid()}")
     staging.unlink(missing_ok=True)
@@ -90,14 +99,14 @@ def serve(path: Path) -> NoReturn:
     listener.listen(64)
     os.replace(staging, path)  # listening before anyone can connect: no refused first try
     try:
-        _loop(listener, own)
+        _loop(listener, (own, loaded))
     finally:
         with contextlib.suppress(OSError):
             path.unlink()
     os._exit(0)
 
 
-def _loop(listener: socket.socket, own: dict[str, str]) -> None:
+def _loop(listener: socket.socket, own: tuple[dict[str, str], dict[str, str]]) -> None:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -140,7 +149,9 @@ def _loop(listener: socket.socket, own: dict[str, str]) -> None:
             os.kill(pid, signal.SIGTERM)
 
 
-def _answer(conn: socket.socket, own: dict[str, str], closing: tuple[int, ...]) -> int | None:
+def _answer(
+    conn: socket.socket, own: tuple[dict[str, str], dict[str, str]], closing: tuple[int, ...]
+) -> int | None:
     """Read a request on `conn` and fork it; the child's pid, or None (refused, or gone)."""
     try:
         data, fds, _, _ = socket.recv_fds(conn, fork_server.MAX_MESSAGE, 3)
@@ -169,14 +180,14 @@ def _answer(conn: socket.socket, own: dict[str, str], closing: tuple[int, ...]) 
             os.close(fd)
 
 
-def _refusal(request: dict[str, Any], own: dict[str, str]) -> str | None:
+def _refusal(request: dict[str, Any], own: tuple[dict[str, str], dict[str, str]]) -> str | None:
     if request.get("executable") != sys.executable:
         return f"another Python ({request.get('executable')}, the server's {sys.executable})"
     if request.get("runner") != os.path.dirname(runner.__file__):
         return f"another copy of runner ({request.get('runner')})"
     if request.get("place") != process_place():
         return "another cgroup or namespace (a job step's, a container's)"
-    key = mismatch(request.get("env", {}), own)
+    key = mismatch(request.get("env", {}), *own)
     if key is not None:
         return f"{key} differs from the server's environment"
     return None

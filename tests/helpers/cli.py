@@ -71,7 +71,16 @@ def run_cli(tmp_path: Path, *overrides: str, name: str = "run", timeout: float =
         timeout=timeout,
         env=child_env(),
     )
+    served_warm(proc.stderr)
     return CliResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
+
+
+def served_warm(stderr: str) -> None:
+    """A command of a module with a warm server (tests/helpers/warm.py) was served by it: a
+    new interpreter instead costs the suite 3 CPU-seconds a run, and says so on stderr."""
+    from runner.cli.warm_start import FALLBACK
+
+    assert FALLBACK not in stderr, stderr[stderr.index(FALLBACK) :].split("\n")[0]
 
 
 def run_sweep(
@@ -87,6 +96,7 @@ def run_sweep(
         timeout=timeout,
         env=child_env(),
     )
+    served_warm(proc.stderr)
     return proc, root
 
 
@@ -104,8 +114,23 @@ ONE_THREAD = {
 }
 
 
+# The environment the suite started in, as a user's shell gives it to a command. The test
+# process's own imports add to os.environ what a library sets as it loads (torch's compiler
+# its cache directory, scikit-learn KMP_DUPLICATE_LIB_OK, DeepSpeed
+# PYTORCH_NVML_BASED_CUDA_CHECK): a command passed those would differ from the warm server,
+# started before them, in what a library reads at load, and its agent would be a new
+# interpreter (3 CPU-seconds a run) from the first such import on.
+_SHELL = dict(os.environ)
+
+
 def child_env() -> dict[str, str]:
-    env = {**os.environ, **ONE_THREAD}
+    """The environment of the commands a test runs: os.environ (a test's own variables
+    included), with what is read at load as the suite started, one thread a rank."""
+    from runner.launch.warm_server import READ_AT_LOAD
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(READ_AT_LOAD)}
+    env.update((k, v) for k, v in _SHELL.items() if k.startswith(READ_AT_LOAD))
+    env.update(ONE_THREAD)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
