@@ -39,7 +39,9 @@ def main() -> None:
 
 def _main() -> None:
     from runner.cli import planner_process
+    from runner.processes import keep_extensions_in_environment
 
+    keep_extensions_in_environment()  # before any process starts: every one inherits it
     planner_process.prestart(sys.argv[1:])  # its torch import overlaps all that follows
     from runner.cli import torch_release
 
@@ -49,10 +51,8 @@ def _main() -> None:
 
         sys.exit(export_main(sys.argv[2:]))
     from runner.cli import supervise
-    from runner.processes import keep_extensions_in_environment
 
     supervise.catch_early_asks()
-    keep_extensions_in_environment()  # before the agent starts: every process inherits it
     supervise.prestart_agent(sys.argv[1:])
     from runner.cli.main import main as cli_main
 
