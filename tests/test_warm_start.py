@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -120,3 +121,23 @@ def test_a_command_killed_leaves_its_warm_agent_a_sigterm_and_the_run_resumes(tm
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
     assert os.path.exists(run_dir / "model.pt")
+
+
+@pytest.mark.slow
+def test_a_warm_fork_runs_on_the_commands_cores(tmp_path):
+    """A command pinned to some cores (a sweep's job in its slot: hydra/launcher=runner) gets
+    a warm process pinned to them, as a new interpreter would inherit them."""
+    from runner.cli import warm_start
+    from runner.processes import EXTENSIONS_ENV
+
+    env = {**child_env(), SERVER_ENV: warm.start()}
+    env[EXTENSIONS_ENV] = os.path.join(sys.prefix, "torch_extensions")  # as `runner` sets it
+    out = tmp_path / "probe.json"
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(mine)})
+    try:
+        probe = warm_start.start("tests.helpers.forked_probe", [str(out)], env)
+    finally:
+        os.sched_setaffinity(0, mine)
+    assert probe is not None and probe.wait(timeout=HANG) == 0
+    assert json.loads(out.read_text())["affinity"] == [min(mine)]

@@ -127,6 +127,8 @@ def start(
         message = {"module": module, "args": list(args), "env": env, "cwd": os.getcwd()}
         message.update(ignored=ignored_signals(), executable=sys.executable, runner=_runner_dir())
         message["place"] = process_place()
+        if hasattr(os, "sched_getaffinity"):  # a sweep's job pinned to its slot's cores
+            message["affinity"] = sorted(os.sched_getaffinity(0))
         sys.stdout.flush()
         sys.stderr.flush()
         socket.send_fds(conn, [json.dumps(message).encode()], theirs)

@@ -247,6 +247,9 @@ def _fresh_process_state(request: dict[str, Any], marks: dict[str, str], parent:
     os.environ.update(marks)
     die_with_parent(signal.SIGKILL, parent)
     os.chdir(request["cwd"])
+    cores = request.get("affinity")  # the command's cores (the warm server's forks)
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
     # sys.path as `python -m` builds it: the working directory, PYTHONPATH, then the rest.
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     base = [p for p in sys.path[1:] if p not in extra]

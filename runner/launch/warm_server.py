@@ -15,8 +15,8 @@ cgroup or namespace (a SLURM job step's, a container's), or an environment that 
 from the server's in what a library reads as it loads (OMP_*, TORCH_*, CUDA_*, LD_*, ...).
 
 One SOCK_SEQPACKET connection a process, one JSON message a packet:
-  command -> here: {"module", "args", "env", "cwd", "ignored", "executable", "runner"}
-                   with fds 0, 1, 2 attached
+  command -> here: {"module", "args", "env", "cwd", "ignored", "executable", "runner",
+                   "place", "affinity"} with fds 0, 1, 2 attached
   here -> command: {"pid": N} or {"error": "..."}; then {"exit": C} when it ends
                    (C as subprocess.Popen reports it), and the connection closes.
 A command that goes away first leaves its agent a SIGTERM, as the kernel gives a new

@@ -35,6 +35,7 @@ def main() -> None:
         "threads": len(os.listdir("/proc/self/task")),
         "cmdline": cmdline,
         "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+        "affinity": sorted(os.sched_getaffinity(0)),
     }
     print("probe: on stdout", flush=True)
     with open(out, "w") as f:
