@@ -87,6 +87,13 @@ def test_a_value_a_library_sets_as_it_loads_is_the_servers_too() -> None:
     assert mismatch(other_dir, own, loaded) == "TORCHINDUCTOR_CACHE_DIR"
     assert mismatch({**own, "PATH": "/usr/bin"}, own, loaded) is None  # not read at load
     assert mismatch({"PATH": "/bin"}, own, loaded) == "OMP_NUM_THREADS"
+    # a sweep's job on its GPUs: read as CUDA initializes, which the server never does
+    assert mismatch({**own, "CUDA_VISIBLE_DEVICES": "1"}, own, loaded) is None
+    assert mismatch({**own, "CUDA_HOME": "/opt/cuda"}, own, loaded) == "CUDA_HOME"
+    # scikit-learn's setting for Intel's OpenMP, which the server did not load
+    intel = {**own, "KMP_DUPLICATE_LIB_OK": "True"}
+    assert mismatch(intel, own, loaded) == "KMP_DUPLICATE_LIB_OK"
+    assert mismatch(intel, own, loaded, unread=("KMP_",)) is None
 
 
 @pytest.mark.slow

@@ -34,9 +34,11 @@ class WarmProcess:
         self.stdin = os.fdopen(pipes[0], "wb") if pipes else None
         self._outputs = pipes[1:]  # stdout's and stderr's read ends, where they are pipes
 
-    def communicate(self, text: str) -> tuple[str, str]:
-        """Write `text` to stdin, read stdout and stderr to their ends, wait (Popen's, text)."""
+    def communicate(self, text: str, timeout: float | None = None) -> tuple[str, str]:
+        """Write `text` to stdin, read stdout and stderr to their ends, wait (Popen's, text);
+        subprocess.TimeoutExpired after `timeout` seconds, the process left running."""
         assert self.stdin is not None and len(self._outputs) == 2
+        deadline = None if timeout is None else time.monotonic() + timeout
         with contextlib.suppress(BrokenPipeError):
             self.stdin.write(text.encode())
         with contextlib.suppress(BrokenPipeError):
@@ -44,14 +46,19 @@ class WarmProcess:
         read: dict[int, list[bytes]] = {fd: [] for fd in self._outputs}
         open_fds = list(self._outputs)
         while open_fds:
-            for fd in select.select(open_fds, [], [])[0]:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                for fd in open_fds:
+                    os.close(fd)
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            for fd in select.select(open_fds, [], [], left)[0]:
                 chunk = os.read(fd, 65536)
                 if chunk:
                     read[fd].append(chunk)
                 else:
                     open_fds.remove(fd)
                     os.close(fd)
-        self.wait()
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         out, err = (b"".join(read[fd]).decode(errors="replace") for fd in self._outputs)
         return out, err
 
@@ -108,11 +115,15 @@ def _alive(pid: int) -> bool:
 
 
 def start(
-    module: str, args: Sequence[str], env: dict[str, str], pipes: int = 0
+    module: str,
+    args: Sequence[str],
+    env: dict[str, str],
+    pipes: int = 0,
+    cwd: str | None = None,
 ) -> WarmProcess | None:
     """`python -m MODULE ARGS` in `env`, forked by the warm server with this process's
-    working directory and standard streams (the first `pipes` of stdin, stdout and stderr
-    new pipes instead), in a session of its own; None where no server serves it."""
+    working directory (or `cwd`) and standard streams (the first `pipes` of stdin, stdout
+    and stderr new pipes instead), in a session of its own; None where no server serves it."""
     path = env.get(WARM_SERVER_ENV)
     if not path:
         return None
@@ -124,7 +135,7 @@ def start(
             read_end, write_end = os.pipe()
             theirs[fd], mine = (read_end, write_end) if fd == 0 else (write_end, read_end)
             ours.append(mine)
-        message = {"module": module, "args": list(args), "env": env, "cwd": os.getcwd()}
+        message = {"module": module, "args": list(args), "env": env, "cwd": cwd or os.getcwd()}
         message.update(ignored=ignored_signals(), executable=sys.executable, runner=_runner_dir())
         message["place"] = process_place()
         if hasattr(os, "sched_getaffinity"):  # a sweep's job pinned to its slot's cores

@@ -34,7 +34,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import runner
 from runner.heartbeat import STOP_SIGNALS
@@ -66,20 +66,55 @@ READ_AT_LOAD = (
 )  # fmt: skip
 
 
+# Read by CUDA as it initializes, which no server ever does (it forks only while CUDA is
+# uninitialized, and torch counts GPUs through NVML anew each time until then): a sweep's job
+# gets its GPUs by CUDA_VISIBLE_DEVICES, and its warm agent sees them as a new interpreter would.
+READ_AT_CUDA_INIT = (
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING", "CUDA_MODULE_LOADING",
+)  # fmt: skip
+# Prefixes only one library reads, as it loads: where the server has not loaded it, a fork
+# that does reads the request's own (scikit-learn sets KMP_* for Intel's OpenMP, which a torch
+# built with GNU OpenMP never loads; an Optuna sweep passes them to its jobs).
+READ_BY_LIBRARY = {"KMP_": "libiomp"}
+
+
 def mismatch(
-    env: dict[str, str], own: dict[str, str], loaded: dict[str, str] | None = None
+    env: dict[str, str],
+    own: dict[str, str],
+    loaded: dict[str, str] | None = None,
+    unread: tuple[str, ...] = (),
 ) -> str | None:
     """The first variable read at load on which `env` disagrees with `own` (the server's
     environment as its imports saw it), or None. A value a library set as it loaded
     (`loaded`: the server's environment after its imports; torch's compiler sets
     TORCHINDUCTOR_CACHE_DIR to its default) agrees too: a new interpreter given it ends
     where the server's imports did (a command started by a process that imported torch's
-    compiler itself passes it on)."""
+    compiler itself passes it on). `unread`: prefixes no library the server loaded reads."""
     loaded = own if loaded is None else loaded
     for key in sorted(set(env) | set(own) | set(loaded)):
-        if key.startswith(READ_AT_LOAD) and env.get(key) not in (own.get(key), loaded.get(key)):
+        if not key.startswith(READ_AT_LOAD) or key in READ_AT_CUDA_INIT or key.startswith(unread):
+            continue
+        if env.get(key) not in (own.get(key), loaded.get(key)):
             return key
     return None
+
+
+class Environment(NamedTuple):
+    """The server's environment, as a request is held against it (`mismatch`)."""
+
+    own: dict[str, str]  # as its imports saw it
+    loaded: dict[str, str]  # as they left it
+    unread: tuple[str, ...]  # prefixes no library it loaded reads
+
+
+def unread_prefixes() -> tuple[str, ...]:
+    """The READ_BY_LIBRARY prefixes whose library this process has not loaded."""
+    try:
+        with open("/proc/self/maps") as maps:
+            mapped = maps.read()
+    except OSError:  # not Linux: every prefix counts
+        return ()
+    return tuple(p for p, library in READ_BY_LIBRARY.items() if library not in mapped)
 
 
 def serve(path: Path) -> NoReturn:
@@ -92,6 +127,7 @@ def serve(path: Path) -> NoReturn:
     quiet_library_noise()
     fork_server._preload(PRELOAD)
     loaded = dict(os.environ)  # and what they set in it
+    unread = unread_prefixes()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     staging = path.with_name(f".{path.name}.{os.getpid()}")
     staging.unlink(missing_ok=True)
@@ -99,14 +135,14 @@ def serve(path: Path) -> NoReturn:
     listener.listen(64)
     os.replace(staging, path)  # listening before anyone can connect: no refused first try
     try:
-        _loop(listener, (own, loaded))
+        _loop(listener, Environment(own, loaded, unread))
     finally:
         with contextlib.suppress(OSError):
             path.unlink()
     os._exit(0)
 
 
-def _loop(listener: socket.socket, own: tuple[dict[str, str], dict[str, str]]) -> None:
+def _loop(listener: socket.socket, environment: Environment) -> None:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -139,7 +175,7 @@ def _loop(listener: socket.socket, own: tuple[dict[str, str], dict[str, str]]) -
             waiting.discard(conn)
             closing = (listener.fileno(), wake_r, wake_w, *(c.fileno() for c in waiting))
             closing += tuple(c.fileno() for c in children.values() if c)
-            pid = _answer(conn, own, closing)
+            pid = _answer(conn, environment, closing)
             if pid is None:
                 conn.close()
             else:
@@ -150,7 +186,9 @@ def _loop(listener: socket.socket, own: tuple[dict[str, str], dict[str, str]]) -
 
 
 def _answer(
-    conn: socket.socket, own: tuple[dict[str, str], dict[str, str]], closing: tuple[int, ...]
+    conn: socket.socket,
+    environment: Environment,
+    closing: tuple[int, ...],
 ) -> int | None:
     """Read a request on `conn` and fork it; the child's pid, or None (refused, or gone)."""
     try:
@@ -161,7 +199,7 @@ def _answer(
         if not data or len(fds) != 3:
             return None
         request = json.loads(data)
-        problem = _refusal(request, own) or fork_server._unsafe_to_fork()
+        problem = _refusal(request, environment) or fork_server._unsafe_to_fork()
         if problem:
             _send(conn, {"error": problem})
             return None
@@ -180,14 +218,14 @@ def _answer(
             os.close(fd)
 
 
-def _refusal(request: dict[str, Any], own: tuple[dict[str, str], dict[str, str]]) -> str | None:
+def _refusal(request: dict[str, Any], environment: Environment) -> str | None:
     if request.get("executable") != sys.executable:
         return f"another Python ({request.get('executable')}, the server's {sys.executable})"
     if request.get("runner") != os.path.dirname(runner.__file__):
         return f"another copy of runner ({request.get('runner')})"
     if request.get("place") != process_place():
         return "another cgroup or namespace (a job step's, a container's)"
-    key = mismatch(request.get("env", {}), *own)
+    key = mismatch(request.get("env", {}), *environment)
     if key is not None:
         return f"{key} differs from the server's environment"
     return None

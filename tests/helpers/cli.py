@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from runner.processes import WARM_SERVER_ENV
+
 REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"
 
@@ -61,18 +63,45 @@ def runner_command(*overrides: str) -> list[str]:
 
 
 def run_cli(tmp_path: Path, *overrides: str, name: str = "run", timeout: float = HANG) -> CliResult:
-    """Run `runner OVERRIDES hydra.run.dir=tmp_path/name` to completion."""
+    """Run `runner OVERRIDES hydra.run.dir=tmp_path/name` to completion: a fork of the warm
+    server where the module has one (warm_command), else a new interpreter."""
     run_dir = tmp_path / name
-    proc = subprocess.run(
-        runner_command(*overrides, f"hydra.run.dir={run_dir}"),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=child_env(),
-    )
-    served_warm(proc.stderr)
-    return CliResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
+    args = [*overrides, f"hydra.run.dir={run_dir}"]
+    env = child_env()
+    if env.get(WARM_SERVER_ENV):
+        returncode, stdout, stderr = _warm_command(tmp_path, args, env, timeout)
+    else:
+        proc = subprocess.run(
+            runner_command(*args), cwd=tmp_path, capture_output=True, text=True,
+            timeout=timeout, env=env,
+        )  # fmt: skip
+        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    served_warm(stderr)
+    return CliResult(returncode, stdout, stderr, run_dir)
+
+
+def _warm_command(
+    cwd: Path, args: list[str], env: dict[str, str], timeout: float
+) -> tuple[int, str, str]:
+    """The command as a fork of the warm server: the interpreter's start and the imports a
+    command makes (about 0.5 CPU-seconds a run) saved, its code the same. Tests of how the
+    command itself starts and stops (signals, a terminal, a first run) start it anew."""
+    from runner.cli import warm_start
+    from runner.processes import EXTENSIONS_ENV
+    from tests.helpers import cost
+
+    cost.note_started(runner_command(*args))
+    if sys.prefix != sys.base_prefix:  # what the command sets first, as the server did
+        env = {EXTENSIONS_ENV: os.path.join(sys.prefix, "torch_extensions"), **env}
+    proc = warm_start.start("tests.helpers.warm_command", args, env, pipes=3, cwd=str(cwd))
+    assert proc is not None, "the warm server did not serve the command (stderr says why)"
+    try:
+        stdout, stderr = proc.communicate("", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc.returncode if proc.returncode is not None else proc.wait(), stdout, stderr
 
 
 def served_warm(stderr: str) -> None:
