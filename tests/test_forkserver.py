@@ -256,10 +256,12 @@ def test_the_server_imports_torch_s_compiler_for_the_cpu_ranks_that_load_it(
 ) -> None:
     """DeepSpeed's ranks and compiled ones import torch._inductor (seconds of CPU each): on
     the CPU the fork server imports it once for all of them."""
-    from runner.launch.forked_ranks import COMPILER, modules_for
+    from runner.launch.forked_ranks import COMPILER, DEEPSPEED_ON_CPU, modules_for
 
     spec = resolve_spec(compose_config(overrides), cuda_devices=2)
     assert (COMPILER in modules_for(spec)) == imports_it
+    zero_on_cpu = imports_it and "compile=true" not in overrides  # and DeepSpeed, as it loads there
+    assert (DEEPSPEED_ON_CPU in modules_for(spec)) == zero_on_cpu
 
 
 def test_the_server_imports_a_transformers_model_class_for_the_ranks() -> None:

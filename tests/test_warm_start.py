@@ -133,7 +133,8 @@ def test_a_command_killed_leaves_its_warm_agent_a_sigterm_and_the_run_resumes(tm
 @pytest.mark.slow
 def test_a_warm_fork_runs_on_the_commands_cores(tmp_path):
     """A command pinned to some cores (a sweep's job in its slot: hydra/launcher=runner) gets
-    a warm process pinned to them, as a new interpreter would inherit them."""
+    a warm process pinned to them, as a new interpreter would inherit them; it has what a
+    CPU host's ranks import already (DeepSpeed among it)."""
     from runner.cli import warm_start
     from runner.processes import EXTENSIONS_ENV
 
@@ -147,4 +148,9 @@ def test_a_warm_fork_runs_on_the_commands_cores(tmp_path):
     finally:
         os.sched_setaffinity(0, mine)
     assert probe is not None and probe.wait(timeout=HANG) == 0
-    assert json.loads(out.read_text())["affinity"] == [min(mine)]
+    forked = json.loads(out.read_text())
+    assert forked["affinity"] == [min(mine)]
+    # on a host without a GPU the server imported DeepSpeed for every ZeRO run's ranks
+    import torch
+
+    assert forked["deepspeed_loaded"] == (not torch.cuda.is_available())

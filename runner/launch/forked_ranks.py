@@ -47,8 +47,9 @@ def modules_for(spec: RunSpec) -> list[str]:
     resnets, and on the CPU a transformers model class (`transformers:LlamaForCausalLM`: the
     module, then the attribute) and torch's compiler for the ranks that import it (see
     _imports_the_compiler; on a GPU they stay the ranks' to import: whether the imports leave
-    the server fit to fork there has not been measured). Not DeepSpeed itself: it picks its
-    accelerator as it loads. Not the user's code: what it does on import is unknown."""
+    the server fit to fork there has not been measured), and DeepSpeed on the CPU, with the
+    CPU accelerator a CPU rank picks (on a GPU DeepSpeed picks its accelerator as it loads:
+    the ranks' to import). Not the user's code: what it does on import is unknown."""
     targets = [spec.model.target, spec.data.target, spec.loss.target]
     targets += [metric.target for metric in spec.metrics.values()]
     modules = [t.rpartition(".")[0] for t in targets if t.split(".")[0] in _SAFE_PACKAGES]
@@ -58,6 +59,8 @@ def modules_for(spec: RunSpec) -> list[str]:
         modules.append("torchvision.models")
     if _imports_the_compiler(spec):
         modules.append(COMPILER)
+    if spec.device == "cpu" and isinstance(spec.parallelism, DEEPSPEED_SPECS):
+        modules.append(DEEPSPEED_ON_CPU)
     return list(dict.fromkeys(m for m in modules if m))
 
 
@@ -65,6 +68,7 @@ def modules_for(spec: RunSpec) -> list[str]:
 # (DeepSpeed's ZeRO optimizer check imports its Muon optimizer, which calls torch.compile as
 # it loads): 1.3-1.8 s of CPU per rank and per restart here, once in the fork server.
 COMPILER = "torch._inductor.compile_fx"
+DEEPSPEED_ON_CPU = "runner.engines.deepspeed_on_cpu"
 
 
 def _imports_the_compiler(spec: RunSpec) -> bool:

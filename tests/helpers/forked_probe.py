@@ -32,6 +32,7 @@ def main() -> None:
         "numpy_draw": float(numpy.random.random()),
         "stdout_write_through": sys.stdout.write_through,
         "dynamo_loaded": "torch._dynamo" in sys.modules,
+        "deepspeed_loaded": "deepspeed" in sys.modules,
         "threads": len(os.listdir("/proc/self/task")),
         "cmdline": cmdline,
         "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
