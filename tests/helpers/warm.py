@@ -7,6 +7,7 @@ first module with a run begins, so that each run's agent is a fork with torch im
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,4 +50,5 @@ def stop() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        shutil.rmtree(Path(proc.args[-1]).parent, ignore_errors=True)
     _server.clear()
