@@ -10,7 +10,7 @@ import torch
 from runner.data.loaders import Batches
 from runner.data.sampler import GlobalBatchSampler, Microbatch
 from tests.helpers.augmenting import noisy_digits
-from tests.helpers.cli import FAST, run_cli
+from tests.helpers.cli import FAST
 from tests.helpers.weights import same_weights
 
 AUGMENTING = [*FAST, "data=custom", "data._target_=tests.helpers.augmenting.noisy_digits"]
@@ -37,31 +37,29 @@ def test_a_sample_is_augmented_alike_in_any_batch() -> None:
     assert torch.equal(torch.rand(3), expected)
 
 
-@pytest.fixture(scope="module")
-def two_ranks_with_workers(tmp_path_factory):
-    """2 ranks, 2 augmenting loader workers each: read by both tests below (the restart's
-    uninterrupted twin)."""
-    result = run_cli(tmp_path_factory.mktemp("two"), *RUN, "nproc=2", "data.num_workers=2")
-    assert result.returncode == 0, result.output
-    return result
-
-
 @pytest.mark.slow
-def test_workers_and_world_sizes_augment_alike(cli, two_ranks_with_workers) -> None:
+def test_workers_and_world_sizes_augment_alike(cli) -> None:
+    """2 ranks with 2 augmenting loader workers each train what 1 rank without one does."""
+    two = cli(*RUN, "nproc=2", "data.num_workers=2", name="two")
+    assert two.returncode == 0, two.output
     one = cli(*RUN, "nproc=1", "grad_accum=2", "data.num_workers=0", name="one")
     assert one.returncode == 0, one.output
     x = torch.load(one.run_dir / "model.pt", weights_only=True)
-    y = torch.load(two_ranks_with_workers.run_dir / "model.pt", weights_only=True)
+    y = torch.load(two.run_dir / "model.pt", weights_only=True)
     assert all(torch.allclose(x[k], y[k], rtol=1e-5, atol=1e-6) for k in x)
 
 
 @pytest.mark.slow
-def test_a_restart_with_augmenting_workers_ends_bit_for_bit(cli, two_ranks_with_workers) -> None:
-    """Rank 1 dies at step 5; every rank restarts from step 4 with new worker processes."""
-    workers = [*RUN, "nproc=2", "data.num_workers=2"]
-    reference = two_ranks_with_workers
+def test_a_restart_with_augmenting_workers_and_dropout_ends_bit_for_bit(cli) -> None:
+    """Rank 1 dies at step 5; every rank restarts from step 4 with new worker processes, and
+    its model's dropout draws on as the uninterrupted run's did (a new DataLoader iterator
+    had drawn its workers' seed from that stream: a restart dropped out other units)."""
+    dropping = [*RUN, "nproc=2", "data.num_workers=2"]
+    dropping += ["model._target_=tests.helpers.augmenting.dropout_mlp"]
+    reference = cli(*dropping, name="reference")
+    assert reference.returncode == 0, reference.output
     chaos = ["chaos.kill_rank=1", "chaos.at_step=5", "max_restarts=1"]
-    killed = cli(*workers, *chaos, name="killed")
+    killed = cli(*dropping, *chaos, name="killed")
     assert killed.returncode == 0, killed.output
     assert killed.summary()["resumed_from"] == 4
     assert same_weights(reference.run_dir, killed.run_dir)

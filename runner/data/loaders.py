@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from runner.data.sample_seeds import EVALUATION, SampleSeeds
@@ -72,6 +73,9 @@ def _loader(
     seed: int = 0,
 ) -> DataLoader:
     collate, pin_memory = pinning(_passthrough, pin_memory, num_workers)
+    # Each new iterator draws its workers' base seed; without a generator of its own it
+    # draws it from torch's global stream, which a model's dropout reads: a resumed run
+    # (one iterator more than the run it continues) would drop out other units.
     return DataLoader(
         Batches(dataset, collate_fn, seed),
         batch_sampler=batch_sampler,
@@ -79,6 +83,7 @@ def _loader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
+        generator=torch.Generator().manual_seed(seed),
     )
 
 

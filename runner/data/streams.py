@@ -208,6 +208,7 @@ def eval_stream(
         num_workers=num_workers,
         pin_memory=pin_memory,
         collate_fn=collate,
+        generator=torch.Generator().manual_seed(0),  # not the model's stream (loaders.py)
     )
 
     def batches() -> Iterator[Any]:

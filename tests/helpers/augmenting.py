@@ -31,3 +31,18 @@ class Noisy(torch.utils.data.Dataset):
 def noisy_digits() -> Datasets:
     data = digits()
     return Datasets(train=Noisy(data.train), val=data.val, info=data.info)
+
+
+def dropout_mlp(
+    input_shape: tuple[int, ...], num_classes: int, hidden_sizes: tuple[int, ...] = (128, 64)
+) -> torch.nn.Module:
+    """runner's mlp with dropout after each hidden layer: each training step draws from the
+    rank's own torch stream, which a restart has to carry on exactly."""
+    from runner.models.builders import mlp
+
+    layers = []
+    for layer in mlp(input_shape, num_classes, hidden_sizes):
+        layers.append(layer)
+        if isinstance(layer, torch.nn.ReLU):
+            layers.append(torch.nn.Dropout(0.2))
+    return torch.nn.Sequential(*layers)
