@@ -131,6 +131,54 @@ def test_a_command_killed_leaves_its_warm_agent_a_sigterm_and_the_run_resumes(tm
 
 
 @pytest.mark.slow
+def test_a_second_server_at_a_listening_path_is_refused() -> None:
+    """It would have taken the path from the first, which would have gone on unreachable
+    (and taken the path from the second as it stopped)."""
+    path = warm.start()
+    argv = [sys.executable, "-m", "runner.launch.warm_server", path]
+    second = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=HANG)
+    assert second.returncode == 2
+    said = f"another one listens at {path}; stop it first, or give this one another path"
+    assert second.stderr == f"runner warm server: {said}\n"
+    assert os.path.exists(path) and warm.server_pid() is not None
+
+
+@pytest.mark.slow
+def test_a_warm_server_stopped_mid_run_ends_its_command_as_a_sigterm_does(tmp_path):
+    """The server's forks get a SIGTERM when it ends: its command says why, exits 143 (the
+    shell's code for SIGTERM, as any interrupted run's), and the run is resumable."""
+    socket_path = str(tmp_path / "own.sock")
+    env = {**child_env(), "RUNNER_WARM_SERVER_PARENT": str(os.getpid())}
+    server = subprocess.Popen([sys.executable, "-m", "runner.launch.warm_server", socket_path],
+                              env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + HANG
+        while not os.path.exists(socket_path):
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        run_dir = tmp_path / "run"
+        command = subprocess.Popen(
+            runner_command(*FAST, "max_epochs=null", "max_steps=400", "log_interval=1",
+                           "checkpoint.interval=5", f"hydra.run.dir={run_dir}"),
+            cwd=tmp_path, env={**child_env(), SERVER_ENV: socket_path},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 8):
+            assert command.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        server.terminate()
+        _, stderr = command.communicate(timeout=HANG)
+    finally:
+        server.kill()
+        server.wait()
+    assert command.returncode == 143, stderr  # was 241: sys.exit(-15)
+    assert "runner: the warm server ended; runner.launch.agent" in stderr, stderr
+    assert "Traceback" not in stderr, stderr
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+
+
+@pytest.mark.slow
 def test_a_warm_fork_runs_on_the_commands_cores(tmp_path):
     """A command pinned to some cores (a sweep's job in its slot: hydra/launcher=runner) gets
     a warm process pinned to them, as a new interpreter would inherit them; it has what a

@@ -173,6 +173,8 @@ def run_agent(run_dir: Path, start_time: float, secrets: str = "{}") -> AgentEnd
         heartbeat.sweep_stale(agent.pid)
     if relay.first is not None and code < 0:
         code = exit_code_for_signal(relay.first)
+    elif code < 0:  # ended by a signal no one relayed: the shell's code for it, not 256 - n
+        code = exit_code_for_signal(-code)
     handler = previous.get(asks.first) if asks.first else None
     others = handler if callable(handler) and handler is not _note_early_ask else None
     return AgentEnd(code, relay.first, asks.first, others)

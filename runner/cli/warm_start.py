@@ -96,6 +96,8 @@ class WarmProcess:
         if data:
             self.returncode = int(json.loads(data)["exit"])
         else:  # the server died (its agents get SIGTERM with it): wait for ours to be gone
+            print(f"runner: the warm server ended; {self.args[2]} (pid {self.pid}), its fork, "
+                  "stops with it (SIGTERM)", file=sys.stderr, flush=True)  # fmt: skip
             while _alive(self.pid):
                 time.sleep(0.05)
             self.returncode = -signal.SIGTERM

@@ -149,12 +149,28 @@ def serve(path: Path) -> NoReturn:
     listener.bind(str(staging))
     listener.listen(64)
     os.replace(staging, path)  # listening before anyone can connect: no refused first try
+    ours = path.stat().st_ino
+    if sys.stderr.isatty():
+        print(f"runner warm server: listening at {path} (pid {os.getpid()})", file=sys.stderr)
     try:
         _loop(listener, Environment(own, loaded, unread))
     finally:
         with contextlib.suppress(OSError):
-            path.unlink()
+            if path.stat().st_ino == ours:  # not a server's that took the path since
+                path.unlink()
     os._exit(0)
+
+
+def _answering(path: Path) -> bool:
+    """Whether a server listens at `path` (a stale socket, a dead server's, does not)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _loop(listener: socket.socket, environment: Environment) -> None:
@@ -268,7 +284,12 @@ def main() -> None:
     parent = os.environ.get("RUNNER_WARM_SERVER_PARENT")  # a test suite's worker, say
     if parent:
         die_with_parent(signal.SIGTERM, int(parent))
-    serve(Path(sys.argv[1]).absolute())
+    path = Path(sys.argv[1]).absolute()
+    if _answering(path):
+        print(f"runner warm server: another one listens at {path}; stop it first, or give "
+              "this one another path", file=sys.stderr)  # fmt: skip
+        sys.exit(2)
+    serve(path)
 
 
 if __name__ == "__main__":
