@@ -98,7 +98,8 @@ CASES = [
     (["mfu.peak_tflops=0"], "mfu.peak_tflops=0: must be > 0"),
     (["grad_accum=0"], "grad_accum=0: must be >= 1"),
     (["grad_accum=abc"], "grad_accum='abc': expected an integer"),
-    (["optimizer.lr=-1"], "optimizer.lr=-1: must be > 0"),
+    (["optimizer.lr=-1"], "optimizer.lr=-1: expected a number > 0"),
+    (["optimizer.lr=abc"], "optimizer.lr='abc': expected a number > 0"),
     (["parallelism.bucket_cap_mb=big"], "parallelism.bucket_cap_mb='big': expected a number"),
     (
         ["parallelism.static_graph=maybe"],

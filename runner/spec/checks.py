@@ -82,7 +82,7 @@ def _check_optimizer(spec: RunSpec, problems: list[str]) -> None:
     optimizer = spec.optimizer
     lr = optimizer.args.get("lr")
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, int | float) or lr <= 0):
-        problems.append(f"optimizer.lr={lr!r}: must be > 0")
+        problems.append(f"optimizer.lr={lr!r}: expected a number > 0")
     for pattern, multiplier in (optimizer.lr_multipliers or {}).items():
         if (
             isinstance(multiplier, bool)
