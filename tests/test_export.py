@@ -145,16 +145,19 @@ def test_fine_tune_a_hugging_face_model_and_hand_it_back(cli, tmp_path: Path) ->
         *gpt2_args(corpus),
         f"data.tokenizer={tokenizer}",
         "parallelism=fsdp",
+        "activation_checkpointing=selective",  # recomputed without transformers' cache
         f"init_from={tmp_path / 'pretrained'}",
         "max_steps=4",
         "eval_batches=1",
     )
     assert run.returncode == 0, run.output
+    assert "model: use_cache=false for training" in run.rank_log(0)
     assert "is an Enum subclass" not in run.output + run.rank_log(0)  # torchao's, to torch
     done = _export(tmp_path, run.run_dir, "--to", tmp_path / "hf")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "a Hugging Face model" in done.stdout
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert loaded.config.use_cache  # the user's value, for generation
     text = "the lazy dog jumps"
     ids = AutoTokenizer.from_pretrained(tmp_path / "hf")(text)["input_ids"]
     assert ids == Tokenizer.from_file(str(tokenizer)).encode(text).ids  # the run's tokenizer

@@ -14,6 +14,7 @@ from runner.spec import SpecError, resolve_spec
 from runner.spec.plan_specs import parse_size
 from tests.helpers.cli import MATRIX, CliResult, run_cli, run_sweep
 from tests.helpers.config import compose_config
+from tests.helpers.hugging_face import llama_args
 from tests.helpers.language_model import lm_args
 from tests.helpers.refusals import refusal
 
@@ -109,6 +110,18 @@ def test_runner_plan_prints_the_plan_and_trains_nothing(tmp_path: Path, corpus: 
     assert "ddp accum=2  (" in out and "more valid layouts (runner plan ... --json" in out
     assert "accum=1" not in out and "accum=4" not in out  # grad_accum=2 was kept
     assert not (tmp_path / "plan").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_a_hugging_face_model_is_planned_as_a_user_brings_it(tmp_path: Path, corpus: Path) -> None:
+    """A transformers Llama with its config's defaults (use_cache on): every checkpointing
+    mode is traced as the ranks train it, its generation cache off (the trace of a
+    recomputed block had met the cache and failed the whole plan)."""
+    result = run_cli(tmp_path, "plan", *llama_args(corpus), "--json", name="plan")
+    assert result.returncode == 0, result.output
+    rows = json.loads(result.stdout)["candidates"]
+    modes = {row["overrides"]["activation_checkpointing"] for row in rows if row.get("fits")}
+    assert modes == {"none", "selective", "full"}, rows
 
 
 @pytest.mark.slow

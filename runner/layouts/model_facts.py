@@ -29,7 +29,7 @@ from runner.hardware import cpu_cores, peak_tflops, threads_per_rank
 from runner.layouts.forked import forked_map
 from runner.layouts.live_bytes import LiveBytes
 from runner.models.blocks import apply_activation_checkpointing, find_blocks
-from runner.models.builders import build_model
+from runner.models.builders import build_model, without_generation_cache
 from runner.spec import RunSpec
 from runner.train.step.batch_parts import logits_of, split
 
@@ -124,6 +124,7 @@ class _Tracer:
         try:
             with torch.device("meta"):
                 self.meta: nn.Module | None = build_model(spec.model, info)
+                without_generation_cache(self.meta)  # as the ranks train it
         except Exception:  # it reads values as it is built: built under the fake mode each time
             self.meta = None
 
@@ -162,6 +163,7 @@ class _Tracer:
         if self.meta is None:
             with self.fake:
                 model = build_model(self.spec.model, self.info)
+            without_generation_cache(model)
         else:
             model = copy.deepcopy(self.meta)
         whole = find_blocks(model)

@@ -12,6 +12,7 @@ The weights are those of a run that built the whole model on every rank, bit for
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 from contextlib import AbstractContextManager
 from functools import partial
@@ -23,9 +24,11 @@ from torch import nn
 
 from runner.data.datasets import build_datasets
 from runner.data.splits import Datasets
-from runner.models.builders import build_model
+from runner.models.builders import build_model, without_generation_cache
 from runner.models.safetensors_out import OutTensor, write_file
 from runner.spec import RunSpec
+
+log = logging.getLogger(__name__)
 
 
 def seed_everything(seed: int) -> None:
@@ -44,6 +47,8 @@ def build_data_and_model(
     data = build_datasets(spec.data)
     with construction or contextlib.nullcontext():
         module = build_model(spec.model, data.info)
+    if without_generation_cache(module):
+        log.info("model: use_cache=false for training (the generation cache; exports keep it)")
     return data, module
 
 
