@@ -125,6 +125,29 @@ def test_a_hugging_face_model_is_planned_as_a_user_brings_it(tmp_path: Path, cor
 
 
 @pytest.mark.slow
+def test_a_checkpointing_mode_the_model_cannot_take_is_refused_and_the_plan_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Blocks that keep a cache cannot be run again by activation checkpointing: each such
+    candidate is refused, naming the trace's error, and the plan picks among the rest
+    (one failed trace had failed the whole plan)."""
+    model = ["model=custom", "model._target_=tests.helpers.caching_model.CachingMLP"]
+    result = run_cli(tmp_path, "plan", *model, "--json", name="plan")
+    assert result.returncode == 0, result.output
+    plan = json.loads(result.stdout)
+    for row in plan["candidates"]:
+        mode = row["overrides"]["activation_checkpointing"]
+        if mode == "none":
+            assert row["valid"], row
+        else:
+            assert not row["valid"] and len(row["problems"]) == 1, row
+            assert row["problems"][0].startswith(f"activation_checkpointing={mode}: tracing it "
+                                                 "raised "), row  # fmt: skip
+    chosen = next(row for row in plan["candidates"] if row["name"] == plan["chosen"])
+    assert chosen["overrides"]["activation_checkpointing"] == "none"
+
+
+@pytest.mark.slow
 def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path, corpus: Path) -> None:
     """`runner plan --json | head`: the plan's JSON outgrows a pipe's buffer; the reader
     closes it after a few lines, and runner leaves quietly."""

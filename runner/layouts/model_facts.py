@@ -25,6 +25,7 @@ from torch import nn
 
 from runner.components import instantiate
 from runner.data.datasets import build_datasets
+from runner.errors import describe
 from runner.hardware import cpu_cores, peak_tflops, threads_per_rank
 from runner.layouts.forked import forked_map
 from runner.layouts.live_bytes import LiveBytes
@@ -68,6 +69,8 @@ class ModelFacts:
     # autocast keeps an fp32 stream over fp32 weights); empty under fp32
     half_passes: dict[str, Pass] = field(default_factory=dict)
     traced_on: str = "cpu"  # the device the passes were traced for (fake tensors of its kind)
+    # checkpointing modes whose trace failed, and how (their candidates are refused for it)
+    untraceable: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,7 +92,7 @@ def measure(spec: RunSpec, nproc: int, device: str, trace_on: str | None = None)
         log.warning("tracing on fake %s tensors failed (%s); traced as on a CPU", trace_on, error)
         trace_on = "cpu"
         traced = _Tracer(spec, data.info, data.train[0], trace_on).everything()
-    model, (passes, half_passes), (state, temporaries) = traced
+    model, (passes, half_passes, untraceable), (state, temporaries) = traced
     blocks = find_blocks(model)
     unique = list({id(p): p for p in model.parameters()}.values())
     return ModelFacts(
@@ -104,6 +107,7 @@ def measure(spec: RunSpec, nproc: int, device: str, trace_on: str | None = None)
         device=device_facts(device, nproc, calibrate=spec.nodes == 1),
         half_passes=half_passes,
         traced_on=trace_on,
+        untraceable=untraceable,
     )
 
 
@@ -137,9 +141,11 @@ class _Tracer:
         cut = 2 if blocks > 2 else None
         return model, self.passes(blocks), self.optimizer_step(self.model(blocks=cut))
 
-    def passes(self, blocks: int) -> tuple[dict[str, Pass], dict[str, Pass]]:
+    def passes(self, blocks: int) -> tuple[dict[str, Pass], dict[str, Pass], dict[str, str]]:
         """Each checkpointing mode's pass over the fp32 weights (ddp's, ZeRO's), and under
-        bf16 or fp16 over half copies of them too (FSDP's), for a model of `blocks` blocks."""
+        bf16 or fp16 over half copies of them too (FSDP's), for a model of `blocks` blocks;
+        and the checkpointing modes whose trace raised, with what (without checkpointing it
+        raises: nothing can be planned)."""
         modes = MODES[: 3 if blocks else 1]
         kinds = [(mode, False) for mode in modes]
         kinds += [(mode, True) for mode in modes] if self.half is not None else []
@@ -149,13 +155,26 @@ class _Tracer:
         # side by side in forked copies of this process where the fakes are a CPU's (a
         # CUDA context does not survive a fork)
         workers = min(len(jobs), cpu_cores()) if self.device == "cpu" else 1
-        traced = forked_map(lambda job: self.traced(*job), jobs, workers)
-        steps = [
-            _one_step(traced[i : i + len(shapes)], blocks, cut)
-            for i in range(0, len(traced), len(shapes))
-        ]
-        full, half = steps[: len(modes)], steps[len(modes) :]
-        return dict(zip(modes, full, strict=True)), dict(zip(modes, half, strict=False))
+        traced = forked_map(lambda job: self._traced_or_why(*job), jobs, workers)
+        full: dict[str, Pass] = {}
+        half: dict[str, Pass] = {}
+        untraceable: dict[str, str] = {}
+        for k, (mode, is_half) in enumerate(kinds):
+            these = traced[k * len(shapes) : (k + 1) * len(shapes)]
+            why = next((t for t in these if isinstance(t, str)), None)
+            if why is None:
+                (half if is_half else full)[mode] = _one_step(these, blocks, cut)
+            elif mode == "none":
+                raise RuntimeError(why)
+            else:
+                untraceable.setdefault(mode, why)
+        return full, half, untraceable
+
+    def _traced_or_why(self, *job: Any) -> _Traced | str:
+        try:
+            return self.traced(*job)
+        except Exception as exc:  # a model checkpointing cannot run again as it ran first
+            return describe(exc)
 
     def model(self, mode: str = "none", blocks: int | None = None, half: bool = False) -> nn.Module:
         """The model with fake storages, checkpointed by `mode`, cut to its first `blocks`,

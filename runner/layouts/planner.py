@@ -171,6 +171,9 @@ def _weigh(
     row: dict[str, Any] = {"name": candidate.name, "overrides": candidate.overrides()}
     spec = _resolve(with_layout(config, candidate, conf_dir), run_dir)
     problems = spec if isinstance(spec, list) else _model_problems(spec, facts)
+    why = facts.get("untraceable", {}).get(candidate.checkpointing)
+    if why and not problems:  # the ranks would fail as the trace did
+        problems = [f"activation_checkpointing={candidate.checkpointing}: tracing it raised {why}"]
     row["valid"] = not problems
     if problems:
         return {**row, "problems": problems, "fits": False}
