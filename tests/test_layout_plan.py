@@ -35,14 +35,28 @@ def test_sizes_are_read_as_a_user_writes_them() -> None:
     assert parse_size("300MB") == 300 * 2**20
     assert parse_size("2GB") == parse_size("2GiB") == parse_size("2 gb") == 2 * 2**30
     assert parse_size("1.5GB") == int(1.5 * 2**30)
-    assert parse_size(4096) == parse_size("4096") == 4096
+    assert parse_size("4096B") == parse_size("4kb") == 4096
     assert parse_size("lots") is None and parse_size("0MB") is None and parse_size(-1) is None
+    assert parse_size(300) is None and parse_size("300") is None  # bytes? megabytes?
 
 
 def test_a_size_that_is_not_one_is_refused_naming_the_key() -> None:
     with pytest.raises(SpecError) as err:
         resolve_spec(compose_config(["plan.memory_per_rank=300 megs", "device=cpu"]))
     assert "plan.memory_per_rank=300 megs: not a size" in str(err.value)
+    with pytest.raises(SpecError) as err:
+        resolve_spec(compose_config(["plan.memory_per_rank=300", "device=cpu"]))
+    said = "plan.memory_per_rank=300: a size needs its unit: 300MB, 300GB, or 300B for bytes"
+    assert said in str(err.value)
+
+
+def test_runner_plan_says_it_leaves_out_a_parallelism_only_when_one_was_named(capsys) -> None:
+    from runner.cli.layout_plan import plan_argv
+
+    assert "parallelism=auto" in plan_argv(["parallelism=auto", "nproc=4"])
+    assert capsys.readouterr().err == ""  # auto is what a plan weighs: nothing left out
+    assert "parallelism=zero2" not in plan_argv(["parallelism=zero2"])
+    assert "the parallelism given is left out" in capsys.readouterr().err
 
 
 def test_the_candidates_divide_the_ranks_the_heads_and_the_batch() -> None:
@@ -201,11 +215,15 @@ def test_auto_trains_the_pick_and_files_it_as_ordinary_keys(auto_run) -> None:
 def test_a_refused_layout_is_refused_alike_by_hand(tmp_path: Path, corpus: Path) -> None:
     """The planner lists a layout the checks refuse with their words; given by hand, the same
     layout is refused with the same words, before any rank starts: here 2 pipeline stages
-    of a gpt of 3 layers (the agent's check of the model, here in-process)."""
+    of a gpt of 3 layers (the agent's check of the model, here in-process). With a budget
+    nothing fits, `--json` still prints every candidate weighed, and exits 2 saying so."""
     args = [*lm_args(corpus), *GPT, "model.n_layer=3", "max_steps=1", "data.min_length=null"]
-    planned = run_cli(tmp_path, "plan", *args, "--json", name="plan")
-    assert planned.returncode == 0, planned.output
+    planned = run_cli(tmp_path, "plan", *args, "plan.memory_per_rank=1KB", "--json", name="plan")
+    assert planned.returncode == 2, planned.output
+    assert "parallelism=auto: no layout fits 0 MB per rank" in planned.stderr
     plan = json.loads(planned.stdout[planned.stdout.index("{") :])
+    assert plan["chosen"] is None and not any(r["fits"] for r in plan["candidates"])
+    assert any(r["valid"] for r in plan["candidates"])
     staged = [r for r in plan["candidates"] if r["overrides"].get("parallelism.pipeline") == 2]
     refused = next(r for r in staged if r["overrides"]["grad_accum"] == 2)
     assert not refused["valid"] and "do not divide GPT's 3 layers" in refused["problems"][0]
@@ -251,7 +269,7 @@ def test_a_budget_ddp_does_not_fit_picks_a_sharded_layout_that_trains_within_it(
     ddp = min(r["predicted"]["peak_bytes"] for r in valid if r["overrides"]["parallelism"] == "ddp")
     budget = ddp - 2**20  # a MB short of the smallest ddp layout
     assert any(r["predicted"]["peak_bytes"] <= budget for r in valid)
-    result = run_cli(tmp_path, *args, "parallelism=auto", f"plan.memory_per_rank={budget}")
+    result = run_cli(tmp_path, *args, "parallelism=auto", f"plan.memory_per_rank={budget}B")
     assert result.returncode == 0, result.output
     chosen = json.loads((result.run_dir / "plan.json").read_text())["chosen"]
     assert not chosen.startswith("ddp"), chosen

@@ -5,6 +5,7 @@ config as if the user had given them. `runner plan [overrides]` prints the plan 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -53,7 +54,9 @@ def make_plan(cfg: DictConfig, conf_dir: str, run_dir: Path | None) -> dict[str,
         raise SpecError([f"parallelism=auto: planning the layout failed: {tail[0]}"])
     plan = json.loads(out)
     if "problems" in plan:
-        raise SpecError(plan["problems"])
+        refused = SpecError(plan["problems"])
+        refused.plan = plan.get("plan")  # what was weighed, where no layout fits
+        raise refused
     return plan
 
 
@@ -180,7 +183,7 @@ def plan_argv(args: list[str]) -> list[str]:
     _Request.as_json = "--json" in args
     args = [a for a in args if a != "--json"]
     given = [a for a in args if not a.startswith(("parallelism=", "+parallelism="))]
-    if len(given) < len(args):
+    if any(a.split("=", 1)[1] != "auto" for a in args if a not in given):
         print(
             "runner plan: weighs every layout; the parallelism given is left out", file=sys.stderr
         )
@@ -200,6 +203,10 @@ def plan_task(cfg: DictConfig) -> None:
     try:
         plan = make_plan(cfg, conf_dir(), None)
     except SpecError as err:
+        weighed = getattr(err, "plan", None)
+        if _Request.as_json and weighed:  # every candidate, predicted, none fitting
+            with contextlib.suppress(BrokenPipeError):
+                print(json.dumps(weighed, indent=2), flush=True)
         log.error("%s", problems_text(err.problems))
         sys.exit(2)
     try:

@@ -44,6 +44,14 @@ def with_layout(config: dict[str, Any], candidate: Candidate, conf_dir: Path) ->
     return config
 
 
+class NoneFits(SpecError):
+    """No valid layout fits the budget: the problem, and the plan that weighed them."""
+
+    def __init__(self, problems: list[str], plan: dict[str, Any]):
+        super().__init__(problems)
+        self.plan = plan
+
+
 def make_plan(
     config: dict[str, Any],
     conf_dir: Path,
@@ -93,7 +101,7 @@ def make_plan(
         "chosen": None,
     }
     if not fitting:
-        raise SpecError([_none_fits(rows, budget, budget_from)])
+        raise NoneFits([_none_fits(rows, budget, budget_from)], plan)
     best = min(fitting, key=lambda r: (round(r["predicted"]["step_s"], 6), _simpler(r)))
     plan["chosen"] = best["name"]
     return plan
@@ -281,7 +289,7 @@ def main() -> None:
             request["config"], Path(request["conf_dir"]), run_dir, request.get("fixed")
         )
     except SpecError as err:
-        plan = {"problems": err.problems}
+        plan = {"problems": err.problems, "plan": getattr(err, "plan", None)}
     json.dump(plan, sys.stdout)
     sys.stdout.flush()
     # leave at once (tearing down torch's and the traced models' objects took ~2 s)

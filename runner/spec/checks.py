@@ -13,7 +13,7 @@ from runner import hardware
 from runner.spec.device_checks import check_compile, check_float8, check_profile
 from runner.spec.mesh import layout
 from runner.spec.parallelism_specs import ONE_STAGE_PER_RANK
-from runner.spec.plan_specs import parse_size
+from runner.spec.plan_specs import bare_number, parse_size
 from runner.spec.schema import (
     DEEPSPEED_SPECS,
     RunSpec,
@@ -297,7 +297,12 @@ def _check_run_control(spec: RunSpec, problems: list[str]) -> None:
 
 def _check_plan(spec: RunSpec, problems: list[str]) -> None:
     given = spec.plan.memory_per_rank
-    if given is not None and parse_size(given) is None:
+    if given is not None and bare_number(given):
+        problems.append(
+            f"plan.memory_per_rank={given}: a size needs its unit: {given}MB, {given}GB, or "
+            f"{given}B for bytes"
+        )
+    elif given is not None and parse_size(given) is None:
         problems.append(
             f"plan.memory_per_rank={given}: not a size; give bytes with a unit, such as "
             "300MB, 2GB or 1.5GB (or null: a share of the device's memory)"

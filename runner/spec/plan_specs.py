@@ -19,16 +19,20 @@ SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str | int) -> int | None:
-    """Bytes of a size such as `300MB`, `2GB`, `1.5GiB` or `4096` (binary units: a MB is
-    2**20 bytes, as memory/peak_mb counts them); None when it is not one."""
-    if isinstance(text, int):
-        return text if text > 0 else None
+    """Bytes of a size such as `300MB`, `2GB`, `1.5GiB` or `4096B` (binary units: a MB is
+    2**20 bytes, as memory/peak_mb counts them); None when it is not one, a bare number
+    among them (`300`: bytes, or the megabytes the user meant? `bare_number` says so)."""
     match = SIZE.match(str(text))
-    if not match:
+    if not match or match.group(3) is None:
         return None
     number, prefix, _ = match.groups()
     value = float(number) * UNITS[prefix.upper() + "B" if prefix else ""]
     return int(value) if value > 0 else None
+
+
+def bare_number(text: str | int) -> bool:
+    """A size given without its unit (`300`)."""
+    return not isinstance(text, bool) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", str(text)) is not None
 
 
 @dataclass(frozen=True)
