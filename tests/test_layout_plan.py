@@ -162,6 +162,37 @@ def test_a_checkpointing_mode_the_model_cannot_take_is_refused_and_the_plan_goes
 
 
 @pytest.mark.slow
+def test_a_trial_measured_over_the_budget_is_never_the_pick(tmp_path: Path) -> None:
+    """plan.trials=1 where each trial (a real run of its layout) measures over the budget:
+    each is marked as not fitting and the next is tried in its place; then the plan exits
+    2 naming the shortfall, where it had trained the pick measured over it. A trial keeps
+    its figures, not its weights."""
+    from omegaconf import OmegaConf
+
+    from runner.cli.plan_trials import run_trials
+    from tests.helpers.cli import CONF_DIR, FAST
+
+    cfg = OmegaConf.create(compose_config([*FAST, "plan.trials=1", "plan.trial_steps=2"]))
+    rows = [
+        {"name": f"ddp accum={k}", "valid": True, "fits": True, "predicted": {"step_s": k},
+         "overrides": {"parallelism": "ddp", "activation_checkpointing": "none", "grad_accum": k}}
+        for k in (1, 2)
+    ]  # fmt: skip
+    plan = {"budget_bytes": 2**20, "budget": "plan.memory_per_rank=1MB", "candidates": rows}
+    with pytest.raises(SpecError) as err:
+        run_trials(cfg, plan, tmp_path, str(CONF_DIR))
+    assert plan["trials"] == ["ddp accum=1", "ddp accum=2"]
+    assert not any(row["fits"] for row in rows)
+    assert all(row["measured"]["peak_bytes"] > 2**20 for row in rows)
+    said = str(err.value)
+    assert said.startswith("parallelism=auto: no layout trialled ran within 1 MB per rank")
+    assert "MB more); give more memory (plan.memory_per_rank)" in said
+    for trial in (tmp_path / "plan_trials").iterdir():
+        assert (trial / "summary.json").is_file() and (trial / "metrics.jsonl").is_file()
+        assert not any((trial / kept).exists() for kept in ("checkpoints", "model.pt"))
+
+
+@pytest.mark.slow
 def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path, corpus: Path) -> None:
     """`runner plan --json | head`: the plan's JSON outgrows a pipe's buffer; the reader
     closes it after a few lines, and runner leaves quietly."""

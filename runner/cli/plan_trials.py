@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import shutil
 import statistics
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from runner.cli.layout_plan import apply_layout
+from runner.spec import SpecError
 from runner.spec.composed import resolve_cfg
 from runner.spec.config_file import save_spec
 
@@ -35,28 +37,51 @@ def run_trials(
     cfg: DictConfig, plan: dict[str, Any], run_dir: Path, conf_dir: str
 ) -> dict[str, Any]:
     """`plan` with each trial's `measured` figures, its `trials` (the names run, in order)
-    and its `chosen` the fastest measured one that fits (the prediction's, if none did)."""
+    and its `chosen` the fastest one measured within the budget. A candidate measured over
+    the budget no longer `fits`, and the next fastest predicted one is tried in its place
+    (at most `trials` more); none within it raises SpecError, naming the shortfall. Where
+    every trial failed, the prediction picks (said)."""
     trials, steps = int(cfg.plan.trials), int(cfg.plan.trial_steps)
+    budget = plan["budget_bytes"]
     fitting = [r for r in plan["candidates"] if r["valid"] and r["fits"]]
-    best = sorted(fitting, key=lambda r: r["predicted"]["step_s"])[:trials]
+    queue = sorted(fitting, key=lambda r: r["predicted"]["step_s"])[: 2 * trials]
     plan["trials"] = []
-    for number, row in enumerate(best):
-        log.info(
-            "runner: plan trial %d of %d: %s, %d steps", number + 1, len(best), row["name"], steps
-        )
-        row["measured"] = _trial(
-            cfg, row["overrides"], run_dir / TRIALS_DIR / str(number), conf_dir, steps
-        )
+    within: list[dict[str, Any]] = []
+    over: list[dict[str, Any]] = []
+    for number, row in enumerate(queue):
+        if number - len(over) >= trials:  # as many trials as asked, besides those over it
+            break
+        log.info("runner: plan trial %d: %s, %d steps", number + 1, row["name"], steps)
+        got = _trial(cfg, row["overrides"], run_dir / TRIALS_DIR / str(number), conf_dir, steps)
+        row["measured"] = got
         plan["trials"].append(row["name"])
-    measured = [
-        r for r in best
-        if "step_s" in r["measured"] and r["measured"]["peak_bytes"] <= plan["budget_bytes"]
-    ]  # fmt: skip
-    if measured:
-        plan["chosen"] = min(measured, key=lambda r: r["measured"]["step_s"])["name"]
+        if "peak_bytes" in got and got["peak_bytes"] > budget:
+            row["fits"] = False  # measured over the budget: never the pick
+            over.append(row)
+            log.warning(
+                "runner: plan trial %s used %s per rank, over the budget of %s; trying the next",
+                row["name"], _mb(got["peak_bytes"]), _mb(budget),
+            )  # fmt: skip
+        elif "step_s" in got:
+            within.append(row)
+    if within:
+        plan["chosen"] = min(within, key=lambda r: r["measured"]["step_s"])["name"]
+    elif over:
+        least = min(over, key=lambda r: r["measured"]["peak_bytes"])
+        need = least["measured"]["peak_bytes"]
+        raise SpecError([
+            f"parallelism=auto: no layout trialled ran within {_mb(budget)} per rank "
+            f"({plan['budget']}); the least, {least['name']}, used {_mb(need)} "
+            f"({_mb(need - budget)} more); give more memory (plan.memory_per_rank), or "
+            "plan.trials=0 to train the prediction's pick"
+        ])  # fmt: skip
     else:
-        log.warning("runner: no plan trial completed within the budget; the prediction picks")
+        log.warning("runner: no plan trial completed; the prediction picks")
     return plan
+
+
+def _mb(size: float) -> str:
+    return f"{size / 2**20:,.0f} MB"
 
 
 def _trial(
@@ -79,6 +104,9 @@ def _trial(
     if done.returncode != 0 or summary.get("status") != "completed":
         message = (summary.get("error") or {}).get("message") or _tail(done.stderr)
         return {"failed": message, "run_dir": str(trial_dir)}
+    for kept in ("checkpoints", "model.pt", "model.safetensors"):  # its figures are the point
+        path = trial_dir / kept
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     return {**measured(trial_dir, summary), "run_dir": str(trial_dir)}
 
 
