@@ -166,6 +166,8 @@ def test_sigterm_then_resume_auto_ends_bit_for_bit(cli, tmp_path: Path, default_
     summary = resumed.summary()
     assert summary["status"] == "completed" and summary["resumed_from"] % 40 == 0
     assert summary["resumed_from"] >= 40
+    said = f"runner: resume=auto: going on from the checkpoint of step {summary['resumed_from']} ("
+    assert said in resumed.output, resumed.output
     assert [h["status"] for h in summary["history"]] == ["interrupted"]
     steps = [m["step"] for m in resumed.metrics()]
     assert steps == sorted(set(steps)), "a resumed run must not repeat metrics lines"

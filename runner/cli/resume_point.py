@@ -10,10 +10,11 @@ loads (a restart after a failure picks its checkpoint there).
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
-from runner.rundir.checkpoints import CheckpointStore, Pick, newest_intact, pick_from
+from runner.rundir.checkpoints import MANIFEST, CheckpointStore, Pick, newest_intact, pick_from
 from runner.rundir.files import read_jsonl
 from runner.spec import RunSpec
 from runner.spec.resume_check import check_resume
@@ -35,9 +36,22 @@ def resume_problems(spec: RunSpec, run_dir: Path) -> list[str]:
     for line in pick.skipped_lines():
         log.warning("runner: %s", line)
     cheap = CheckpointStore(run_dir / "checkpoints", keep=1).latest() if own else None
-    if own and pick.path != cheap:  # a fallback: the settings it holds are checked too
-        return check_resume(spec, pick.path)
-    return []
+    # a fallback: the settings it holds are checked too
+    problems = check_resume(spec, pick.path) if own and pick.path != cheap else []
+    if not problems:
+        log.info(
+            "runner: resume=%s: going on from the checkpoint of step %s (%s)",
+            spec.resume, _step(pick.path), pick.path,
+        )  # fmt: skip
+    return problems
+
+
+def _step(checkpoint: Path) -> str:
+    """The step a checkpoint holds, as its manifest says ('?' where it says none)."""
+    try:
+        return str(int(json.loads((checkpoint / MANIFEST).read_text())["step"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return "?"
 
 
 def _none_intact(resume: str, pick: Pick) -> str:
