@@ -19,7 +19,7 @@ from runner.cli import planner_process
 from runner.cli.closed_pipe import reader_left
 from runner.errors import first_line
 from runner.spec import SpecError
-from runner.spec.plan_specs import group_option
+from runner.spec.plan_specs import NoneFits, group_option
 
 log = logging.getLogger("runner")
 AUTO = "auto"
@@ -54,9 +54,9 @@ def make_plan(cfg: DictConfig, conf_dir: str, run_dir: Path | None) -> dict[str,
         raise SpecError([f"parallelism=auto: planning the layout failed: {tail[0]}"])
     plan = json.loads(out)
     if "problems" in plan:
-        refused = SpecError(plan["problems"])
-        refused.plan = plan.get("plan")  # what was weighed, where no layout fits
-        raise refused
+        if plan.get("plan"):  # what was weighed, where no layout fits
+            raise NoneFits(plan["problems"], plan["plan"])
+        raise SpecError(plan["problems"])
     return plan
 
 
@@ -203,10 +203,9 @@ def plan_task(cfg: DictConfig) -> None:
     try:
         plan = make_plan(cfg, conf_dir(), None)
     except SpecError as err:
-        weighed = getattr(err, "plan", None)
-        if _Request.as_json and weighed:  # every candidate, predicted, none fitting
+        if _Request.as_json and isinstance(err, NoneFits):  # every candidate, none fitting
             with contextlib.suppress(BrokenPipeError):
-                print(json.dumps(weighed, indent=2), flush=True)
+                print(json.dumps(err.plan, indent=2), flush=True)
         log.error("%s", problems_text(err.problems))
         sys.exit(2)
     try:

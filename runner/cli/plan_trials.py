@@ -28,6 +28,7 @@ from runner.cli.layout_plan import apply_layout
 from runner.spec import SpecError
 from runner.spec.composed import resolve_cfg
 from runner.spec.config_file import save_spec
+from runner.spec.plan_specs import megabytes
 
 log = logging.getLogger("runner")
 TRIALS_DIR = "plan_trials"
@@ -60,7 +61,7 @@ def run_trials(
             over.append(row)
             log.warning(
                 "runner: plan trial %s used %s per rank, over the budget of %s; trying the next",
-                row["name"], _mb(got["peak_bytes"]), _mb(budget),
+                row["name"], megabytes(got["peak_bytes"]), megabytes(budget),
             )  # fmt: skip
         elif "step_s" in got:
             within.append(row)
@@ -70,18 +71,14 @@ def run_trials(
         least = min(over, key=lambda r: r["measured"]["peak_bytes"])
         need = least["measured"]["peak_bytes"]
         raise SpecError([
-            f"parallelism=auto: no layout trialled ran within {_mb(budget)} per rank "
-            f"({plan['budget']}); the least, {least['name']}, used {_mb(need)} "
-            f"({_mb(need - budget)} more); give more memory (plan.memory_per_rank), or "
+            f"parallelism=auto: no layout trialled ran within {megabytes(budget)} per rank "
+            f"({plan['budget']}); the least, {least['name']}, used {megabytes(need)} "
+            f"({megabytes(need - budget)} more); give more memory (plan.memory_per_rank), or "
             "plan.trials=0 to train the prediction's pick"
         ])  # fmt: skip
     else:
         log.warning("runner: no plan trial completed; the prediction picks")
     return plan
-
-
-def _mb(size: float) -> str:
-    return f"{size / 2**20:,.0f} MB"
 
 
 def _trial(

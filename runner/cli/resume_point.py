@@ -10,11 +10,10 @@ loads (a restart after a failure picks its checkpoint there).
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
-from runner.rundir.checkpoints import MANIFEST, CheckpointStore, Pick, newest_intact, pick_from
+from runner.rundir.checkpoints import CheckpointStore, Pick, newest_intact, pick_from, step_of
 from runner.rundir.files import read_jsonl
 from runner.spec import RunSpec
 from runner.spec.resume_check import check_resume
@@ -47,10 +46,10 @@ def resume_problems(spec: RunSpec, run_dir: Path) -> list[str]:
 
 
 def _step(checkpoint: Path) -> str:
-    """The step a checkpoint holds, as its manifest says ('?' where it says none)."""
+    """The step a checkpoint holds, by its name ('?' for a directory named otherwise)."""
     try:
-        return str(int(json.loads((checkpoint / MANIFEST).read_text())["step"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        return str(step_of(checkpoint))
+    except ValueError:
         return "?"
 
 

@@ -25,7 +25,7 @@ from runner.layouts.forked import forked_map
 from runner.layouts.memory import Ranks, peak_bytes, state_bytes
 from runner.layouts.speed import step_seconds
 from runner.spec import RunSpec, SpecError, resolve_spec
-from runner.spec.plan_specs import FIXABLE, group_option, parse_size
+from runner.spec.plan_specs import FIXABLE, NoneFits, group_option, megabytes, parse_size
 
 log = logging.getLogger("runner")
 STAND_IN = "ddp"  # the layout the model is measured under: any will do
@@ -42,14 +42,6 @@ def with_layout(config: dict[str, Any], candidate: Candidate, conf_dir: Path) ->
     config["activation_checkpointing"] = candidate.checkpointing
     config["grad_accum"] = candidate.grad_accum
     return config
-
-
-class NoneFits(SpecError):
-    """No valid layout fits the budget: the problem, and the plan that weighed them."""
-
-    def __init__(self, problems: list[str], plan: dict[str, Any]):
-        super().__init__(problems)
-        self.plan = plan
 
 
 def make_plan(
@@ -250,10 +242,6 @@ def _none_fits(rows: list[dict[str, Any]], budget: int, budget_from: str) -> str
         f"({megabytes(need - budget)} more); give more memory (plan.memory_per_rank), more "
         "ranks (nproc), or a smaller microbatch (global_batch_size)"
     )
-
-
-def megabytes(value: float) -> str:
-    return f"{value / 2**20:,.0f} MB"
 
 
 def _warm() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from runner.spec.bounds import bound as _bound
+from runner.spec.convert import SpecError
 
 UNITS = {"": 1, "B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
@@ -28,6 +29,19 @@ def parse_size(text: str | int) -> int | None:
     number, prefix, _ = match.groups()
     value = float(number) * UNITS[prefix.upper() + "B" if prefix else ""]
     return int(value) if value > 0 else None
+
+
+def megabytes(value: float) -> str:
+    """A size as the plan's messages say it: `41 MB`."""
+    return f"{value / 2**20:,.0f} MB"
+
+
+class NoneFits(SpecError):
+    """No valid layout fits the budget: the problem, and the plan that weighed them."""
+
+    def __init__(self, problems: list[str], plan: dict[str, Any]):
+        super().__init__(problems)
+        self.plan = plan
 
 
 def bare_number(text: str | int) -> bool:
