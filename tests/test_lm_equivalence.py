@@ -21,6 +21,7 @@ from tests.helpers.cli import MATRIX, CliResult, run_cli
 from tests.helpers.config import compose_config
 from tests.helpers.equivalence import ENGINE_OPTIONS, relative_error
 from tests.helpers.language_model import GLOBAL_BATCH, lm_args, train_plain
+from tests.helpers.ranks import in_a_fresh_fork
 
 pytestmark = pytest.mark.slow
 
@@ -134,12 +135,17 @@ STATE_CASES = [(n, p) for n in (1, 2, 4) for p in ENGINES]
 ACCUM = {1: 4, 2: 2, 4: 1}
 
 
-@pytest.fixture(scope="module")
-def model_facts(reference_spec: RunSpec) -> dict:
-    """What parallelism=auto's planner measures of this gpt (runner.layouts.model_facts)."""
+def _measured(spec: RunSpec) -> dict:
     from runner.layouts.model_facts import measure
 
-    return measure(reference_spec, 1, "cpu").as_dict()
+    return measure(spec, 1, "cpu").as_dict()
+
+
+@pytest.fixture(scope="module")
+def model_facts(reference_spec: RunSpec) -> dict:
+    """What parallelism=auto's planner measures of this gpt (runner.layouts.model_facts), in
+    a process of its own, as the planner's is."""
+    return in_a_fresh_fork(_measured, reference_spec)
 
 
 @pytest.mark.parametrize(

@@ -27,3 +27,14 @@ def start_ranks(worker: Callable[..., Any], args: tuple, nprocs: int) -> None:
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     mp.start_processes(worker, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def in_a_fresh_fork(function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args)` in a fork of that server, its result pickled back: for code that
+    forks in turn (the planner's forked_map), which a test process that has run autograd's
+    threads cannot do ("Unable to handle autograd's threading in combination with
+    fork-based multiprocessing", as a fresh clone's make test met it)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    with context.Pool(1) as pool:
+        return pool.apply(function, args)
