@@ -14,7 +14,7 @@ from runner.spec import SpecError, resolve_spec
 from runner.spec.plan_specs import parse_size
 from tests.helpers.cli import MATRIX, CliResult, run_cli, run_sweep
 from tests.helpers.config import compose_config
-from tests.helpers.hugging_face import llama_args
+from tests.helpers.hugging_face import llama_args, moe_args
 from tests.helpers.language_model import lm_args
 from tests.helpers.refusals import refusal
 
@@ -59,9 +59,12 @@ def test_runner_plan_says_it_leaves_out_a_parallelism_only_when_one_was_named(ca
     assert "the parallelism given is left out" in capsys.readouterr().err
 
 
+SPLITS = ("tensor", "pipeline", "context")
+
+
 def test_the_candidates_divide_the_ranks_the_heads_and_the_batch() -> None:
     listed = candidates(
-        nproc=4, nodes=1, global_batch=16, blocks=4, heads=6, sequence=128, model_splits=True
+        nproc=4, nodes=1, global_batch=16, blocks=4, heads=6, sequence=128, splits=SPLITS
     )
     meshes = {(c.engine, c.tensor, c.pipeline, c.context) for c in listed}
     assert {("ddp", 1, 1, 1), ("zero3", 1, 1, 1), ("fsdp", 2, 1, 1), ("fsdp", 1, 4, 1)} <= meshes
@@ -74,21 +77,29 @@ def test_the_candidates_divide_the_ranks_the_heads_and_the_batch() -> None:
     }
     assert tp2 == {1, 2, 4, 8}  # 2 data ranks: 8 samples each
     several = candidates(
-        nproc=2, nodes=2, global_batch=8, blocks=0, heads=None, sequence=None, model_splits=False
+        nproc=2, nodes=2, global_batch=8, blocks=0, heads=None, sequence=None, splits=()
     )
     assert {c.checkpointing for c in several} == {"none"}  # no blocks to checkpoint
     assert any(c.replicate == 1 for c in several)  # across nodes: fsdp over every rank too
     long = candidates(
-        nproc=2, nodes=1, global_batch=8, blocks=2, heads=2, sequence=4096, model_splits=True
+        nproc=2, nodes=1, global_batch=8, blocks=2, heads=2, sequence=4096, splits=SPLITS
     )
     assert any(c.context == 2 for c in long)
+    moe = candidates(
+        nproc=4, nodes=1, global_batch=16, blocks=4, heads=4, sequence=128,
+        splits=(*SPLITS, "expert"), experts=6,
+    )  # fmt: skip
+    experts = {(c.engine, c.tensor, c.pipeline, c.expert) for c in moe if c.expert > 1}
+    # 6 experts: 2 of 4 shard ranks split them (not 4); with tp2 or pp2, 2 shard ranks are left
+    assert experts == {("fsdp", 1, 1, 2), ("fsdp", 2, 1, 2), ("fsdp", 1, 2, 2)}
+    assert not any(c.expert > 1 for c in listed)  # a dense model: none
 
 
 def test_a_plan_keeps_the_layout_keys_a_user_gives() -> None:
     from runner.layouts.planner import _keeping
 
     listed = candidates(
-        nproc=4, nodes=1, global_batch=16, blocks=4, heads=4, sequence=128, model_splits=True
+        nproc=4, nodes=1, global_batch=16, blocks=4, heads=4, sequence=128, splits=SPLITS
     )
     kept = _keeping(listed, {"grad_accum": "2", "parallelism.tensor": 2})
     assert kept and all(c.grad_accum == 2 and c.tensor == 2 for c in kept)
@@ -136,6 +147,37 @@ def test_a_hugging_face_model_is_planned_as_a_user_brings_it(tmp_path: Path, cor
     rows = json.loads(result.stdout)["candidates"]
     modes = {row["overrides"]["activation_checkpointing"] for row in rows if row.get("fits")}
     assert modes == {"none", "selective", "full"}, rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gpt_moe", pytest.param("mixtral", marks=MATRIX)])
+def test_a_mixture_of_experts_is_planned_with_its_expert_degrees(
+    tmp_path: Path, corpus: Path, family: str
+) -> None:
+    """runner's gpt_moe and a Hugging Face Mixtral get expert candidates (and the gpt_moe its
+    tensor and pipeline ones: the planner asks the model what splits it has, where it had
+    matched `.GPT` at the end of its target); an expert degree given under auto is kept, as
+    the other degrees are (it had been refused as no key of parallelism=auto)."""
+    if family == "gpt_moe":
+        moe = ["model=gpt_moe", "model.n_layer=2", "data.min_length=null"]  # one shape: stages
+        args = [*lm_args(corpus), *moe, "parallelism.expert=2"]
+    else:
+        args = moe_args("mixtral", corpus)
+    result = run_cli(tmp_path, "plan", *args, "nproc=4", "--json", name="plan")
+    assert result.returncode == 0, result.output
+    rows = [r for r in json.loads(result.stdout)["candidates"] if r["valid"]]
+    experts = {r["overrides"].get("parallelism.expert", 1) for r in rows}
+    if family == "gpt_moe":
+        assert experts == {2}, experts  # every candidate keeps the degree given
+        splits = {
+            k
+            for r in rows
+            for k in r["overrides"]
+            if k in ("parallelism.tensor", "parallelism.pipeline")
+        }
+        assert splits == {"parallelism.tensor", "parallelism.pipeline"}, splits
+    else:  # 4 experts: groups of 2 and 4 ranks split them
+        assert {1, 2, 4} <= experts, experts
 
 
 @pytest.mark.slow
@@ -190,6 +232,37 @@ def test_a_trial_measured_over_the_budget_is_never_the_pick(tmp_path: Path) -> N
     for trial in (tmp_path / "plan_trials").iterdir():
         assert (trial / "summary.json").is_file() and (trial / "metrics.jsonl").is_file()
         assert not any((trial / kept).exists() for kept in ("checkpoints", "model.pt"))
+
+
+@pytest.mark.slow
+def test_a_pick_predicted_near_the_budget_is_measured_first(tmp_path: Path) -> None:
+    """plan.trials=0: the fastest candidate, predicted within plan.check_margin of a 1 MB
+    budget, runs its first steps (a real run) and measures over the budget: it no longer
+    fits, and the next one, predicted well inside the budget, is the pick without a trial.
+    Without the check the pick measured over the budget trained."""
+    from omegaconf import OmegaConf
+
+    from runner.cli.plan_trials import check_pick, needs_check
+    from tests.helpers.cli import CONF_DIR, FAST
+
+    cfg = OmegaConf.create(compose_config([*FAST, "plan.trial_steps=2"]))
+    rows = [
+        {"name": f"ddp accum={k}", "valid": True, "fits": True,
+         "predicted": {"step_s": k, "peak_bytes": peak},
+         "overrides": {"parallelism": "ddp", "activation_checkpointing": "none", "grad_accum": k}}
+        for k, peak in ((1, 0.9 * 2**20), (2, 0.5 * 2**20))
+    ]  # fmt: skip
+    plan = {
+        "budget_bytes": 2**20, "budget": "plan.memory_per_rank=1MB", "candidates": rows,
+        "chosen": "ddp accum=1",
+    }  # fmt: skip
+    assert needs_check(cfg, plan)
+    check_pick(cfg, plan, tmp_path, str(CONF_DIR))
+    assert plan["trials"] == ["ddp accum=1"] and plan["chosen"] == "ddp accum=2"
+    assert not rows[0]["fits"] and rows[0]["measured"]["peak_bytes"] > 2**20
+    assert "measured" not in rows[1]
+    cfg.plan.check_margin = 0.0  # trust the prediction
+    assert not needs_check(cfg, plan)
 
 
 @pytest.mark.slow
@@ -302,8 +375,13 @@ def test_a_budget_ddp_does_not_fit_picks_a_sharded_layout_that_trains_within_it(
     assert any(r["predicted"]["peak_bytes"] <= budget for r in valid)
     result = run_cli(tmp_path, *args, "parallelism=auto", f"plan.memory_per_rank={budget}B")
     assert result.returncode == 0, result.output
-    chosen = json.loads((result.run_dir / "plan.json").read_text())["chosen"]
+    planned = json.loads((result.run_dir / "plan.json").read_text())
+    chosen = planned["chosen"]
     assert not chosen.startswith("ddp"), chosen
+    # predicted within plan.check_margin of the budget: its first steps were measured first
+    checked = {r["name"]: r for r in planned["candidates"] if "measured" in r}
+    assert chosen in checked and planned["trials"][-1] == chosen, planned["trials"]
+    assert checked[chosen]["measured"]["peak_bytes"] <= budget
     summary = result.summary()
     pairs = zip(summary["peak_rss_bytes"], summary["base_rss_bytes"], strict=True)
     used = [top - base for top, base in pairs]

@@ -119,27 +119,34 @@ def test_two_jobs_side_by_side_share_no_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "when",
-    ["composing", "starting", "training"],
+    ["composing", "planning", "starting", "training"],
 )
 def test_ctrl_c_typed_at_any_moment_ends_in_one_line(tmp_path: Path, when: str) -> None:
-    """Ctrl-C while Hydra composes (the parent), while the launcher imports torch and before
-    the first step, and in a step: exit 130, one line saying where the run stands."""
+    """Ctrl-C while Hydra composes (the parent), while parallelism=auto's trial runs, while
+    the launcher imports torch and before the first step, and in a step: exit 130, one line
+    saying where the run stands. Stopped as it planned, the run leaves no directory (it had
+    left one holding nothing of a run)."""
     started = time.monotonic()
     triggers = {
         # Python is up and runner's entry point has it (Hydra composes for seconds after;
         # at 0.5 s a busy machine's interpreter was still importing the entry module, whose
         # KeyboardInterrupt no handler can catch yet)
         "composing": lambda out: time.monotonic() - started > 1.5,
+        "planning": lambda out: "plan trial 1" in out,
         "starting": lambda out: "rank(s) on this node" in out,
         "training": lambda out: bool(re.search(r"\| *[1-9]\d*/400", out)),
     }
     run = tmp_path / "r"
     argv = [command("runner", False), *TINY, "max_steps=400", f"hydra.run.dir={run}"]
+    if when == "planning":  # a trial of 400 steps is running when the key lands
+        argv += ["parallelism=auto", "plan.trials=1", "plan.trial_steps=400"]
     typed = type_in(argv, tmp_path, activated=False, keys=(triggers[when], CTRL_C))
     assert typed.returncode == 130, typed.output
     _clean(typed)
     said = [line for line in typed.lines if "interrupted by SIGINT" in line]
     assert len(said) == 1, typed.output
+    if when == "planning":
+        assert "before any rank started" in said[0] and not run.exists(), typed.output
     if when == "training":
         # the bar said step 1 for rank 0; another rank may still be in it when the key lands
         assert "after step" in said[0] or "had finished step 1" in said[0], said

@@ -40,6 +40,7 @@ from runner.cli.layout_plan import (
 )
 from runner.cli.other_node import run_other_node
 from runner.cli.outcome import report_outcome, shown
+from runner.cli.plan_trials import TRIALS_DIR
 from runner.cli.requeue import continue_after_stop, first_run_dir
 from runner.cli.resume_point import resume_problems
 from runner.cli.run_files import discard, discard_rejected, file_run, scrub_hydra_files
@@ -109,9 +110,14 @@ def _run(cfg: DictConfig) -> float | None:
         quiet_beside_others(cfg, hydra_cfg)
     try:
         plan = _plan_layout(cfg, run_dir.root, requeued) if wants_plan(cfg) else None
+        if plan is not None and plan.get("trials"):
+            start_time = time.time()  # the trials' time is theirs, not the run's
         spec, secrets = resolve_cfg(cfg, run_dir.root, requeued)
     except SpecError as err:
         return _never_started(err.problems, cfg, run_dir, hydra_cfg, start_time)
+    except BaseException:  # interrupted while it planned: a directory with nothing of a run
+        discard(run_dir.root, frozenset({".hydra", TRIALS_DIR}))  # (its trials at most) goes
+        raise
     damaged = resume_problems(spec, run_dir.root)  # reads the checkpoint it resumes from
     if damaged:
         return _never_started(damaged, cfg, run_dir, hydra_cfg, start_time)
@@ -145,11 +151,15 @@ def _plan_layout(cfg: DictConfig, run_dir: Path, requeued: bool) -> dict[str, An
         return kept
     plan = make_plan(cfg, conf_dir(), run_dir)
     log.info("%s", plan_table(plan))
-    if cfg.plan.trials:
-        from runner.cli.plan_trials import run_trials
+    from runner.cli.plan_trials import check_pick, needs_check, run_trials
 
+    if cfg.plan.trials:
         plan = run_trials(cfg, plan, run_dir, conf_dir())
         log.info("%s", plan_table(plan))
+    elif needs_check(cfg, plan):
+        plan = check_pick(cfg, plan, run_dir, conf_dir())
+        if plan["trials"]:
+            log.info("%s", plan_table(plan))
     apply_layout(cfg, chosen_row(plan)["overrides"], conf_dir())
     return plan
 

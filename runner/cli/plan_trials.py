@@ -7,6 +7,10 @@ directory's `plan_trials/N/`, without checkpoints, trackers or a progress bar. I
 is the median of `time/step_s` over its steps after the first (the first builds caches and
 compiles); its memory is the most any rank used (above its base on a CPU; CUDA's most
 allocated on a GPU). A trial that fails is recorded with its error, and never picked.
+
+Without trials, a pick predicted within plan.check_margin of the budget is checked the same
+way (`check_pick`): one trial at a time, in the prediction's order, until one is measured
+within the budget or predicted well inside it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from runner.cli.layout_plan import apply_layout
 from runner.spec import SpecError
 from runner.spec.composed import resolve_cfg
 from runner.spec.config_file import save_spec
-from runner.spec.plan_specs import megabytes
+from runner.spec.plan_specs import MORE, megabytes, shortfall
 
 log = logging.getLogger("runner")
 TRIALS_DIR = "plan_trials"
@@ -68,17 +72,83 @@ def run_trials(
     if within:
         plan["chosen"] = min(within, key=lambda r: r["measured"]["step_s"])["name"]
     elif over:
-        least = min(over, key=lambda r: r["measured"]["peak_bytes"])
-        need = least["measured"]["peak_bytes"]
-        raise SpecError([
-            f"parallelism=auto: no layout trialled ran within {megabytes(budget)} per rank "
-            f"({plan['budget']}); the least, {least['name']}, used {megabytes(need)} "
-            f"({megabytes(need - budget)} more); give more memory (plan.memory_per_rank), or "
-            "plan.trials=0 to train the prediction's pick"
-        ])  # fmt: skip
+        raise SpecError([_shortfall(plan, over, "trialled", "or plan.trials=0 to train the "
+                                    "prediction's pick")])  # fmt: skip
     else:
         log.warning("runner: no plan trial completed; the prediction picks")
     return plan
+
+
+CHECKED = 4  # layouts a check runs at most before it gives up
+
+
+def needs_check(cfg: DictConfig, plan: dict[str, Any]) -> bool:
+    """Whether the pick is predicted close enough to the budget (within plan.check_margin of
+    it) that it runs a few steps first (plan.trials=0, one node)."""
+    margin = float(cfg.plan.check_margin)
+    if cfg.plan.trials or margin <= 0 or str(cfg.nodes) != "1":
+        return False
+    chosen = next(r for r in plan["candidates"] if r["name"] == plan["chosen"])
+    return chosen["predicted"]["peak_bytes"] > (1 - margin) * plan["budget_bytes"]
+
+
+def check_pick(
+    cfg: DictConfig, plan: dict[str, Any], run_dir: Path, conf_dir: str
+) -> dict[str, Any]:
+    """The budget kept where the prediction is close to it: the fastest predicted layouts
+    that fit, in order, each run for plan.trial_steps steps (a trial) while it is predicted
+    within plan.check_margin of the budget; the first measured within the budget, or
+    predicted well inside it, is the pick. One measured over it (or failing) no longer
+    fits; after CHECKED such trials, SpecError names the least one's shortfall."""
+    budget, steps = plan["budget_bytes"], int(cfg.plan.trial_steps)
+    safe = (1 - float(cfg.plan.check_margin)) * budget
+    fitting = [r for r in plan["candidates"] if r["valid"] and r["fits"]]
+    plan["trials"] = []
+    tried: list[dict[str, Any]] = []
+    for row in sorted(fitting, key=lambda r: r["predicted"]["step_s"]):
+        if row["predicted"]["peak_bytes"] <= safe:
+            plan["chosen"] = row["name"]
+            log.info(
+                "runner: parallelism=auto: %s is predicted well inside the budget", row["name"]
+            )
+            return plan
+        if len(tried) == CHECKED:
+            break
+        log.info(
+            "runner: parallelism=auto: %s is predicted at %s of %s per rank; checking it for "
+            "%d steps", row["name"], megabytes(row["predicted"]["peak_bytes"]),
+            megabytes(budget), steps,
+        )  # fmt: skip
+        trial_dir = run_dir / TRIALS_DIR / str(len(tried))
+        got = _trial(cfg, row["overrides"], trial_dir, conf_dir, steps)
+        row["measured"] = got
+        plan["trials"].append(row["name"])
+        tried.append(row)
+        if "peak_bytes" in got and got["peak_bytes"] <= budget:
+            plan["chosen"] = row["name"]
+            return plan
+        row["fits"] = False
+        why = got.get("failed") or f"used {megabytes(got['peak_bytes'])} per rank"
+        log.warning(
+            "runner: parallelism=auto: %s %s, over the budget; trying the next", row["name"], why
+        )
+    return _none_within(plan, tried, budget)
+
+
+def _none_within(plan: dict[str, Any], tried: list[dict[str, Any]], budget: int) -> dict:
+    ran = [r for r in tried if "peak_bytes" in r["measured"]]
+    if not ran:
+        failed = f" ({tried[0]['name']}: {tried[0]['measured'].get('failed')})" if tried else ""
+        raise SpecError([f"parallelism=auto: no layout checked ran{failed}"])
+    raise SpecError([_shortfall(plan, ran, "checked", MORE)])
+
+
+def _shortfall(plan: dict[str, Any], over: list[dict[str, Any]], how: str, more: str) -> str:
+    """No layout `how` (trialled, checked) ran within the budget: the least one's need."""
+    least = min(over, key=lambda r: r["measured"]["peak_bytes"])
+    need = least["measured"]["peak_bytes"]
+    what = f"{how} ran within"
+    return shortfall(what, plan["budget_bytes"], plan["budget"], least["name"], need, more)
 
 
 def _trial(

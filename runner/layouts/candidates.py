@@ -1,16 +1,19 @@
 """The layouts a plan weighs: each a set of ordinary config keys a user could have given.
 
 A candidate is an engine (ddp, zero1, zero2, zero3, fsdp), fsdp's mesh (replicate, tensor,
-pipeline, context), an activation-checkpointing mode and grad_accum. `candidates` lists
-every one that could apply to the run, before any check: the tensor degrees that divide a
-node's ranks and the model's heads, the pipeline degrees that divide the world and leave a
-block per stage, context where sequences are long, HSDP where there are several nodes, and
-every grad_accum that divides a data rank's share of the batch. The spec's own checks then
+pipeline, context, expert), an activation-checkpointing mode and grad_accum. `candidates`
+lists every one that could apply to the run, before any check: for the splits the model
+has plans of its own for, the tensor degrees that divide a node's ranks and the model's
+heads, the pipeline degrees that divide the world and leave a block per stage, context
+where sequences are long, and the expert degrees that divide the shard ranks and the
+experts; HSDP where there are several nodes; and every grad_accum that divides a data
+rank's share of the batch. The spec's own checks then
 say which are valid (runner.layouts.planner).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +30,7 @@ class Candidate:
     pipeline: int = 1
     context: int = 1
     replicate: int | None = None  # fsdp's copies (HSDP); None: fsdp's default
+    expert: int = 1  # groups of shard ranks that split each layer's experts
 
     @property
     def model_split(self) -> int:
@@ -39,7 +43,7 @@ class Candidate:
     def overrides(self) -> dict[str, Any]:
         """The config keys that make this layout, as a user would give them."""
         keys: dict[str, Any] = {"parallelism": self.engine}
-        for key in ("tensor", "pipeline", "context", "replicate"):
+        for key in ("tensor", "pipeline", "context", "expert", "replicate"):
             value = getattr(self, key)
             if value not in (1, None):
                 keys[f"parallelism.{key}"] = value
@@ -51,7 +55,8 @@ class Candidate:
     def name(self) -> str:
         """A short name for tables: `fsdp tp2 pp2 ac=full accum=4`."""
         parts = [self.engine]
-        for short, value in (("tp", self.tensor), ("pp", self.pipeline), ("cp", self.context)):
+        shorts = (("tp", self.tensor), ("pp", self.pipeline), ("cp", self.context))
+        for short, value in (*shorts, ("ep", self.expert)):
             if value > 1:
                 parts.append(f"{short}{value}")
         if self.replicate is not None:
@@ -74,19 +79,20 @@ def candidates(
     blocks: int,
     heads: int | None,
     sequence: int | None,
-    model_splits: bool,
+    splits: Collection[str] = (),
+    experts: int = 0,
 ) -> list[Candidate]:
     """Every layout weighed for `nodes` x `nproc` ranks. `blocks`: the model's repeated
-    blocks (0: none to checkpoint or cut into stages); `model_splits`: whether the model
-    can be split by tensor, pipeline and context parallelism (runner's gpt, a Hugging Face
-    model, or a model with its own plans)."""
+    blocks (0: none to checkpoint or cut into stages); `splits`: the splits the model has
+    plans for (tensor, pipeline, context, expert); `experts`: experts per MoE layer."""
     world = nproc * nodes
     modes = ("none", "full", "selective") if blocks else ("none",)
     meshes: list[dict[str, Any]] = [{"engine": engine} for engine in ENGINES]
     if nodes > 1:  # fsdp's default is a copy per node (HSDP); sharding over every rank too
         meshes.append({"engine": "fsdp", "replicate": 1})
-    if model_splits:
-        meshes += _model_splits(nproc, world, blocks, heads, sequence)
+    meshes += _model_splits(nproc, world, blocks, heads, sequence, splits)
+    if "expert" in splits:
+        meshes += _expert_splits(meshes, world, nodes, experts)
     found = []
     for mesh in meshes:
         split = mesh.get("tensor", 1) * mesh.get("pipeline", 1) * mesh.get("context", 1)
@@ -98,13 +104,20 @@ def candidates(
 
 
 def _model_splits(
-    nproc: int, world: int, blocks: int, heads: int | None, sequence: int | None
+    nproc: int,
+    world: int,
+    blocks: int,
+    heads: int | None,
+    sequence: int | None,
+    splits: Collection[str],
 ) -> list[dict[str, Any]]:
     """fsdp meshes that split the model: tensor within a node (dividing the heads), pipeline
     (a block per stage at least), context (long sequences), alone and together."""
     tensors = [t for t in divisors(nproc) if heads is None or heads % t == 0]
-    pipelines = [p for p in divisors(world) if p <= max(1, blocks)]
-    contexts = divisors(nproc) if sequence and sequence >= LONG_SEQUENCE else [1]
+    tensors = tensors if "tensor" in splits else [1]
+    pipelines = [p for p in divisors(world) if p <= max(1, blocks) and "pipeline" in splits]
+    long = sequence and sequence >= LONG_SEQUENCE and "context" in splits
+    contexts = divisors(nproc) if long else [1]
     meshes = []
     for tensor in tensors:
         for pipeline in pipelines:
@@ -115,3 +128,20 @@ def _model_splits(
                 mesh = {"engine": "fsdp", "tensor": tensor, "pipeline": pipeline}
                 meshes.append({**mesh, "context": context})
     return meshes
+
+
+def _expert_splits(
+    meshes: list[dict[str, Any]], world: int, nodes: int, experts: int
+) -> list[dict[str, Any]]:
+    """Each fsdp mesh (without context parallelism) with every expert degree above 1 that
+    divides its shard ranks and the experts per layer."""
+    found = []
+    for mesh in meshes:
+        if mesh["engine"] != "fsdp" or mesh.get("context", 1) > 1:
+            continue
+        split = mesh.get("tensor", 1) * mesh.get("pipeline", 1)
+        shard = world // split // (mesh.get("replicate") or nodes)
+        for expert in divisors(shard)[1:]:
+            if experts % expert == 0:
+                found.append({**mesh, "expert": expert})
+    return found

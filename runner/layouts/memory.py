@@ -176,7 +176,8 @@ def _gathered_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -
     nothing."""
     width = facts["element_bytes"]
     blocks = facts["blocks"]
-    block = (max(blocks) if blocks else max(facts["params"])) / candidate.tensor * width
+    block = (max(blocks) if blocks else max(facts["params"])) - _expert_share(facts, candidate)
+    block = block / candidate.tensor * width
     outside = (sum(facts["params"]) - sum(blocks)) / candidate.tensor * width
     if candidate.engine == "fsdp":
         if ranks.shards(candidate) == 1:
@@ -193,6 +194,16 @@ def _gathered_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -
         whole = ranks.device == "cuda" and ranks.options.get("contiguous_gradients", True)
         return (bucket if whole else min(bucket, sum(_held_params(facts, candidate)))) * width
     return 0.0
+
+
+def _expert_share(facts: dict[str, Any], candidate: Candidate) -> float:
+    """Elements of a block's experts that its rank does not gather under expert parallelism
+    (it holds its own experts, sharded over the shard ranks left): (1 - 1/expert) of them."""
+    experts = facts.get("experts") or {}
+    if candidate.expert == 1 or not experts.get("elements"):
+        return 0.0
+    per_block = experts["elements"] / max(1, len(facts["blocks"]))
+    return per_block * (1 - 1 / candidate.expert)
 
 
 def _step_bytes(

@@ -29,6 +29,7 @@ from runner.errors import describe
 from runner.hardware import cpu_cores, peak_tflops, threads_per_rank
 from runner.layouts.forked import forked_map
 from runner.layouts.live_bytes import LiveBytes
+from runner.layouts.model_splits import NO_EXPERTS, experts_of, model_splits
 from runner.models.blocks import apply_activation_checkpointing, find_blocks
 from runner.models.builders import build_model, without_generation_cache
 from runner.spec import RunSpec
@@ -71,6 +72,12 @@ class ModelFacts:
     traced_on: str = "cpu"  # the device the passes were traced for (fake tensors of its kind)
     # checkpointing modes whose trace failed, and how (their candidates are refused for it)
     untraceable: dict[str, str] = field(default_factory=dict)
+    # the ways the model itself can be split (its own plans): tensor, pipeline, context, expert
+    splits: list[str] = field(default_factory=list)
+    # its mixture-of-experts layers: experts per layer (0: none), the elements of every
+    # experts module expert parallelism splits, and the values a routed token sends to its
+    # experts (top_k x width)
+    experts: dict[str, int] = field(default_factory=lambda: dict(NO_EXPERTS))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +115,8 @@ def measure(spec: RunSpec, nproc: int, device: str, trace_on: str | None = None)
         half_passes=half_passes,
         traced_on=trace_on,
         untraceable=untraceable,
+        splits=model_splits(model),
+        experts=experts_of(model),
     )
 
 
@@ -300,7 +309,13 @@ def _keep_blocks(model: nn.Module, blocks: list[nn.Module], keep: int) -> None:
     for parent in model.modules():
         for name, child in parent.named_children():
             if isinstance(child, (nn.ModuleList, nn.Sequential)) and list(child) == blocks:
-                setattr(parent, name, type(child)(blocks[:keep]))
+                kept = blocks[:keep]
+                cut = (
+                    nn.Sequential(*kept)
+                    if isinstance(child, nn.Sequential)
+                    else nn.ModuleList(kept)
+                )
+                setattr(parent, name, cut)
                 return
 
 

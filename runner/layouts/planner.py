@@ -25,7 +25,7 @@ from runner.layouts.forked import forked_map
 from runner.layouts.memory import Ranks, peak_bytes, state_bytes
 from runner.layouts.speed import step_seconds
 from runner.spec import RunSpec, SpecError, resolve_spec
-from runner.spec.plan_specs import FIXABLE, NoneFits, group_option, megabytes, parse_size
+from runner.spec.plan_specs import FIXABLE, MORE, NoneFits, group_option, parse_size, shortfall
 
 log = logging.getLogger("runner")
 STAND_IN = "ddp"  # the layout the model is measured under: any will do
@@ -68,7 +68,7 @@ def make_plan(
     listed = candidates(
         nproc=stand_in.nproc, nodes=stand_in.nodes, global_batch=stand_in.global_batch_size,
         blocks=len(facts["blocks"]), heads=facts["heads"], sequence=facts["sequence"],
-        model_splits=_splits_model(stand_in),
+        splits=facts["splits"], experts=facts["experts"]["count"],
     )  # fmt: skip
     listed = _keeping(listed, fixed or {})
     budget, budget_from = _budget(stand_in, facts)
@@ -109,7 +109,7 @@ def _simpler(row: dict[str, Any]) -> tuple[int, int, int]:
     engine = overrides.get("parallelism", "ddp")
     splits = sum(
         int(overrides.get(f"parallelism.{k}", 1) or 1) > 1
-        for k in ("tensor", "pipeline", "context")
+        for k in ("tensor", "pipeline", "context", "expert")
     )
     return (
         SIMPLER.index(engine) if engine in SIMPLER else len(SIMPLER),
@@ -137,14 +137,6 @@ def _resolve(config: dict[str, Any], run_dir: Path | None) -> RunSpec | list[str
         return resolve_spec(config, run_dir=run_dir)
     except SpecError as err:
         return err.problems
-
-
-def _splits_model(spec: RunSpec) -> bool:
-    """Whether the model has its own tensor, pipeline and context plans (runner's gpt, a
-    Hugging Face model): a model that needs the user's plans (parallelism.tp_plan, pp_plan)
-    is weighed without them."""
-    target = spec.model.target
-    return target.endswith(".GPT") or "transformers" in target or "hugging_face" in target
 
 
 def _budget(spec: RunSpec, facts: dict[str, Any]) -> tuple[int, str]:
@@ -206,9 +198,12 @@ def _model_problems(spec: RunSpec, facts: dict[str, Any]) -> list[str]:
     from runner.spec.mesh import layout
 
     grid = layout(spec)
-    key = (grid.tensor, grid.pipeline, grid.context, spec.checkpoint_every, grid.replicate)
+    key = (
+        grid.tensor, grid.pipeline, grid.context, grid.expert, spec.checkpoint_every,
+        grid.replicate,
+    )  # fmt: skip
     if key not in _MODEL_CHECKS:
-        if key[:4] == (1, 1, 1, 0):
+        if key[:5] == (1, 1, 1, 1, 0):
             _MODEL_CHECKS[key] = []
         else:
             _MODEL_CHECKS[key] = model_problems(spec, _data_info(spec))
@@ -236,12 +231,7 @@ def _none_fits(rows: list[dict[str, Any]], budget: int, budget_from: str) -> str
         return "parallelism=auto: no layout is valid: " + "; ".join(reasons[:5])
     smallest = min(valid, key=lambda r: r["predicted"]["peak_bytes"])
     need = smallest["predicted"]["peak_bytes"]
-    return (
-        f"parallelism=auto: no layout fits {megabytes(budget)} per rank ({budget_from}); "
-        f"the smallest, {smallest['name']}, needs {megabytes(need)} "
-        f"({megabytes(need - budget)} more); give more memory (plan.memory_per_rank), more "
-        "ranks (nproc), or a smaller microbatch (global_batch_size)"
-    )
+    return shortfall("fits", budget, budget_from, smallest["name"], need, MORE)
 
 
 def _warm() -> None:

@@ -130,7 +130,12 @@ def _communication(
         moved = 2 * ring * held  # all-reduce (or reduce-scatter then all-gather)
     else:  # zero3, fsdp: gather forward and backward, every microbatch; reduce-scatter
         shards = ranks.shards(candidate) if candidate.engine == "fsdp" else data
-        moved = (2 * accum + 1) * held * ((shards - 1) / shards if shards > 1 else 0.0)
+        # expert parallelism: a rank's experts are gathered over the shard ranks left
+        experts = (facts.get("experts") or {}).get("elements", 0) * width / candidate.tensor
+        experts = experts if candidate.expert > 1 else 0.0
+        left = shards // candidate.expert
+        moved = (2 * accum + 1) * (held - experts) * ((shards - 1) / shards if shards > 1 else 0)
+        moved += (2 * accum + 1) * experts / candidate.expert * (left - 1) / max(1, left)
         count = 2 * accum * max(1, len(facts["blocks"])) + 1
     shared = candidate.engine != "fsdp"  # ddp and DeepSpeed: shared memory on a CPU
     bandwidth = link["shared_memory" if shared else "bandwidth"]
@@ -147,6 +152,11 @@ def _communication(
         model_s += blocks * 8 * accum * link["latency"]
     if candidate.pipeline > 1:
         model_s += 2 * accum * link["latency"]
+    if candidate.expert > 1:  # each MoE layer's tokens to their experts and back, both ways
+        routed = (facts.get("experts") or {}).get("routed", 0)
+        tokens = samples * (facts.get("sequence") or 1) / candidate.context / candidate.pipeline
+        sent = tokens * routed * width * (candidate.expert - 1) / candidate.expert
+        model_s += blocks * 4 * (sent / link["bandwidth"] + accum * link["latency"])
     if candidate.context > 1:
         sequence = facts.get("sequence") or 1
         width_guess = math.sqrt(max(facts["blocks"] or [1]) / 12)

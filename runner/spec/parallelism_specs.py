@@ -140,4 +140,5 @@ class AutoSpec:
     tensor: int | None = _bound(None, min=1)  # a degree given is kept; null: planned
     pipeline: int | None = _bound(None, min=1)
     context: int | None = _bound(None, min=1)
+    expert: int | None = _bound(None, min=1)
     replicate: int | None = _bound(None, min=1)

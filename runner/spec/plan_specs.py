@@ -36,6 +36,19 @@ def megabytes(value: float) -> str:
     return f"{value / 2**20:,.0f} MB"
 
 
+MORE = "more ranks (nproc), or a smaller microbatch (global_batch_size)"
+
+
+def shortfall(what: str, budget: int, budget_from: str, least: str, need: int, more: str) -> str:
+    """No layout within the budget: `what` (fits, trialled ran within, ...), the least one
+    and how much it needs (`need`), and what would help (`more`)."""
+    return (
+        f"parallelism=auto: no layout {what} {megabytes(budget)} per rank ({budget_from}); "
+        f"the least, {least}, needs {megabytes(need)} ({megabytes(need - budget)} more); give "
+        f"more memory (plan.memory_per_rank), {more}"
+    )
+
+
 class NoneFits(SpecError):
     """No valid layout fits the budget: the problem, and the plan that weighed them."""
 
@@ -54,12 +67,16 @@ class PlanSpec:
     """parallelism=auto: the fastest predicted layout that fits `memory_fraction` of a GPU's
     memory, or `memory_per_rank` (on a CPU by default: RAM over the node's ranks); with
     `trials` > 0 the best `trials` layouts each run `trial_steps` steps and the fastest
-    measured one trains."""
+    measured one trains; with none, a pick predicted within `check_margin` of the budget
+    runs `trial_steps` steps first, and one measured over it gives way to the next."""
 
     memory_per_rank: str | int | None = None
     memory_fraction: float = _bound(0.9, gt=0.0, max=1.0)
     trials: int = _bound(0, min=0)
     trial_steps: int = _bound(6, min=2)
+    # a pick predicted within this share of the budget is run for trial_steps steps first,
+    # measured, and not kept over it (0: trust the prediction)
+    check_margin: float = _bound(0.25, min=0.0, max=0.9)
 
 
 # The layout keys a user may fix for parallelism=auto: its config key -> the candidate's field
@@ -69,6 +86,7 @@ FIXABLE = {
     "parallelism.tensor": "tensor",
     "parallelism.pipeline": "pipeline",
     "parallelism.context": "context",
+    "parallelism.expert": "expert",
     "parallelism.replicate": "replicate",
 }
 
