@@ -37,6 +37,11 @@ def test_synthetic_is_fixed_and_learnable() -> None:
     means = torch.stack([x[y == c].mean(0) for c in range(10)])
     predicted = (a.val.inputs.flatten(1) @ means.T).argmax(1)
     assert (predicted == a.val.labels).float().mean() > 0.5
+    # a large split is made image by image as it is read: the same images, none held
+    large, again = synthetic(image_size=224).train, synthetic(image_size=224).train
+    assert large.inputs is None and torch.equal(large[2047][0], again[2047][0])
+    images, labels = large.batch([5, 7])
+    assert torch.equal(images[1], large[7][0]) and torch.equal(labels, large.labels[[5, 7]])
 
 
 def test_image_folder_reads_local_files(tmp_path: Path) -> None:

@@ -181,6 +181,18 @@ def test_a_mixture_of_experts_is_planned_with_its_expert_degrees(
 
 
 @pytest.mark.slow
+def test_a_component_the_run_would_refuse_is_refused_by_the_plan_in_its_words(
+    tmp_path: Path,
+) -> None:
+    """A data key the data does not take (as +recipe=resnet50 data=synthetic gives): the
+    plan says what a run says of it, where it said `planning the layout failed: TypeError`."""
+    result = run_cli(tmp_path, "plan", *PEAK_RESNET, "+data.augment=true", name="plan")
+    assert result.returncode == 2, result.output
+    assert "data.augment: unexpected argument of runner.data.synthetic" in result.output
+    assert "planning the layout failed" not in result.output
+
+
+@pytest.mark.slow
 def test_a_checkpointing_mode_the_model_cannot_take_is_refused_and_the_plan_goes_on(
     tmp_path: Path,
 ) -> None:

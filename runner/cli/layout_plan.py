@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from runner.cli import planner_process
 from runner.cli.closed_pipe import reader_left
+from runner.cli.compose_errors import with_origins
 from runner.errors import first_line
 from runner.spec import SpecError
 from runner.spec.plan_specs import NoneFits, group_option
@@ -56,7 +57,7 @@ def make_plan(cfg: DictConfig, conf_dir: str, run_dir: Path | None) -> dict[str,
     if "problems" in plan:
         if plan.get("plan"):  # what was weighed, where no layout fits
             raise NoneFits(plan["problems"], plan["plan"])
-        raise SpecError(plan["problems"])
+        raise SpecError(with_origins(plan["problems"], sys.argv[1:]))
     return plan
 
 

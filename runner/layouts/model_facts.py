@@ -83,12 +83,14 @@ class ModelFacts:
         return asdict(self)
 
 
-def measure(spec: RunSpec, nproc: int, device: str, trace_on: str | None = None) -> ModelFacts:
-    """The facts of `spec`'s model and data, with `nproc` ranks on a `device` (cpu|cuda).
-    The passes are traced as that device runs them (its autocast, its attention kernels),
-    on fake tensors of its kind where this process sees one (`trace_on` says which), else
-    on the CPU's."""
-    data = build_datasets(spec.data)
+def measure(
+    spec: RunSpec, nproc: int, device: str, data: Any = None, trace_on: str | None = None
+) -> ModelFacts:
+    """The facts of `spec`'s model and data (its datasets, built here unless given), with
+    `nproc` ranks on a `device` (cpu|cuda). The passes are traced as that device runs them
+    (its autocast, its attention kernels), on fake tensors of its kind where this process
+    sees one (`trace_on` says which), else on the CPU's."""
+    data = build_datasets(spec.data) if data is None else data
     if trace_on is None:
         trace_on = "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
     try:

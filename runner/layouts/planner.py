@@ -64,7 +64,11 @@ def make_plan(
             f"plan.trials={stand_in.plan.trials}: trials run on one node (nodes="
             f"{stand_in.nodes}); plan there with nproc, or set plan.trials=0"
         ])  # fmt: skip
-    facts = measure(stand_in, stand_in.nproc, stand_in.device).as_dict()
+    try:
+        facts = measure(stand_in, stand_in.nproc, stand_in.device, _data(stand_in)).as_dict()
+    except Exception:  # a component the run's own checks refuse: refused with their words
+        _check_components(stand_in)
+        raise
     listed = candidates(
         nproc=stand_in.nproc, nodes=stand_in.nodes, global_batch=stand_in.global_batch_size,
         blocks=len(facts["blocks"]), heads=facts["heads"], sequence=facts["sequence"],
@@ -74,7 +78,6 @@ def make_plan(
     budget, budget_from = _budget(stand_in, facts)
     # each candidate's resolution and checks, side by side where no CUDA context is open
     workers = cpu_cores() if facts["traced_on"] == "cpu" else 1
-    _data_info(stand_in)  # once, here
     weigh = partial(_weigh, config, conf_dir=conf_dir, run_dir=run_dir, facts=facts, budget=budget)
     rows = forked_map(weigh, listed, workers)
     fitting = [r for r in rows if r["valid"] and r["fits"]]
@@ -187,6 +190,17 @@ def _weigh(
     return row
 
 
+def _check_components(spec: RunSpec) -> None:
+    """The checks a run's agent makes of the data, the model and the rest before any rank
+    starts (an argument the component does not take, ...): a config they refuse is refused
+    here with their words, not as the trace's error."""
+    from runner.launch.preflight import component_problems
+
+    problems = component_problems(spec)
+    if problems:
+        raise SpecError(problems)
+
+
 _MODEL_CHECKS: dict[tuple[int, ...], list[str]] = {}
 
 
@@ -210,18 +224,23 @@ def _model_problems(spec: RunSpec, facts: dict[str, Any]) -> list[str]:
     return _MODEL_CHECKS[key]
 
 
-_DATA_INFO: dict[str, dict[str, Any]] = {}
+_DATA: dict[str, Any] = {}
+
+
+def _data(spec: RunSpec) -> Any:
+    """The run's datasets: built once a plan (every candidate reads the same data), before
+    the model is measured and its candidates are resolved side by side."""
+    key = repr(spec.data)
+    if key not in _DATA:
+        from runner.data.datasets import build_datasets
+
+        _DATA[key] = build_datasets(spec.data)
+    return _DATA[key]
 
 
 def _data_info(spec: RunSpec) -> dict[str, Any]:
-    """What the data tells the model (vocabulary, classes, ...): built once a plan (every
-    candidate reads the same data), before its candidates are resolved side by side."""
-    key = repr(spec.data)
-    if key not in _DATA_INFO:
-        from runner.data.datasets import build_datasets
-
-        _DATA_INFO[key] = build_datasets(spec.data).info
-    return _DATA_INFO[key]
+    """What the data tells the model (vocabulary, classes, ...)."""
+    return _data(spec).info
 
 
 def _none_fits(rows: list[dict[str, Any]], budget: int, budget_from: str) -> str:
