@@ -98,3 +98,25 @@ def test_the_first_step_is_left_out_of_the_throughput_unless_it_is_logged() -> N
     logged_first.add_tokens(100)
     logged_first.step_done(samples=8, logged=True)  # log_interval=1: the only span there is
     assert logged_first.take(samples=8)[2] == 100
+
+
+def test_the_bar_says_whose_loss_it_shows() -> None:
+    """The bar counts steps as they are taken; a record comes once its step's figures are
+    reduced, steps later: the postfix names the record's step then (at 6/12 it had shown
+    step 4's loss as if it were step 6's)."""
+    import io
+
+    from runner.train.records.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    progress = Progress(12, Terminal(), enabled=True)
+    for _ in range(6):
+        progress.advance()
+    progress.logged({"step": 4, "train/loss": 2.5, "lr": 1e-3})
+    assert progress.bar.postfix.startswith("step 4: loss 2.5000"), progress.bar.postfix
+    progress.logged({"step": 6, "train/loss": 2.25, "lr": 1e-3})
+    assert progress.bar.postfix.startswith("loss 2.2500"), progress.bar.postfix
+    progress.close()

@@ -62,7 +62,11 @@ class Progress:
 
     def logged(self, record: dict[str, Any]) -> None:
         if self.bar is not None:
-            self.bar.set_postfix_str(_fmt(record), refresh=False)
+            # a record is written once its step's figures are reduced, which may be steps
+            # after the bar counted it (the host does not wait for them): say whose they are
+            step = record.get("step")
+            behind = f"step {step}: " if step is not None and step != self.bar.n else ""
+            self.bar.set_postfix_str(behind + _fmt(record), refresh=False)
         elif self.stream is not None:
             where = f"step {record['step']}/{self.total}" if "lr" in record else "evaluation"
             print(f"{where} | {_fmt(record)}", file=self.stream, flush=True)
