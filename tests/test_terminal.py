@@ -7,7 +7,9 @@ by side drew their bars on one line; an early Ctrl-C printed a KeyboardInterrupt
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import time
@@ -140,7 +142,9 @@ def test_ctrl_c_typed_at_any_moment_ends_in_one_line(tmp_path: Path, when: str) 
     argv = [command("runner", False), *TINY, "max_steps=400", f"hydra.run.dir={run}"]
     if when == "planning":  # a trial of 400 steps is running when the key lands
         argv += ["parallelism=auto", "plan.trials=1", "plan.trial_steps=400"]
-    typed = type_in(argv, tmp_path, activated=False, keys=(triggers[when], CTRL_C))
+    typed = type_in(
+        argv, tmp_path, activated=False, keys=(triggers[when], CTRL_C * (1 + ("twice" in when)))
+    )
     assert typed.returncode == 130, typed.output
     _clean(typed)
     said = [line for line in typed.lines if "interrupted by SIGINT" in line]
@@ -153,6 +157,32 @@ def test_ctrl_c_typed_at_any_moment_ends_in_one_line(tmp_path: Path, when: str) 
     if (run / "summary.json").exists():
         summary = json.loads((run / "summary.json").read_text())
         assert summary["status"] == "interrupted" and summary["signal"] == "SIGINT"
+
+
+def test_a_second_ctrl_c_as_the_first_unwinds_changes_nothing(tmp_path: Path) -> None:
+    """SIGINT to the command's process group, then another 30-70 ms later (`timeout` adds its
+    own to a terminal's; a user types it twice), at moments of start-up: each time exit 130
+    and the one line. The second had killed the interpreter as it shut down (exit by the
+    signal) in 6 of 12 such tries, or broken the unwinding into a traceback."""
+    import subprocess
+
+    from tests.helpers.cli import child_env
+
+    argv = [command("runner", False), *TINY, "max_steps=100000", "nproc=1"]
+    for k, delay in enumerate((0.5, 0.7, 0.9)):
+        proc = subprocess.Popen(
+            argv, cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.03 + 0.02 * k)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "Traceback" not in out, (delay, out)
+        assert out.count("interrupted by SIGINT") == 1, out
 
 
 @pytest.mark.sweeps

@@ -23,18 +23,46 @@ def _stopped(signum: int, _frame: object) -> None:
     raise _Stopped(signum)
 
 
+_interrupts: list[int] = []  # SIGINTs taken while no agent ran
+
+
+def _interrupted(signum: int, _frame: object) -> None:
+    """Ctrl-C outside a run's agent: KeyboardInterrupt; a second one (`timeout` sends its
+    own, a user types it again) while the first unwinds is the same request, ignored, where
+    it had broken the unwinding into a traceback (an atexit handler, Hydra's); a third
+    interrupts again."""
+    _interrupts.append(signum)
+    if len(_interrupts) != 2:  # a third: the user insists
+        raise KeyboardInterrupt
+
+
 def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stopped)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not ignored
+        signal.signal(signal.SIGINT, _interrupted)
     try:
         _main()
     except (KeyboardInterrupt, _Stopped) as stop:  # one line, no traceback
-        from runner.cli import supervise
+        _say_interrupted(stop.signum if isinstance(stop, _Stopped) else signal.SIGINT)
+    except Exception:
+        if not _interrupts:
+            raise
+        # a library's code that Ctrl-C cut short in a bad place (a context manager's exit)
+        # raised its own error instead: still the interruption
+        _say_interrupted(signal.SIGINT)
+    finally:
+        # the command ends here: a Ctrl-C from now on (a second one, `timeout`'s) would kill
+        # the interpreter as it shuts down, by the signal, where it exits with its own code
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-        signum = stop.signum if isinstance(stop, _Stopped) else signal.SIGINT
-        when = "as the run ended" if supervise.agent_ran() else "before any rank started"
-        print(f"runner: interrupted by {signal.Signals(signum).name} {when}", file=sys.stderr)
-        sys.exit(128 + signum)
+
+def _say_interrupted(signum: int) -> None:
+    from runner.cli import supervise
+
+    when = "as the run ended" if supervise.agent_ran() else "before any rank started"
+    print(f"runner: interrupted by {signal.Signals(signum).name} {when}", file=sys.stderr)
+    sys.exit(128 + signum)
 
 
 def _main() -> None:
