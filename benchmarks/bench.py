@@ -41,7 +41,7 @@ from suites_memory import (
     tensor_parallel_suite,
 )
 from suites_moe import moe_notes, moe_recipe_table, moe_suite
-from suites_plan import gpu_plan_table, plan_table
+from suites_plan import gpu_plan_table, plan_moe_table, plan_table
 from suites_plan_families import families_table
 from suites_speed import (
     CHECKPOINT_BLOCKED,
@@ -294,6 +294,7 @@ TABLES = {
     "capacity": capacity_table,
     "export": export_table,
     "plan": plan_table,
+    "plan_moe": plan_moe_table,
     "plan_families": families_table,
     "gpu_plan": gpu_plan_table,
     "moe_recipe": moe_recipe_table,

@@ -74,22 +74,36 @@ def _train(
     return measured(run_dir, summary) if summary.get("status") == "completed" else {}
 
 
+# gpt_moe_text's model (4 layers, 128 wide, 8 experts, 2 per token) on the same batch at 2
+# ranks: its candidates include the experts split between them (fsdp ep2)
+MOE = ("+recipe=gpt_moe_text", "global_batch_size=8", "nproc=2", "data.min_length=null")
+MOE_RUNS = RESULTS / "plan_moe_runs.json"
+
+
 def plan_table(reps: int, _steps: int, _deadline: float | None = None) -> str:
+    return _plan_table(reps, GPT, RUNS)
+
+
+def plan_moe_table(reps: int, _steps: int, _deadline: float | None = None) -> str:
+    return _plan_table(reps, MOE, MOE_RUNS)
+
+
+def _plan_table(reps: int, model: tuple[str, ...], runs: Path) -> str:
     answers = [_plan(*TWELVE)[1] for _ in range(max(5, reps))]
-    plan, _ = _plan(*GPT)
+    plan, _ = _plan(*model)
     valid = [r for r in plan["candidates"] if r["valid"]]
     results: dict[str, list[dict[str, float]]] = {r["name"]: [] for r in valid}
     with tempfile.TemporaryDirectory(prefix="plan-bench-") as root:
         for rep in range(reps):
             shift = rep % len(valid)
             for number, row in enumerate(valid[shift:] + valid[:shift]):
-                got = _train(row["overrides"], Path(root), f"r{rep}-{number}")
+                got = _train(row["overrides"], Path(root), f"r{rep}-{number}", model)
                 if got:
                     results[row["name"]].append(got)
                 print(f"  rep {rep + 1}/{reps} {row['name']}: {got}", file=sys.stderr, flush=True)
     kept = {"machine": machine(), "reps": reps, "answers": answers, "results": results}
-    RUNS.write_text(json.dumps(kept, indent=1) + "\n")
-    return _table(plan, results, kept)
+    runs.write_text(json.dumps(kept, indent=1) + "\n")
+    return _table(plan, results, kept, model=model)
 
 
 GPU_GPT = (
@@ -145,18 +159,23 @@ def gpu_plan_table(reps: int, _steps: int, deadline: float | None = None) -> str
     )
 
 
-def table_from_runs() -> str:
+def table_from_runs(model: tuple[str, ...] = GPT, runs: Path = RUNS) -> str:
     """The table of the kept runs, against the planner's prediction now (and `runner plan`
     timed again: the planner is what changed)."""
-    kept = json.loads(RUNS.read_text())
+    kept = json.loads(runs.read_text())
     kept["answers"] = [_plan(*TWELVE)[1] for _ in range(max(5, kept["reps"]))]
-    RUNS.write_text(json.dumps(kept, indent=1) + "\n")
-    plan, _ = _plan(*GPT)
-    return _table(plan, kept["results"], kept, predicted_now=True)
+    runs.write_text(json.dumps(kept, indent=1) + "\n")
+    plan, _ = _plan(*model)
+    return _table(plan, kept["results"], kept, predicted_now=True, model=model)
 
 
 def _table(
-    plan: dict, results: dict, kept: dict, predicted_now: bool = False, described: str = ""
+    plan: dict,
+    results: dict,
+    kept: dict,
+    predicted_now: bool = False,
+    described: str = "",
+    model: tuple[str, ...] = GPT,
 ) -> str:
     answers, reps = kept["answers"], kept["reps"]
     valid = [r for r in plan["candidates"] if r["valid"] and r["name"] in results]
@@ -175,15 +194,19 @@ def _table(
         f"over {len(answers)} runs, from outside.",
         "",
         described
-        or f"Every valid candidate of a gpt's plan ({' '.join(GPT)}), {reps} interleaved "
+        or f"Every valid candidate of a plan ({' '.join(model)}), {reps} interleaved "
         f"repetitions of {STEPS} steps each: measured step time (median of time/step_s after "
         "the first step) and peak memory (the largest rank's resident memory above its base), "
         "medians, against the prediction"
         + (
             " of the planner as it is now (the runs measured before; `python "
-            "benchmarks/suites_plan.py` writes this table again from them). The CPU "
-            "constants of runner.layouts.memory and .speed were fitted on these runs; "
-            "tests/test_layout_plan.py checks the peak on resnet18 and other splits."
+            "benchmarks/suites_plan.py` writes this table again from them)."
+            + (
+                " The CPU constants of runner.layouts.memory and .speed were fitted on these "
+                "runs; tests/test_layout_plan.py checks the peak on resnet18 and other splits."
+                if model == GPT
+                else ""
+            )
             if predicted_now
             else "."
         ),
@@ -230,6 +253,8 @@ def _versus(median: dict, chosen: str, fastest: str) -> str:
 
 
 if __name__ == "__main__":
-    table = table_from_runs()
-    (RESULTS / "plan.md").write_text(table)
-    print(table)
+    for name, model, runs in (("plan", GPT, RUNS), ("plan_moe", MOE, MOE_RUNS)):
+        if runs.exists():
+            table = table_from_runs(model, runs)
+            (RESULTS / f"{name}.md").write_text(table)
+            print(table)

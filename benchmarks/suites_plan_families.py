@@ -106,11 +106,50 @@ FAMILIES: dict[str, tuple[tuple[str, ...], list[dict]]] = {
 }
 
 
+def _auto_under_budget(family: str, root: Path) -> dict:
+    """parallelism=auto with a budget 10% under ddp's predicted peak (grad_accum 1): the
+    pick (the check's trials included) and what its ranks measured; and with 1 MB, that it
+    stops before any rank (exit 2)."""
+    import subprocess
+
+    from harness import REPO, thread_env, venv_tool
+
+    keys = FAMILIES[family][0]
+    plan, _ = _plan(*keys)
+    ddp = _predicted(plan, {"parallelism": "ddp"}) or {"peak_bytes": 0}
+    budget = int(0.9 * ddp["peak_bytes"])
+    run_dir = root / f"auto-{family}"
+    command = [venv_tool("runner"), *keys, "parallelism=auto", f"plan.memory_per_rank={budget}B"]
+    quiet = ["progress_bar=false", "logger=none", "eval_batches=1", "checkpoint.interval=null"]
+    command += [*quiet, f"max_steps={STEPS}", "max_epochs=null", f"hydra.run.dir={run_dir}"]
+    done = subprocess.run(command, capture_output=True, text=True, env=thread_env(2), cwd=REPO)
+    got: dict = {"budget": budget, "exit": done.returncode}
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        chosen = json.loads((run_dir / "plan.json").read_text())
+    except (OSError, ValueError):
+        got["error"] = done.stderr.strip().splitlines()[-1:]
+        return got
+    pairs = zip(summary["peak_rss_bytes"], summary["base_rss_bytes"], strict=True)
+    got |= {"chosen": chosen["chosen"], "checked": chosen.get("trials", [])}
+    got["peak_bytes"] = max(top - base for top, base in pairs)
+    none = subprocess.run(
+        [venv_tool("runner"), *keys, "parallelism=auto", "plan.memory_per_rank=1MB",
+         f"hydra.run.dir={root / f'none-{family}'}"],
+        capture_output=True, text=True, env=thread_env(2), cwd=REPO,
+    )  # fmt: skip
+    got["none_fits_exit"] = none.returncode
+    got["none_fits_ranks"] = "rank(s) on this node" in none.stderr
+    return got
+
+
 def _name(layout: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in layout.items())
 
 
 def families_table(reps: int, _steps: int, deadline: float | None = None) -> str:
+    """Each family's layouts trained, interleaved over `reps`; then parallelism=auto under a
+    budget ddp does not fit, for each family."""
     import time
 
     jobs = [(family, layout) for family, (_, layouts) in FAMILIES.items() for layout in layouts]
@@ -126,7 +165,8 @@ def families_table(reps: int, _steps: int, deadline: float | None = None) -> str
                 if got:
                     results[family].setdefault(_name(layout), []).append(got)
                 print(f"  rep {rep + 1}/{reps} {family} {_name(layout)}: {got}", file=sys.stderr)
-    kept = {"machine": machine(), "reps": reps, "results": results}
+        auto = {family: _auto_under_budget(family, Path(root)) for family in FAMILIES}
+    kept = {"machine": machine(), "reps": reps, "results": results, "auto": auto}
     RUNS.write_text(json.dumps(kept, indent=1) + "\n")
     return table_from_runs()
 
@@ -180,7 +220,39 @@ def table_from_runs() -> str:
         worst = max(found, key=abs)
         middle = statistics.median(abs(e) for e in found)
         lines.append(f"| {family} | {len(found)} | {worst:+.1%} | {middle:.1%} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _auto_lines(kept.get("auto") or {})) + "\n"
+
+
+def _auto_lines(auto: dict) -> list[str]:
+    """The table of parallelism=auto under a budget ddp does not fit, as measured."""
+    if not auto:
+        return []
+    lines = [
+        "",
+        f"parallelism=auto with plan.memory_per_rank 10% under ddp's predicted peak "
+        f"(grad_accum 1, no checkpointing), {STEPS} steps: the pick, the layouts its check "
+        "ran first, and the "
+        "largest rank's measured peak against the budget; then with 1 MB (no layout fits): "
+        "the exit code, and whether any rank started.",
+        "",
+        "| family | budget MB | pick | checked first | measured peak MB | within "
+        "| 1 MB: exit, ranks |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for family, got in auto.items():
+        if "peak_bytes" not in got:
+            lines.append(
+                f"| {family} | {got['budget'] / 2**20:.0f} | failed: {got.get('error')} | | | | |"
+            )
+            continue
+        within = "yes" if got["peak_bytes"] <= got["budget"] else "**no**"
+        checked = ", ".join(got["checked"]) or "none"
+        ranks = "started" if got["none_fits_ranks"] else "none"
+        lines.append(
+            f"| {family} | {got['budget'] / 2**20:.0f} | {got['chosen']} | {checked} | "
+            f"{got['peak_bytes'] / 2**20:.0f} | {within} | {got['none_fits_exit']}, {ranks} |"
+        )
+    return lines
 
 
 if __name__ == "__main__":
