@@ -266,7 +266,7 @@ def test_a_pick_predicted_near_the_budget_is_measured_first(tmp_path: Path) -> N
     ]  # fmt: skip
     plan = {
         "budget_bytes": 2**20, "budget": "plan.memory_per_rank=1MB", "candidates": rows,
-        "chosen": "ddp accum=1",
+        "chosen": "ddp accum=1", "device": {"kind": "cpu"},
     }  # fmt: skip
     assert needs_check(cfg, plan)
     check_pick(cfg, plan, tmp_path, str(CONF_DIR))

@@ -32,7 +32,7 @@ from runner.cli.layout_plan import apply_layout
 from runner.spec import SpecError
 from runner.spec.composed import resolve_cfg
 from runner.spec.config_file import save_spec
-from runner.spec.plan_specs import MORE, megabytes, shortfall
+from runner.spec.plan_specs import CHECK_MARGIN, MORE, megabytes, shortfall
 
 log = logging.getLogger("runner")
 TRIALS_DIR = "plan_trials"
@@ -82,10 +82,16 @@ def run_trials(
 CHECKED = 4  # layouts a check runs at most before it gives up
 
 
+def check_margin(cfg: DictConfig, plan: dict[str, Any]) -> float:
+    """plan.check_margin, or where it is null the device's (CHECK_MARGIN)."""
+    given = cfg.plan.check_margin
+    return float(given) if given is not None else CHECK_MARGIN[plan["device"]["kind"]]
+
+
 def needs_check(cfg: DictConfig, plan: dict[str, Any]) -> bool:
     """Whether the pick is predicted close enough to the budget (within plan.check_margin of
     it) that it runs a few steps first (plan.trials=0, one node)."""
-    margin = float(cfg.plan.check_margin)
+    margin = check_margin(cfg, plan)
     if cfg.plan.trials or margin <= 0 or str(cfg.nodes) != "1":
         return False
     chosen = next(r for r in plan["candidates"] if r["name"] == plan["chosen"])
@@ -101,7 +107,7 @@ def check_pick(
     predicted well inside it, is the pick. One measured over it (or failing) no longer
     fits; after CHECKED such trials, SpecError names the least one's shortfall."""
     budget, steps = plan["budget_bytes"], int(cfg.plan.trial_steps)
-    safe = (1 - float(cfg.plan.check_margin)) * budget
+    safe = (1 - check_margin(cfg, plan)) * budget
     fitting = [r for r in plan["candidates"] if r["valid"] and r["fits"]]
     plan["trials"] = []
     tried: list[dict[str, Any]] = []
