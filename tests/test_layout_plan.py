@@ -181,6 +181,20 @@ def test_a_mixture_of_experts_is_planned_with_its_expert_degrees(
 
 
 @pytest.mark.slow
+def test_a_degree_no_layout_keeps_is_refused_with_the_checks_reason(
+    tmp_path: Path, corpus: Path
+) -> None:
+    """parallelism.expert=2 under auto for a dense gpt: no layout keeps it, and the refusal
+    says why, as the same key given by hand is refused (it said only 'leave it out')."""
+    result = run_cli(tmp_path, "plan", *lm_args(corpus), "parallelism.expert=2", name="plan")
+    assert result.returncode == 2, result.output
+    assert "no layout it weighs keeps parallelism.expert=2; leave it out (given by hand: " in (
+        result.output
+    )
+    assert "GPT has no mixture-of-experts layer to split" in result.output
+
+
+@pytest.mark.slow
 def test_a_component_the_run_would_refuse_is_refused_by_the_plan_in_its_words(
     tmp_path: Path,
 ) -> None:
@@ -239,7 +253,7 @@ def test_a_trial_measured_over_the_budget_is_never_the_pick(tmp_path: Path) -> N
     assert not any(row["fits"] for row in rows)
     assert all(row["measured"]["peak_bytes"] > 2**20 for row in rows)
     said = str(err.value)
-    assert said.startswith("parallelism=auto: no layout trialled ran within 1 MB per rank")
+    assert said.startswith("parallelism=auto: no layout trialled ran within 1.0 MB per rank")
     assert "MB more); give more memory (plan.memory_per_rank)" in said
     for trial in (tmp_path / "plan_trials").iterdir():
         assert (trial / "summary.json").is_file() and (trial / "metrics.jsonl").is_file()
@@ -248,9 +262,10 @@ def test_a_trial_measured_over_the_budget_is_never_the_pick(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_a_pick_predicted_near_the_budget_is_measured_first(tmp_path: Path) -> None:
-    """plan.trials=0: the fastest candidate, predicted within plan.check_margin of a 1 MB
-    budget, runs its first steps (a real run) and measures over the budget: it no longer
-    fits, and the next one, predicted well inside the budget, is the pick without a trial.
+    """plan.trials=0: the fastest candidate, predicted within plan.check_margin of a 30 MB
+    budget, runs its first steps (a real run of the mlp: some 37 MB) and measures over the
+    budget: it no longer fits. What it measured beyond its prediction is added to the next
+    one's, which is still predicted well inside the budget: the pick, without a trial.
     Without the check the pick measured over the budget trained."""
     from omegaconf import OmegaConf
 
@@ -260,19 +275,24 @@ def test_a_pick_predicted_near_the_budget_is_measured_first(tmp_path: Path) -> N
     cfg = OmegaConf.create(compose_config([*FAST, "plan.trial_steps=2"]))
     rows = [
         {"name": f"ddp accum={k}", "valid": True, "fits": True,
-         "predicted": {"step_s": k, "peak_bytes": peak},
+         "predicted": {"step_s": k, "peak_bytes": peak * 2**20},
          "overrides": {"parallelism": "ddp", "activation_checkpointing": "none", "grad_accum": k}}
-        for k, peak in ((1, 0.9 * 2**20), (2, 0.5 * 2**20))
+        for k, peak in ((1, 27), (2, 2))
     ]  # fmt: skip
     plan = {
-        "budget_bytes": 2**20, "budget": "plan.memory_per_rank=1MB", "candidates": rows,
+        "budget_bytes": 30 * 2**20, "budget": "plan.memory_per_rank=30MB", "candidates": rows,
         "chosen": "ddp accum=1", "device": {"kind": "cpu"},
     }  # fmt: skip
     assert needs_check(cfg, plan)
     check_pick(cfg, plan, tmp_path, str(CONF_DIR))
     assert plan["trials"] == ["ddp accum=1"] and plan["chosen"] == "ddp accum=2"
-    assert not rows[0]["fits"] and rows[0]["measured"]["peak_bytes"] > 2**20
+    assert not rows[0]["fits"] and rows[0]["measured"]["peak_bytes"] > 30 * 2**20
     assert "measured" not in rows[1]
+    rows[1]["predicted"]["peak_bytes"] = 25 * 2**20  # with what the first measured beyond
+    plan["chosen"], rows[0]["fits"] = "ddp accum=1", True  # its prediction: over the budget
+    with pytest.raises(SpecError, match="no layout checked ran within 30 MB per rank"):
+        check_pick(cfg, plan, tmp_path / "again", str(CONF_DIR))
+    assert plan["trials"] == ["ddp accum=1"]  # the second passed over, never run
     cfg.plan.check_margin = 0.0  # trust the prediction
     assert not needs_check(cfg, plan)
 
@@ -336,7 +356,7 @@ def test_a_refused_layout_is_refused_alike_by_hand(tmp_path: Path, corpus: Path)
     args = [*lm_args(corpus), *GPT, "model.n_layer=3", "max_steps=1", "data.min_length=null"]
     planned = run_cli(tmp_path, "plan", *args, "plan.memory_per_rank=1KB", "--json", name="plan")
     assert planned.returncode == 2, planned.output
-    assert "parallelism=auto: no layout fits 0 MB per rank" in planned.stderr
+    assert "parallelism=auto: no layout fits 1 KB per rank" in planned.stderr
     plan = json.loads(planned.stdout[planned.stdout.index("{") :])
     assert plan["chosen"] is None and not any(r["fits"] for r in plan["candidates"])
     assert any(r["valid"] for r in plan["candidates"])
@@ -353,7 +373,7 @@ def test_no_layout_fits_a_budget_too_small(tmp_path: Path, corpus: Path) -> None
         tmp_path, *lm_args(corpus), *GPT, "parallelism=auto", "plan.memory_per_rank=1KB"
     )
     assert result.returncode == 2
-    assert "parallelism=auto: no layout fits 0 MB per rank (plan.memory_per_rank=1KB)" in (
+    assert "parallelism=auto: no layout fits 1 KB per rank (plan.memory_per_rank=1KB)" in (
         result.output
     )
     assert "needs " in result.output and "more)" in result.output
@@ -507,6 +527,46 @@ def test_a_resumed_auto_run_keeps_the_layout_it_was_planned_with(
     with caplog.at_level("WARNING"):
         assert planned_before(first.run_dir) is None
     assert "plan.json is damaged (not the plan runner wrote); planning again" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_run_resumed_at_another_world_size_plans_again(
+    tmp_path: Path, corpus: Path, auto_run
+) -> None:
+    """resume=auto of an auto run at nproc=1 where it was planned at 2: its layout was for 2
+    ranks (an expert or tensor degree of 2 had been kept, and refused, naming a key the user
+    never gave); the run plans again for 1 and goes on from its checkpoint."""
+    import shutil
+
+    assert auto_run.returncode == 0, auto_run.output
+    shutil.copytree(auto_run.run_dir, tmp_path / "auto")
+    args = [*lm_args(corpus), *AUTO, "max_steps=4", "resume=auto", "nproc=1"]
+    resumed = run_cli(tmp_path, *args, name="auto")
+    assert resumed.returncode == 0, resumed.output
+    said = "the layout planned at the start was for 2 rank(s); planning again for 1"
+    assert said in resumed.output, resumed.output
+    assert json.loads((tmp_path / "auto" / "plan.json").read_text())["world_size"] == 1
+
+
+def test_a_planned_run_over_its_budget_says_so() -> None:
+    """What the final lines add where a run parallelism=auto planned measured more than the
+    budget (its check saw its first steps only); nothing where it stayed within."""
+    from runner.cli.layout_plan import over_budget
+
+    row = {"name": "ddp accum=1", "predicted": {"peak_bytes": 90 * 2**20}}
+    plan = {"budget_bytes": 100 * 2**20, "budget": "plan.memory_per_rank=100MB"}
+    plan |= {"candidates": [row], "chosen": "ddp accum=1"}
+    summary = {"peak_rss_bytes": [150 * 2**20, 260 * 2**20], "base_rss_bytes": [100 * 2**20] * 2}
+    said = over_budget(plan, summary)
+    assert said == (
+        "runner: parallelism=auto: the run used 160 MB per rank, 60 MB over the budget of 100 "
+        "MB (plan.memory_per_rank=100MB); its prediction was 90 MB"
+    )
+    summary["peak_rss_bytes"] = [150 * 2**20, 190 * 2**20]
+    assert over_budget(plan, summary) is None
+    assert over_budget(plan, {"peak_device_bytes": [101 * 2**20]}).startswith(
+        "runner: parallelism=auto: the run used 101 MB per rank, 1.0 MB over"
+    )
 
 
 def test_between_layouts_predicted_alike_the_simpler_one_is_picked() -> None:

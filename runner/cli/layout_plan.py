@@ -113,6 +113,29 @@ def planned_before(run_dir: Path) -> dict[str, Any] | None:
     return None
 
 
+def over_budget(plan: dict[str, Any], summary: dict[str, Any]) -> str | None:
+    """What a run planned by parallelism=auto used beyond its budget, if it did (the most
+    any rank used, measured as the plan measures: CUDA's most allocated, or resident memory
+    above the base)."""
+    from runner.spec.plan_specs import megabytes
+
+    if summary.get("peak_device_bytes"):
+        used = max(summary["peak_device_bytes"])
+    elif summary.get("peak_rss_bytes") and summary.get("base_rss_bytes"):
+        pairs = zip(summary["peak_rss_bytes"], summary["base_rss_bytes"], strict=False)
+        used = max(top - base for top, base in pairs)
+    else:
+        return None
+    budget = plan.get("budget_bytes") or 0
+    if not budget or used <= budget:
+        return None
+    return (
+        f"runner: parallelism=auto: the run used {megabytes(used)} per rank, "
+        f"{megabytes(used - budget)} over the budget of {megabytes(budget)} ({plan['budget']}); "
+        f"its prediction was {megabytes(chosen_row(plan)['predicted']['peak_bytes'])}"
+    )
+
+
 def write_plan(run_dir: Path, plan: dict[str, Any]) -> None:
     from runner.rundir.files import write_json
 
@@ -155,7 +178,8 @@ def plan_table(plan: dict[str, Any], shown: int = SHOWN, rest: str = f"in {PLAN_
     refused = [r for r in plan["candidates"] if not r["valid"]]
     if refused:
         reasons = sorted({p for r in refused for p in r["problems"]})
-        lines.append(f"  {len(refused)} layouts refused by the checks:")
+        many = "layouts" if len(refused) != 1 else "layout"
+        lines.append(f"  {len(refused)} {many} refused by the checks:")
         lines += [f"    - {reason}" for reason in reasons[:6]]
     if chosen:
         lines.append(f"  chosen: {chosen}  ({_keys(chosen_row(plan)['overrides'])})")

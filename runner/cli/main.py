@@ -30,9 +30,11 @@ from runner.cli.compose_errors import composition_problems, with_origins
 from runner.cli.conf_files import conf_dir
 from runner.cli.hydra_files import write_hydra_files
 from runner.cli.layout_plan import (
+    PLAN_FILE,
     apply_layout,
     chosen_row,
     make_plan,
+    over_budget,
     plan_table,
     planned_before,
     wants_plan,
@@ -86,7 +88,7 @@ def _never_started(
     as it is."""
     log.error("%s", problems_text(problems))
     if hydra_cfg.mode != RunMode.MULTIRUN:
-        discard(run_dir.root)
+        discard(run_dir.root, frozenset({".hydra", TRIALS_DIR}))  # a plan's trials at most
         sys.exit(INVALID_CONFIG)
     if holds_a_run(run_dir.root):
         return math.nan
@@ -142,6 +144,13 @@ def _plan_layout(cfg: DictConfig, run_dir: Path, requeued: bool) -> dict[str, An
     the chosen layout's keys. A run that goes on in its directory (resume, a SLURM requeue)
     keeps the layout it was planned with (its plan.json), whatever a new plan would say."""
     kept = planned_before(run_dir) if cfg.resume is not None or requeued else None
+    world = _world_given(cfg)
+    if kept is not None and world not in (None, kept["world_size"]):
+        log.info(
+            "runner: parallelism=auto: the layout planned at the start was for %s rank(s); "
+            "planning again for %s", kept["world_size"], world,
+        )  # fmt: skip
+        kept = None
     if kept is not None:
         log.info(
             "runner: parallelism=auto: going on with the layout planned at the start: %s",
@@ -164,6 +173,14 @@ def _plan_layout(cfg: DictConfig, run_dir: Path, requeued: bool) -> dict[str, An
     return plan
 
 
+def _world_given(cfg: DictConfig) -> int | None:
+    """nproc x nodes where both are numbers (not auto)."""
+    try:
+        return int(cfg.nproc) * int(cfg.nodes)
+    except (TypeError, ValueError):
+        return None
+
+
 def _launch(
     spec: RunSpec, secrets: Secrets, run_dir: RunDir, hydra_cfg: Any, start_time: float
 ) -> float | None:
@@ -181,6 +198,7 @@ def _launch(
         _update_sweep_table(hydra_cfg)
         return math.nan
     report_outcome(summary, run_dir)
+    _said_over_budget(run_dir, summary)
     finish_trackers(spec, run_dir, summary)
     if end.asked and summary.get("stopped"):  # a graceful stop: SLURM's job comes back
         continue_after_stop(end.asked, end.asked_handler, 0, summary["stopped"]["after_step"])
@@ -193,6 +211,15 @@ def _launch(
     # The job's value for sweepers such as Optuna (which maximise or minimise it); NaN marks
     # a job that failed, which Optuna records as a failed trial.
     return summary.get("final", {}).get(spec.sweep.metric, math.nan)
+
+
+def _said_over_budget(run_dir: RunDir, summary: dict[str, Any]) -> None:
+    """A run parallelism=auto planned that used more than its budget says so (its check
+    measured its first steps only; a CPU rank's memory can grow after them)."""
+    planned = planned_before(run_dir.root) if (run_dir.root / PLAN_FILE).is_file() else None
+    said = over_budget(planned, summary) if planned else None
+    if said:
+        log.warning("%s", said)
 
 
 def _sweep_job(spec: RunSpec, hydra_cfg: Any, run_dir: RunDir) -> RunSpec:

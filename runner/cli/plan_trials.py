@@ -15,6 +15,7 @@ within the budget or predicted well inside it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -64,8 +65,9 @@ def run_trials(
             row["fits"] = False  # measured over the budget: never the pick
             over.append(row)
             log.warning(
-                "runner: plan trial %s used %s per rank, over the budget of %s; trying the next",
-                row["name"], megabytes(got["peak_bytes"]), megabytes(budget),
+                "runner: plan trial %s used %s per rank, %s over the budget of %s; trying the "
+                "next", row["name"], megabytes(got["peak_bytes"]),
+                megabytes(got["peak_bytes"] - budget), megabytes(budget),
             )  # fmt: skip
         elif "step_s" in got:
             within.append(row)
@@ -105,14 +107,21 @@ def check_pick(
     that fit, in order, each run for plan.trial_steps steps (a trial) while it is predicted
     within plan.check_margin of the budget; the first measured within the budget, or
     predicted well inside it, is the pick. One measured over it (or failing) no longer
-    fits; after CHECKED such trials, SpecError names the least one's shortfall."""
+    fits, and what it measured beyond its prediction is added to the predictions of the
+    rest (a rank's memory besides the traced tensors is much the same in every layout): a
+    layout that no longer fits with it is passed over. After CHECKED such trials, SpecError
+    names the least one's shortfall."""
     budget, steps = plan["budget_bytes"], int(cfg.plan.trial_steps)
     safe = (1 - check_margin(cfg, plan)) * budget
     fitting = [r for r in plan["candidates"] if r["valid"] and r["fits"]]
     plan["trials"] = []
     tried: list[dict[str, Any]] = []
+    beyond = 0  # the most a checked layout measured beyond its prediction
     for row in sorted(fitting, key=lambda r: r["predicted"]["step_s"]):
-        if row["predicted"]["peak_bytes"] <= safe:
+        predicted = row["predicted"]["peak_bytes"] + beyond
+        if predicted > budget:  # as the checks measured, it would not fit either
+            continue
+        if predicted <= safe:
             plan["chosen"] = row["name"]
             log.info(
                 "runner: parallelism=auto: %s is predicted well inside the budget", row["name"]
@@ -133,11 +142,14 @@ def check_pick(
         if "peak_bytes" in got and got["peak_bytes"] <= budget:
             plan["chosen"] = row["name"]
             return plan
+        if "peak_bytes" in got:
+            beyond = max(beyond, got["peak_bytes"] - row["predicted"]["peak_bytes"])
         row["fits"] = False
-        why = got.get("failed") or f"used {megabytes(got['peak_bytes'])} per rank"
-        log.warning(
-            "runner: parallelism=auto: %s %s, over the budget; trying the next", row["name"], why
+        why = got.get("failed") or (
+            f"used {megabytes(got['peak_bytes'])} per rank, "
+            f"{megabytes(got['peak_bytes'] - budget)} over the budget"
         )
+        log.warning("runner: parallelism=auto: %s %s; trying the next", row["name"], why)
     return _none_within(plan, tried, budget)
 
 
@@ -172,7 +184,7 @@ def _trial(
             "eval_batches=1", "eval_interval=null", "log_interval=1", "logger=none",
             "progress_bar=false", "early_stop.patience=null", f"hydra.run.dir={trial_dir}",
         ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True)
+        done = _run_trial(command)
     summary = _read(trial_dir / "summary.json")
     if done.returncode != 0 or summary.get("status") != "completed":
         message = (summary.get("error") or {}).get("message") or _tail(done.stderr)
@@ -181,6 +193,35 @@ def _trial(
         path = trial_dir / kept
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     return {**measured(trial_dir, summary), "run_dir": str(trial_dir)}
+
+
+def _run_trial(command: list[str]) -> subprocess.CompletedProcess:
+    """The trial's command, in a session of its own: stopped here (Ctrl-C, SIGTERM), this
+    process stops the trial (SIGTERM, which its launcher relays to its agent and ranks) and
+    waits for it to end before the caller goes on (it removes the trial's directory), where
+    the trial's agent had written into it after its launcher was gone."""
+    import os
+    import signal
+
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    ) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+STOP_SECONDS = 60  # a stopped trial's time to end (its ranks stop at their next step)
 
 
 def measured(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:

@@ -74,7 +74,11 @@ def make_plan(
         blocks=len(facts["blocks"]), heads=facts["heads"], sequence=facts["sequence"],
         splits=facts["splits"], experts=facts["experts"]["count"],
     )  # fmt: skip
-    listed = _keeping(listed, fixed or {})
+    try:
+        listed = _keeping(listed, fixed or {})
+    except SpecError as err:  # with what the checks say of that layout given by hand
+        why = _by_hand(config, fixed or {}, conf_dir, run_dir, facts)
+        raise SpecError([f"{err.problems[0]}{why}"]) from None
     budget, budget_from = _budget(stand_in, facts)
     # each candidate's resolution and checks, side by side where no CUDA context is open
     workers = cpu_cores() if facts["traced_on"] == "cpu" else 1
@@ -133,6 +137,25 @@ def _keeping(listed: list[Candidate], fixed: dict[str, Any]) -> list[Candidate]:
         given = " ".join(f"{k}={v}" for k, v in fixed.items())
         raise SpecError([f"parallelism=auto: no layout it weighs keeps {given}; leave it out"])
     return kept
+
+
+def _by_hand(
+    config: dict[str, Any],
+    fixed: dict[str, Any],
+    conf_dir: Path,
+    run_dir: Path | None,
+    facts: dict[str, Any],
+) -> str:
+    """Why fsdp with the `fixed` keys, given by hand, would be refused (`: ...`), or ""."""
+    try:
+        keys = {FIXABLE[key]: value for key, value in fixed.items()}
+        keys = {k: v if k == "checkpointing" else int(v) for k, v in keys.items()}
+        candidate = Candidate("fsdp", **keys)
+    except (TypeError, ValueError):
+        return ""
+    spec = _resolve(with_layout(config, candidate, conf_dir), run_dir)
+    problems = spec if isinstance(spec, list) else _model_problems(spec, facts)
+    return f" (given by hand: {problems[0]})" if problems else ""
 
 
 def _resolve(config: dict[str, Any], run_dir: Path | None) -> RunSpec | list[str]:

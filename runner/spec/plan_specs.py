@@ -32,8 +32,10 @@ def parse_size(text: str | int) -> int | None:
 
 
 def megabytes(value: float) -> str:
-    """A size as the plan's messages say it: `41 MB`."""
-    return f"{value / 2**20:,.0f} MB"
+    """A size as the plan's messages say it: `41 MB`, `2.5 MB`, `512 KB`."""
+    if abs(value) < 2**20:
+        return f"{value / 2**10:,.0f} KB"
+    return f"{value / 2**20:,.{1 if abs(value) < 10 * 2**20 else 0}f} MB"
 
 
 # plan.check_margin: null by the device, wider than the largest errors measured there (on
