@@ -240,9 +240,10 @@ def _auto_lines(auto: dict) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for family, got in auto.items():
-        if "peak_bytes" not in got:
+        if "peak_bytes" not in got:  # refused before any rank: what it said
+            said = " ".join(line.strip(" -") for line in got.get("error") or [])
             lines.append(
-                f"| {family} | {got['budget'] / 2**20:.0f} | failed: {got.get('error')} | | | | |"
+                f"| {family} | {got['budget'] / 2**20:.0f} | exit {got['exit']}: {said} | | | | |"
             )
             continue
         within = "yes" if got["peak_bytes"] <= got["budget"] else "**no**"
