@@ -159,6 +159,18 @@ def test_ctrl_c_typed_at_any_moment_ends_in_one_line(tmp_path: Path, when: str) 
         assert summary["status"] == "interrupted" and summary["signal"] == "SIGINT"
 
 
+def test_ctrl_c_in_runner_plan_says_it_planned(tmp_path: Path) -> None:
+    """`runner plan` starts no rank: interrupted, it says it was planning (it had said
+    'before any rank started')."""
+    started = time.monotonic()
+    argv = [command("runner", False), "plan", "+recipe=gpt_text"]  # seconds of planning
+    typed = type_in(
+        argv, tmp_path, activated=False, keys=(lambda _: time.monotonic() - started > 1.5, CTRL_C)
+    )
+    assert typed.returncode == 130, typed.output
+    assert "runner: interrupted by SIGINT while it planned" in typed.output, typed.output
+
+
 def test_a_second_ctrl_c_as_the_first_unwinds_changes_nothing(tmp_path: Path) -> None:
     """SIGINT to the command's process group, then another 30-70 ms later (`timeout` adds its
     own to a terminal's; a user types it twice), at moments of start-up: each time exit 130

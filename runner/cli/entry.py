@@ -24,6 +24,7 @@ def _stopped(signum: int, _frame: object) -> None:
 
 
 _interrupts: list[int] = []  # SIGINTs taken while no agent ran
+_command: list[str] = []  # the subcommand typed (Hydra's arguments replace sys.argv)
 
 
 def _interrupted(signum: int, _frame: object) -> None:
@@ -37,6 +38,7 @@ def _interrupted(signum: int, _frame: object) -> None:
 
 
 def main() -> None:
+    _command[:] = sys.argv[1:2]
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stopped)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not ignored
@@ -61,6 +63,8 @@ def _say_interrupted(signum: int) -> None:
     from runner.cli import supervise
 
     when = "as the run ended" if supervise.agent_ran() else "before any rank started"
+    if _command[:1] == ["plan"]:  # a plan starts no rank
+        when = "while it planned"
     print(f"runner: interrupted by {signal.Signals(signum).name} {when}", file=sys.stderr)
     sys.exit(128 + signum)
 
