@@ -21,8 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness import RESULTS, machine
+from harness import REPO, RESULTS, machine
 from suites_plan import _plan, _train
+
+sys.path.insert(0, str(REPO))
+from runner.cli.layout_plan import peak_used  # noqa: E402  (runner's own reading of a run)
 
 RUNS = RESULTS / "plan_families_runs.json"
 STEPS = 4
@@ -112,7 +115,7 @@ def _auto_under_budget(family: str, root: Path) -> dict:
     stops before any rank (exit 2)."""
     import subprocess
 
-    from harness import REPO, thread_env, venv_tool
+    from harness import thread_env, venv_tool
 
     keys = FAMILIES[family][0]
     plan, _ = _plan(*keys)
@@ -130,9 +133,8 @@ def _auto_under_budget(family: str, root: Path) -> dict:
     except (OSError, ValueError):
         got["error"] = done.stderr.strip().splitlines()[-1:]
         return got
-    pairs = zip(summary["peak_rss_bytes"], summary["base_rss_bytes"], strict=True)
     got |= {"chosen": chosen["chosen"], "checked": chosen.get("trials", [])}
-    got["peak_bytes"] = max(top - base for top, base in pairs)
+    got["peak_bytes"] = peak_used(summary)
     none = subprocess.run(
         [venv_tool("runner"), *keys, "parallelism=auto", "plan.memory_per_rank=1MB",
          f"hydra.run.dir={root / f'none-{family}'}"],

@@ -113,21 +113,26 @@ def planned_before(run_dir: Path) -> dict[str, Any] | None:
     return None
 
 
+def peak_used(summary: dict[str, Any]) -> int | None:
+    """The most memory any rank of a finished run used, as a plan's budget counts it: CUDA's
+    most allocated, or resident memory above the rank's base; None where it says neither."""
+    if summary.get("peak_device_bytes"):
+        return max(summary["peak_device_bytes"])
+    if summary.get("peak_rss_bytes") and summary.get("base_rss_bytes"):
+        pairs = zip(summary["peak_rss_bytes"], summary["base_rss_bytes"], strict=True)
+        return max(top - base for top, base in pairs)
+    return None
+
+
 def over_budget(plan: dict[str, Any], summary: dict[str, Any]) -> str | None:
     """What a run planned by parallelism=auto used beyond its budget, if it did (the most
     any rank used, measured as the plan measures: CUDA's most allocated, or resident memory
     above the base)."""
     from runner.spec.plan_specs import megabytes
 
-    if summary.get("peak_device_bytes"):
-        used = max(summary["peak_device_bytes"])
-    elif summary.get("peak_rss_bytes") and summary.get("base_rss_bytes"):
-        pairs = zip(summary["peak_rss_bytes"], summary["base_rss_bytes"], strict=False)
-        used = max(top - base for top, base in pairs)
-    else:
-        return None
+    used = peak_used(summary)
     budget = plan.get("budget_bytes") or 0
-    if not budget or used <= budget:
+    if used is None or not budget or used <= budget:
         return None
     return (
         f"runner: parallelism=auto: the run used {megabytes(used)} per rank, "

@@ -29,7 +29,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from runner.cli.layout_plan import apply_layout
+from runner.cli.layout_plan import apply_layout, chosen_row, peak_used
 from runner.spec import SpecError
 from runner.spec.composed import resolve_cfg
 from runner.spec.config_file import save_spec
@@ -96,8 +96,7 @@ def needs_check(cfg: DictConfig, plan: dict[str, Any]) -> bool:
     margin = check_margin(cfg, plan)
     if cfg.plan.trials or margin <= 0 or str(cfg.nodes) != "1":
         return False
-    chosen = next(r for r in plan["candidates"] if r["name"] == plan["chosen"])
-    return chosen["predicted"]["peak_bytes"] > (1 - margin) * plan["budget_bytes"]
+    return chosen_row(plan)["predicted"]["peak_bytes"] > (1 - margin) * plan["budget_bytes"]
 
 
 def check_pick(
@@ -229,12 +228,8 @@ def measured(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
     memory any rank used: CUDA's most allocated, or resident memory above the base."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     times = [r["time/step_s"] for r in records if r.get("step", 0) > 1 and "time/step_s" in r]
-    if summary.get("peak_device_bytes"):
-        peak = max(summary["peak_device_bytes"])
-    else:
-        pairs = zip(summary["peak_rss_bytes"], summary["base_rss_bytes"], strict=True)
-        peak = max(top - base for top, base in pairs)
-    return {"step_s": statistics.median(times) if times else float("nan"), "peak_bytes": peak}
+    step_s = statistics.median(times) if times else float("nan")
+    return {"step_s": step_s, "peak_bytes": peak_used(summary)}
 
 
 def _read(path: Path) -> dict[str, Any]:
