@@ -356,7 +356,9 @@ def test_every_node_of_a_slurm_job_goes_on_from_what_the_first_node_found(
     monkeypatch.setenv("SLURM_JOB_ID", "41")
     node0 = as_first_node_found_it(job, earlier_job(job, overrides, None))
     assert node0.start.action == NEW
-    (job / ".hydra").mkdir()  # node 0 goes on: its Hydra files
+    (job / ".hydra").mkdir()  # node 0 goes on: its Hydra files, half written as node 1 looks
+    mid_write = as_first_node_found_it(job, earlier_job(job, overrides, None))
+    assert mid_write == node0  # it was 'holds another job': node 1 left, node 0 waited 900 s
     (job / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
     assert earlier_job(job, overrides, None).start.action == RESUME  # what node 1 would see
     assert as_first_node_found_it(job, earlier_job(job, overrides, None)).start.action == NEW

@@ -45,14 +45,17 @@ def as_first_node_found_it(job_dir: Path, earlier: EarlierJob) -> EarlierJob:
     and each looks at its directory; the first to look may write there before the others do,
     and a later node would take that for an earlier start and resume. So the first finding
     is recorded under the SLURM job's key, before anything else is written, and every node
-    of the job goes on from it. Outside SLURM a job runs on one node: nothing is recorded."""
+    of the job goes on from it, whatever it finds there itself (node 0's files half written
+    read as another job's). Outside SLURM a job runs on one node: nothing is recorded."""
     key = job_key(os.environ)
-    if key is None or earlier.problem is not None or earlier.start.action == KEEP:
-        return earlier  # nothing of this start is written there
+    if key is None:
+        return earlier
     record = RunDir(job_dir).start_found
     found = read_json(record)  # read after the directory: the record is written before it
     if isinstance(found, dict) and found.get("job") == key and found.get("action") is not None:
         return EarlierJob(None, EarlierStart(str(found["action"]), found.get("status")))
+    if earlier.problem is not None or earlier.start.action == KEEP:
+        return earlier  # nothing of this start is written there
     write_json(record, {"job": key, "action": earlier.start.action, "status": earlier.start.status})
     return earlier
 

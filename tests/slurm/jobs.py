@@ -24,14 +24,33 @@ def run(slurm: dict[str, str], *command: str, timeout: float = 30) -> subprocess
 
 
 def runner(cwd: Path, slurm: dict[str, str], *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        runner_command(*overrides),
-        cwd=cwd,
-        env=env_for(slurm),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    try:
+        return subprocess.run(
+            runner_command(*overrides),
+            cwd=cwd,
+            env=env_for(slurm),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired as late:
+        message = f"runner timed out after {late.timeout} s\n{stuck(cwd, slurm)}"
+        raise AssertionError(message) from None
+
+
+def stuck(where: Path, slurm: dict[str, str]) -> str:
+    """What a command that timed out left to read: the queue, the nodes, and the tail of
+    every submitit job's log and runner's rank logs under `where`."""
+    parts = [
+        run(slurm, "squeue", "-o", "%i %T %R %N").stdout,
+        run(slurm, "sinfo", "-N", "-o", "%N %T %C").stdout,
+    ]
+    logs = sorted(where.rglob("*.out")) + sorted(where.rglob("*.err"))
+    logs += sorted(where.rglob("*.log"))
+    for log in logs[:20]:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        parts.append(f"--- {log.relative_to(where)}\n" + "\n".join(tail))
+    return "\n".join(parts)
 
 
 def batch_script(where: Path, overrides: list[str], options: list[str], env: str = "") -> Path:
