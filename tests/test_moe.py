@@ -15,7 +15,16 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from runner.models.gpt_moe import GPTMoE
-from runner.models.moe import STAT_AUX, STAT_DROPPED, STAT_Z, MoE
+from runner.models.moe import (
+    STAT_AUX,
+    STAT_DROPPED,
+    STAT_Z,
+    Experts,
+    MoE,
+    _expert_loop,
+    _grouped,
+    grouped_on_cpu,
+)
 from runner.spec import RunSpec, resolve_spec
 from tests.helpers.cli import MATRIX, REPO, run_cli
 from tests.helpers.config import compose_config
@@ -195,6 +204,27 @@ def test_an_option_out_of_range_is_refused_naming_its_key(options, message: str)
     built on the meta device, and the message is the problem shown."""
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         _layer(**options)
+
+
+@pytest.mark.parametrize("hidden", [8, 3])
+def test_the_cpus_grouped_product_computes_what_the_loop_over_experts_does(hidden: int) -> None:
+    """On a CPU whose torch has it, the experts run through torch's grouped product (its
+    outputs keep one size, where the loop's pieces fragment glibc's heap); rows whose
+    strides are not multiples of 16 bytes (hidden=3) take the loop. Both give the loop's
+    outputs and gradients, an expert without tokens among them."""
+    torch.manual_seed(0)
+    experts = Experts(EXPERTS, WIDTH, hidden)
+    x = torch.randn(10, WIDTH, requires_grad=True)
+    counts = torch.tensor([4, 0, 5, 1])
+    assert _grouped(x, experts.w1) == (hidden == 8 and grouped_on_cpu(torch.float32))
+    out = experts(x, counts)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, experts.w1, experts.w2), grad)
+    want_out = _expert_loop(x, counts, experts.w1, experts.w2)
+    want = torch.autograd.grad(want_out, (x, experts.w1, experts.w2), grad)
+    assert torch.allclose(out, want_out, atol=1e-6)
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
 
 
 def test_gpt_moe_counts_the_flops_of_the_experts_a_token_uses() -> None:
