@@ -29,6 +29,7 @@ from runner.cli.layout_plan import peak_used  # noqa: E402  (runner's own readin
 
 RUNS = RESULTS / "plan_families_runs.json"
 STEPS = 4
+LONG_STEPS = 100  # does a rank's memory keep growing after the steps a check measures?
 STDLIB = "data.root=${runner_python_stdlib:}"
 
 
@@ -167,8 +168,13 @@ def families_table(reps: int, _steps: int, deadline: float | None = None) -> str
                 if got:
                     results[family].setdefault(_name(layout), []).append(got)
                 print(f"  rep {rep + 1}/{reps} {family} {_name(layout)}: {got}", file=sys.stderr)
+        long = {}
+        for family, (keys, _) in FAMILIES.items():
+            if deadline is None or time.monotonic() < deadline:
+                long[family] = _train({"parallelism": "ddp"}, Path(root), f"long-{family}", keys,
+                                      LONG_STEPS)  # fmt: skip
         auto = {family: _auto_under_budget(family, Path(root)) for family in FAMILIES}
-    kept = {"machine": machine(), "reps": reps, "results": results, "auto": auto}
+    kept = {"machine": machine(), "reps": reps, "results": results, "auto": auto, "long": long}
     RUNS.write_text(json.dumps(kept, indent=1) + "\n")
     return table_from_runs()
 
@@ -222,7 +228,35 @@ def table_from_runs() -> str:
         worst = max(found, key=abs)
         middle = statistics.median(abs(e) for e in found)
         lines.append(f"| {family} | {len(found)} | {worst:+.1%} | {middle:.1%} |")
+    lines += _long_lines(kept)
     return "\n".join(lines + _auto_lines(kept.get("auto") or {})) + "\n"
+
+
+def _long_lines(kept: dict) -> list[str]:
+    """ddp's peak after the bench's few steps against one run of LONG_STEPS: whether a
+    rank's memory keeps growing after what a check of the first steps sees."""
+    long = kept.get("long") or {}
+    if not long:
+        return []
+    lines = [
+        "",
+        f"Whether a rank's memory keeps growing: parallelism=ddp after {STEPS} steps (the "
+        f"median above) and after {LONG_STEPS} steps (one run).",
+        "",
+        f"| family | after {STEPS} steps MB | after {LONG_STEPS} steps MB | growth |",
+        "|---|---|---|---|",
+    ]
+    for family, got in long.items():
+        runs = kept["results"].get(family, {}).get("parallelism=ddp", [])
+        if not got or not runs:
+            lines.append(f"| {family} | | | not measured |")
+            continue
+        short = statistics.median(r["peak_bytes"] for r in runs)
+        lines.append(
+            f"| {family} | {short / 2**20:.0f} | {got['peak_bytes'] / 2**20:.0f} | "
+            f"{got['peak_bytes'] / short - 1:+.1%} |"
+        )
+    return lines
 
 
 def _auto_lines(auto: dict) -> list[str]:

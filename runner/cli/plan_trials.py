@@ -11,6 +11,9 @@ allocated on a GPU). A trial that fails is recorded with its error, and never pi
 Without trials, a pick predicted within plan.check_margin of the budget is checked the same
 way (`check_pick`): one trial at a time, in the prediction's order, until one is measured
 within the budget or predicted well inside it.
+
+A trial measured within the budget keeps room in it for what a rank's peak grows after the
+trial's few steps (`needed`: LATER_GROWTH, by the device).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from runner.cli.layout_plan import apply_layout, chosen_row, peak_used
 from runner.spec import SpecError
 from runner.spec.composed import resolve_cfg
 from runner.spec.config_file import save_spec
-from runner.spec.plan_specs import CHECK_MARGIN, MORE, megabytes, shortfall
+from runner.spec.plan_specs import CHECK_MARGIN, LATER_GROWTH, MORE, megabytes, shortfall
 
 log = logging.getLogger("runner")
 TRIALS_DIR = "plan_trials"
@@ -61,14 +64,11 @@ def run_trials(
         got = _trial(cfg, row["overrides"], run_dir / TRIALS_DIR / str(number), conf_dir, steps)
         row["measured"] = got
         plan["trials"].append(row["name"])
-        if "peak_bytes" in got and got["peak_bytes"] > budget:
+        if "peak_bytes" in got and needed(plan, got) > budget:
             row["fits"] = False  # measured over the budget: never the pick
             over.append(row)
-            log.warning(
-                "runner: plan trial %s used %s per rank, %s over the budget of %s; trying the "
-                "next", row["name"], megabytes(got["peak_bytes"]),
-                megabytes(got["peak_bytes"] - budget), megabytes(budget),
-            )  # fmt: skip
+            log.warning("runner: plan trial %s %s; trying the next", row["name"],
+                        _over(plan, got))  # fmt: skip
         elif "step_s" in got:
             within.append(row)
     if within:
@@ -82,6 +82,21 @@ def run_trials(
 
 
 CHECKED = 4  # layouts a check runs at most before it gives up
+
+
+def needed(plan: dict[str, Any], got: dict[str, Any]) -> float:
+    """What a layout measured in a trial needs of the budget: its peak, and room for what a
+    rank's peak still grows after the trial's steps (LATER_GROWTH, by the device)."""
+    return got["peak_bytes"] * (1 + LATER_GROWTH[plan["device"]["kind"]])
+
+
+def _over(plan: dict[str, Any], got: dict[str, Any]) -> str:
+    growth = LATER_GROWTH[plan["device"]["kind"]]
+    over = needed(plan, got) - plan["budget_bytes"]
+    return (
+        f"used {megabytes(got['peak_bytes'])} per rank; with {growth:.0%} more for later "
+        f"steps, {megabytes(over)} over the budget of {megabytes(plan['budget_bytes'])}"
+    )
 
 
 def check_margin(cfg: DictConfig, plan: dict[str, Any]) -> float:
@@ -138,16 +153,13 @@ def check_pick(
         row["measured"] = got
         plan["trials"].append(row["name"])
         tried.append(row)
-        if "peak_bytes" in got and got["peak_bytes"] <= budget:
+        if "peak_bytes" in got and needed(plan, got) <= budget:
             plan["chosen"] = row["name"]
             return plan
         if "peak_bytes" in got:
             beyond = max(beyond, got["peak_bytes"] - row["predicted"]["peak_bytes"])
         row["fits"] = False
-        why = got.get("failed") or (
-            f"used {megabytes(got['peak_bytes'])} per rank, "
-            f"{megabytes(got['peak_bytes'] - budget)} over the budget"
-        )
+        why = got.get("failed") or _over(plan, got)
         log.warning("runner: parallelism=auto: %s %s; trying the next", row["name"], why)
     return _none_within(plan, tried, budget)
 
@@ -163,7 +175,7 @@ def _none_within(plan: dict[str, Any], tried: list[dict[str, Any]], budget: int)
 def _shortfall(plan: dict[str, Any], over: list[dict[str, Any]], how: str, more: str) -> str:
     """No layout `how` (trialled, checked) ran within the budget: the least one's need."""
     least = min(over, key=lambda r: r["measured"]["peak_bytes"])
-    need = least["measured"]["peak_bytes"]
+    need = needed(plan, least["measured"])
     what = f"{how} ran within"
     return shortfall(what, plan["budget_bytes"], plan["budget"], least["name"], need, more)
 
