@@ -111,9 +111,9 @@ FAMILIES: dict[str, tuple[tuple[str, ...], list[dict]]] = {
 
 
 def _auto_under_budget(family: str, root: Path) -> dict:
-    """parallelism=auto with a budget 10% under ddp's predicted peak (grad_accum 1): the
-    pick (the check's trials included) and what its ranks measured; and with 1 MB, that it
-    stops before any rank (exit 2)."""
+    """parallelism=auto with a budget 10% under ddp's predicted peak (grad_accum 1), for
+    LONG_STEPS steps: the pick (the check's trials included) and what its ranks measured by
+    the end; and with 1 MB, that it stops before any rank (exit 2)."""
     import subprocess
 
     from harness import thread_env, venv_tool
@@ -125,7 +125,7 @@ def _auto_under_budget(family: str, root: Path) -> dict:
     run_dir = root / f"auto-{family}"
     command = [venv_tool("runner"), *keys, "parallelism=auto", f"plan.memory_per_rank={budget}B"]
     quiet = ["progress_bar=false", "logger=none", "eval_batches=1", "checkpoint.interval=null"]
-    command += [*quiet, f"max_steps={STEPS}", "max_epochs=null", f"hydra.run.dir={run_dir}"]
+    command += [*quiet, f"max_steps={LONG_STEPS}", "max_epochs=null", f"hydra.run.dir={run_dir}"]
     done = subprocess.run(command, capture_output=True, text=True, env=thread_env(2), cwd=REPO)
     got: dict = {"budget": budget, "exit": done.returncode}
     try:
@@ -266,7 +266,7 @@ def _auto_lines(auto: dict) -> list[str]:
     lines = [
         "",
         f"parallelism=auto with plan.memory_per_rank 10% under ddp's predicted peak "
-        f"(grad_accum 1, no checkpointing), {STEPS} steps: the pick, the layouts its check "
+        f"(grad_accum 1, no checkpointing), {LONG_STEPS} steps: the pick, the layouts its check "
         "ran first, and the "
         "largest rank's measured peak against the budget; then with 1 MB (no layout fits): "
         "the exit code, and whether any rank started.",
