@@ -25,6 +25,22 @@ def rss_bytes() -> int:
         return 0
 
 
+def library_rss_bytes() -> int:
+    """The resident bytes of files this process maps (RssFile: its libraries' code and
+    data, shared with every process that maps them, and given back by the kernel under
+    pressure; Linux; 0 where /proc is absent). How much of a library a first call maps
+    differs by kernel (some map a whole large folio of its pages at a fault): a rank's peak
+    is measured above its base and the library pages it mapped since."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssFile:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def cpu_cores() -> int:
     """Cores this process may run on (respects taskset/cgroup affinity)."""
     try:

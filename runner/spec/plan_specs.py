@@ -39,9 +39,12 @@ def megabytes(value: float) -> str:
 
 
 # plan.check_margin: null by the device, wider than the largest errors measured there (on
-# a CPU a rank's resident memory: benchmarks/results/plan_families.md and plan_moe.md; on a
-# GPU CUDA's most allocated, held within 15% by tests/gpu/test_plan.py)
-CHECK_MARGIN = {"cpu": 0.5, "cuda": 0.2}
+# a CPU a rank's resident memory, which holds more beyond the tensors on some machines than
+# on others: benchmarks/results/plan_families.md, and plan_moe.md, where gpt_moe_text at a
+# microbatch of 4 measured up to 2.1x its prediction, so a pick predicted under 40% of the
+# budget stays within it; on a GPU CUDA's most allocated, held within 15% by
+# tests/gpu/test_plan.py)
+CHECK_MARGIN = {"cpu": 0.6, "cuda": 0.2}
 # What a rank's peak may still grow after a trial's few steps, which a layout measured in a
 # trial keeps room for within the budget: on a CPU its resident memory grew up to 11% from
 # 4 to 100 steps (benchmarks/results/plan_families.md, its growth table); on a GPU CUDA's

@@ -14,7 +14,7 @@ from runner.components import instantiate
 from runner.engines import import_library
 from runner.engines.base import Engine
 from runner.engines.plan import Plan
-from runner.hardware import rss_bytes
+from runner.hardware import library_rss_bytes, rss_bytes
 from runner.heartbeat import Heartbeat
 from runner.rundir.files import RunDir
 from runner.spec import RunSpec
@@ -51,6 +51,7 @@ class Built:
     compile_clock: CompileClock | None  # the seconds spent compiling (summary.json)
     flops: float | None  # the model's FLOPs per token (token data only)
     base_rss: int  # resident bytes before any of it was built (libraries imported)
+    base_library_rss: int  # of them, the libraries' mapped pages (hardware.library_rss_bytes)
     routing: Routing  # the model's mixture-of-experts layers, if any, seen from the loop
 
 
@@ -63,6 +64,7 @@ def build_rank(
     first, as the seed weights were."""
     import_library(spec.parallelism.name)  # the engine's library is in the base
     base_rss = rss_bytes()  # what the model, its data and its engine add comes on top
+    base_library_rss = library_rss_bytes()
     data, module, fill = build_for_rank(spec, device, run_dir.seed_weights)
     give_back_freed_memory()  # what building freed (zero.Init builds each module whole)
     token_data = {"vocab_size", "block_size"} <= data.info.keys()
@@ -91,6 +93,7 @@ def build_rank(
         compile_clock=parallel.compile_clock,
         flops=flops,
         base_rss=base_rss,
+        base_library_rss=base_library_rss,
         routing=Routing(parallel.engine.module, grid, parallel.engine),
     )
 

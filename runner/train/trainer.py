@@ -94,7 +94,7 @@ class Trainer:
         if self.is_main:  # this attempt in the run's history
             record_attempt(run_dir, self.attempt, self.start.from_step)
         self.step_log, self.times = self._step_log(built.flops)
-        self.rss = (built.base_rss, peak_rss_bytes())  # before building; and before any step
+        self.rss = (built.base_rss, built.base_library_rss, peak_rss_bytes())  # before steps
         self.ended: dict[str, Any] | None = None  # the summary, once written
 
     def _passes(self, built: Built) -> tuple[LossPass, Evaluator]:

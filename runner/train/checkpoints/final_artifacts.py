@@ -13,7 +13,7 @@ from typing import Any
 
 from runner import dist as rdist
 from runner.engines.base import Engine
-from runner.hardware import peak_rss_bytes
+from runner.hardware import library_rss_bytes, peak_rss_bytes
 from runner.models.safetensors_out import safetensors_beside
 from runner.rundir.files import RunDir
 from runner.rundir.summary import Status, attempts, build_summary, history, write_summary
@@ -35,7 +35,7 @@ def write_final(
     spec: RunSpec,
     engine: Engine,
     records: list[dict[str, Any]],
-    rss: tuple[int, int],
+    rss: tuple[int, int, int],
     weights: bool = True,
     status: Status = Status.COMPLETED,
     **facts: Any,
@@ -43,14 +43,17 @@ def write_final(
     """Every rank: gather the weights and each rank's memory; rank 0: write model.pt, then
     summary.json with `facts` (start_time, restarts, resumed_from, first_step_at,
     compile_s, the microbatching keys). `rss`: this rank's resident memory before it built
-    anything (its base: the interpreter, torch, the engine's library), and its peak before
-    its first step (building, sharding, loading). Returns the summary (empty on other
-    ranks)."""
+    anything (its base), the library pages of it (hardware.library_rss_bytes), its peak
+    before its first step; the base reported counts the library pages it mapped since (its
+    kernels' code: shared). Returns the summary (empty on other ranks)."""
+    base_rss, base_library_rss, build_peak = rss
+    base_rss += max(0, library_rss_bytes() - base_library_rss)  # before writing the weights
     if weights:  # not after eval_only: the weights are the ones it started from
         write_weights(run_dir.model, engine.final_tensors())
         if rdist.get_global_rank() == 0:
             safetensors_beside(run_dir.model)  # the same weights, without pickle
-    memory = (engine.state_bytes(), peak_rss_bytes(), *rss, peak_device_bytes(spec.device))
+    memory = (engine.state_bytes(), peak_rss_bytes(), base_rss, build_peak)
+    memory += (peak_device_bytes(spec.device),)
     per_rank = rdist.all_gather_object(memory)
     if rdist.get_global_rank() != 0:
         return {}
