@@ -603,7 +603,7 @@ def test_a_planned_run_over_its_budget_says_so() -> None:
 
 
 def test_a_layout_measured_in_a_trial_keeps_room_for_later_steps() -> None:
-    """A trial's few steps do not see what a rank's peak still grows (on a CPU up to 11%
+    """A trial's few steps do not see what a rank's peak still grows (on a CPU up to 15%
     from 4 to 100 steps, plan_families.md): measured 95 MB of a 100 MB budget, a CPU rank
     does not fit (it had trained, and ended 1 MB over); a GPU's does."""
     from runner.cli.plan_trials import _over, needed

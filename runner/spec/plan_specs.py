@@ -39,16 +39,16 @@ def megabytes(value: float) -> str:
 
 
 # plan.check_margin: null by the device, wider than the largest errors measured there (on
-# a CPU a rank's resident memory, which holds more beyond the tensors on some machines than
-# on others: benchmarks/results/plan_families.md, and plan_moe.md, where gpt_moe_text at a
-# microbatch of 4 measured up to 2.1x its prediction, so a pick predicted under 40% of the
-# budget stays within it; on a GPU CUDA's most allocated, held within 15% by
-# tests/gpu/test_plan.py)
+# a CPU a rank's resident memory: benchmarks/results/plan_families.md and plan_moe.md, where
+# gpt_moe_text's expert and tensor splits measured up to 54% over their predictions, what
+# DTensor and gloo's all-to-all hold besides the tensors not modelled; on a GPU CUDA's most
+# allocated, held within 15% by tests/gpu/test_plan.py)
 CHECK_MARGIN = {"cpu": 0.6, "cuda": 0.2}
 # What a rank's peak may still grow after a trial's few steps, which a layout measured in a
-# trial keeps room for within the budget: on a CPU its resident memory grew up to 11% from
-# 4 to 100 steps (benchmarks/results/plan_families.md, its growth table); on a GPU CUDA's
-# most allocated holds the step's tensors, the same every step
+# trial keeps room for within the budget: on a CPU its resident memory grew up to 15% from
+# 4 to 100 steps (benchmarks/results/plan_families.md, its growth table: gpt_text's, where
+# its library pages are not counted); on a GPU CUDA's most allocated holds the step's
+# tensors, the same every step
 LATER_GROWTH = {"cpu": 0.15, "cuda": 0.05}
 MORE = "more ranks (nproc), or a smaller microbatch (global_batch_size)"
 
