@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.models.expert_dispatch import hugging_face_ep_plan
 from runner.models.expert_split import expert_problems, named_experts
+from runner.models.families import family_of
 from runner.spec import resolve_spec
 from tests.helpers.cli import MATRIX, run_cli
 from tests.helpers.config import compose_config
@@ -79,7 +79,7 @@ def _weights(result) -> dict[str, torch.Tensor]:
 def test_the_config_names_the_experts_modules(kind: str) -> None:
     """transformers' own plan finds one experts module per layer, stacked by expert."""
     model = _built(kind)
-    assert hugging_face_ep_plan(model) == ["model.layers.*.mlp.experts"]
+    assert family_of(model).expert_patterns(model) == ["model.layers.*.mlp.experts"]
     named, unmatched = named_experts(model, None)
     assert list(named) == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
     assert unmatched == [] and expert_problems(model, 2) == []

@@ -2,6 +2,11 @@
 and the loop name none. runner.train.build.parallelize is where they meet (it decides), and
 runner.train.step.microbatching hands a step to the stages' schedule when there are stages.
 
+A model family is one room too: its declaration (runner.models.families) and its model's
+code name it, and no other file of runner does (by an identifier, or by a `_target_`-like
+dotted name in a string); everything else asks a model's family. runner.data is not held to
+it: a tokenizer or an image decoder of the same library is data's, not the model's.
+
 Read from the source: the identifiers of the code (names, attributes, imports, definitions,
 arguments), not its docstrings or comments, which may say what a file works beside.
 """
@@ -61,8 +66,6 @@ ROOMS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
 KNOWN_MEETINGS = {
     # FSDP divides the experts' gradients by their group itself, in its step
     ("runner/engines/fsdp.py", "expert"): {"_split_experts", "expert_split", "split_experts"},
-    # a Hugging Face MoE's tensor plan leaves its experts whole, asking the expert room which
-    ("runner/models/tensor_plans.py", "expert"): {"expert_dispatch", "hugging_face_ep_plan"},
     # the expert plan's module patterns are expanded by the tensor plan's code
     ("runner/models/expert_split.py", "tensor"): {"tensor_plans"},
 }
@@ -171,3 +174,80 @@ def test_the_check_sees_a_name(tmp_path: Path) -> None:
     code.write_text('"""Works beside the pipeline."""\nfrom runner.engines.float8 import x\n')
     assert named(code, "float8") == ["float8"]
     assert named(code, "pipeline") == []
+
+
+# each model family's files, and the names that say it (substrings of an identifier, or of
+# a dotted name in a string)
+FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gpt": (
+        (
+            "runner/models/gpt.py",
+            "runner/models/gpt_moe.py",  # built on it
+            "runner/models/families/gpt.py",
+            "runner/models/families/gpt_moe.py",
+        ),
+        ("gpt",),
+    ),
+    "gpt_moe": (
+        ("runner/models/gpt_moe.py", "runner/models/families/gpt_moe.py"),
+        ("gpt_moe", "gptmoe"),
+    ),
+    "hugging_face": (
+        (
+            "runner/models/families/hugging_face.py",
+            "runner/models/families/hugging_face_export.py",
+            "runner/models/stacked_experts.py",  # its checkpoints' experts, one tensor each
+        ),
+        ("hugging_face", "transformers"),
+    ),
+    "vision": (
+        ("runner/models/families/vision.py", "runner/models/builders.py"),  # runner's resnets
+        ("resnet", "torchvision", "timm"),
+    ),
+}
+
+
+def dotted_strings(path: Path) -> set[str]:
+    """The string constants of a file that read as a dotted name (a `_target_`, a module)."""
+    import re
+
+    return {
+        node.value
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", node.value)
+    }
+
+
+def family_named(path: Path, family: str) -> list[str]:
+    _, parts = FAMILIES[family]
+    said = identifiers(path) | dotted_strings(path)
+    return sorted(name for name in said if any(part in name.lower() for part in parts))
+
+
+def test_no_file_outside_a_family_names_it() -> None:
+    found = [
+        f"{path.relative_to(REPO)} names {family}: {family_named(path, family)}"
+        for path in sorted((REPO / "runner").rglob("*.py"))
+        if not path.is_relative_to(REPO / "runner" / "data")
+        for family, (files, _) in FAMILIES.items()
+        if str(path.relative_to(REPO)) not in files and family_named(path, family)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_every_family_is_found_and_its_files_exist() -> None:
+    from runner.models.families import families
+
+    assert [f.name for f in families()] == ["gpt_moe", "gpt", "hugging_face", "vision", "generic"]
+    for files, _ in FAMILIES.values():
+        for file in files:
+            assert (REPO / file).is_file(), file
+
+
+def test_the_family_check_sees_a_target_string(tmp_path: Path) -> None:
+    code = tmp_path / "probe.py"
+    code.write_text('"""Beside runner.models.gpt."""\nchecks = t.startswith("runner.models.gpt")\n')
+    assert family_named(code, "gpt") == ["runner.models.gpt"]
+    assert family_named(code, "vision") == []

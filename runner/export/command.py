@@ -1,6 +1,8 @@
 """`runner export RUN_DIR|CHECKPOINT --to DIR [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]`:
-a run's weights as safetensors, sharded with an index above the size, and for a Hugging
-Face model its config.json too, so that `AutoModel*.from_pretrained(DIR)` loads them.
+a run's weights as safetensors, sharded with an index above the size, under the names and
+with the files beside them that the model's family says (runner.models.families: for a
+Hugging Face model its config.json too, so that `AutoModel*.from_pretrained(DIR)` loads
+them).
 
 The weights come from a finished run's model.pt, or from any parallelism's checkpoint
 (runner.models.checkpoint_weights), and are written one tensor at a time
@@ -13,6 +15,12 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from runner.spec import RunSpec
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
@@ -53,15 +61,8 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     import torch
 
-    from runner.export.hugging_face import (
-        built_shapes,
-        copy_tokenizer,
-        hub_names,
-        is_hugging_face,
-        tied_names,
-        write_config,
-    )
     from runner.models.checkpoint_weights import NoWeights, find_weights
+    from runner.models.families import Family, family_of
     from runner.models.safetensors_out import OutTensor, write_safetensors
     from runner.spec import load_spec
 
@@ -73,27 +74,37 @@ def main(argv: list[str]) -> int:
     config = weights.run_dir / "config.yaml"
     spec = load_spec(weights.run_dir) if config.is_file() else None
     module = built_shapes(spec) if spec is not None else None
-    hugging_face = is_hugging_face(module)
-    left_out = tied_names(module) if hugging_face and module is not None else set()
+    family = family_of(module) if module is not None else Family()  # its files, its names
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
     tensors = []
     for tensor in weights.tensors:
-        if tensor.name in left_out:
-            continue
         if dtype is not None and tensor.dtype.is_floating_point:
             read = tensor.values
             tensor = OutTensor(tensor.name, tensor.shape, dtype, lambda r=read: r().to(dtype))
         tensors.append(tensor)
-    if hugging_face and module is not None:
-        tensors = hub_names(module, tensors)
+    if module is not None:
+        tensors = family.exported(module, tensors)
     written = write_safetensors(args.to, tensors, args.max_shard_size)
-    if hugging_face and module is not None and spec is not None:
-        written += write_config(module, args.to)
-        written += copy_tokenizer(spec, args.to)
+    if module is not None and spec is not None:
+        written += family.export_beside(module, spec, args.to)
     size = sum(t.nbytes for t in tensors) / 2**20
-    kind = ", a Hugging Face model" if hugging_face else ""
+    kind = family.export_kind
     print(
         f"runner export: {weights.source} -> {args.to}: {len(tensors)} tensors, {size:.1f} MB "
         f"in {len(written)} file(s){kind}"
     )
     return 0
+
+
+def built_shapes(spec: RunSpec) -> nn.Module | None:
+    """The run's model on the meta device (shapes only); None when it needs what only the
+    data reports (an argument such as num_classes), or cannot be built on meta."""
+    import torch
+
+    from runner.models.builders import build_model
+
+    try:
+        with torch.device("meta"):
+            return build_model(spec.model, {})
+    except Exception:
+        return None

@@ -43,9 +43,9 @@ log = logging.getLogger("runner")
 
 def modules_for(spec: RunSpec) -> list[str]:
     """What this run's ranks import beyond fork_server.PRELOAD and the server may import too:
-    the modules of runner's and torchvision's components it names, torchvision for runner's
-    resnets, and on the CPU a transformers model class (`transformers:LlamaForCausalLM`: the
-    module, then the attribute) and torch's compiler for the ranks that import it (see
+    the modules of runner's and torchvision's components it names, what the model's family
+    says its ranks import (torchvision for runner's resnets, on the CPU a transformers model
+    class: runner.models.families), torch's compiler for the ranks that import it (see
     _imports_the_compiler; on a GPU they stay the ranks' to import: whether the imports leave
     the server fit to fork there has not been measured), and DeepSpeed on the CPU, with the
     CPU accelerator a CPU rank picks (on a GPU DeepSpeed picks its accelerator as it loads:
@@ -53,10 +53,9 @@ def modules_for(spec: RunSpec) -> list[str]:
     targets = [spec.model.target, spec.data.target, spec.loss.target]
     targets += [metric.target for metric in spec.metrics.values()]
     modules = [t.rpartition(".")[0] for t in targets if t.split(".")[0] in _SAFE_PACKAGES]
-    if spec.device == "cpu" and _is_transformers_class(spec.model.target):
-        modules.append(":".join(spec.model.target.rsplit(".", 1)))  # loaded on first use
-    if spec.model.target.startswith("runner.models.builders.resnet"):
-        modules.append("torchvision.models")
+    from runner.models.families import family_of_target
+
+    modules += family_of_target(spec.model.target).preloads(spec.model.target, spec.device)
     if _imports_the_compiler(spec):
         modules.append(COMPILER)
     if spec.device == "cpu" and isinstance(spec.parallelism, DEEPSPEED_SPECS):
@@ -80,13 +79,6 @@ def _imports_the_compiler(spec: RunSpec) -> bool:
 
 
 _SAFE_PACKAGES = ("runner", "torchvision")
-
-
-def _is_transformers_class(target: str) -> bool:
-    """`transformers.LlamaForCausalLM` and the like: transformers' import and its modeling
-    module's (about 2 s of CPU a rank here) made once, in the server."""
-    package, _, name = target.partition(".")
-    return package == "transformers" and name.isidentifier() and name[:1].isupper()
 
 
 class ForkServerError(RuntimeError):

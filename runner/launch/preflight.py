@@ -28,6 +28,7 @@ from runner.data.streams import is_iterable
 from runner.errors import describe, first_line
 from runner.models.blocks import find_blocks
 from runner.models.builders import build_model
+from runner.models.families import family_of_target
 from runner.spec import RunSpec
 from runner.spec.mesh import layout
 
@@ -77,11 +78,11 @@ def component_problems(spec: RunSpec) -> list[str]:
     found += components.problems("loss", spec.loss.node, provided)
     for name, metric in spec.metrics.items():
         found += components.problems(f"metrics.{name}", metric.node, provided)
-    wrap = getattr(spec.parallelism, "wrap", ())
+    wrap = spec.parallelism.wrap
     grid = layout(spec)
     split = max(grid.tensor, grid.pipeline, grid.context, grid.expert) > 1
-    # runner's gpt family checks its own options as it is built (on the meta device: free)
-    checks_itself = spec.model.target.startswith("runner.models.gpt")
+    # a family that checks its own options as it is built (on the meta device: free)
+    checks_itself = family_of_target(spec.model.target).checks_itself
     if (spec.checkpoint_every or wrap or split or checks_itself) and not found:
         found += model_problems(spec, provided())
     if (spec.optimizer.lr_multipliers or spec.optimizer.no_weight_decay) and not found:
@@ -221,7 +222,7 @@ def model_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
             return [_first_line(exc)]  # the model's own check: it names the key
         return [f"model._target_={spec.model.target}: building it raised {describe(exc)}"]
     found = []
-    wrap = list(getattr(spec.parallelism, "wrap", ()))
+    wrap = list(spec.parallelism.wrap)
     if wrap and not find_blocks(model, wrap):
         classes = sorted({type(m).__name__ for m in model.modules()} - {type(model).__name__})
         found.append(
@@ -232,7 +233,7 @@ def model_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
 
     grid = layout(spec)
     if grid.tensor > 1:
-        found += plan_problems(model, grid.tensor, getattr(spec.parallelism, "tp_plan", None))
+        found += plan_problems(model, grid.tensor, spec.parallelism.tp_plan)
     if grid.pipeline > 1:
         from runner.models.pipeline_stages import stage_problems
 
@@ -249,10 +250,10 @@ def model_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
         from runner.models.context_split import context_problems
 
         found += context_problems(model, grid.context)
-    if grid.expert > 1 or getattr(spec.parallelism, "ep_plan", None) is not None:
+    if grid.expert > 1 or spec.parallelism.ep_plan is not None:
         from runner.models.expert_split import expert_problems
 
-        found += expert_problems(model, grid.expert, getattr(spec.parallelism, "ep_plan", None))
+        found += expert_problems(model, grid.expert, spec.parallelism.ep_plan)
     if spec.checkpoint_every and not find_blocks(model):
         found.append(
             f"activation_checkpointing={spec.activation_checkpointing}: {type(model).__name__} "

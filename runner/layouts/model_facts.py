@@ -31,7 +31,8 @@ from runner.layouts.forked import forked_map
 from runner.layouts.live_bytes import LiveBytes
 from runner.layouts.model_splits import NO_EXPERTS, experts_of, model_splits
 from runner.models.blocks import apply_activation_checkpointing, find_blocks
-from runner.models.builders import build_model, without_generation_cache
+from runner.models.builders import build_model
+from runner.models.families import family_of
 from runner.spec import RunSpec
 from runner.train.step.batch_parts import logits_of, split
 
@@ -108,7 +109,7 @@ def measure(
         params=[p.numel() for p in unique],
         element_bytes=unique[0].element_size() if unique else 4,
         blocks=[sum(p.numel() for p in b.parameters()) for b in blocks],
-        heads=_heads(spec, model),
+        heads=family_of(model).heads(model),
         sequence=data.info.get("block_size"),
         passes=passes,
         optimizer_state=state,
@@ -139,7 +140,7 @@ class _Tracer:
         try:
             with torch.device("meta"):
                 self.meta: nn.Module | None = build_model(spec.model, info)
-                without_generation_cache(self.meta)  # as the ranks train it
+                family_of(self.meta).ready_to_train(self.meta)  # as the ranks train it
         except Exception:  # it reads values as it is built: built under the fake mode each time
             self.meta = None
 
@@ -193,7 +194,7 @@ class _Tracer:
         if self.meta is None:
             with self.fake:
                 model = build_model(self.spec.model, self.info)
-            without_generation_cache(model)
+            family_of(model).ready_to_train(model)
         else:
             model = copy.deepcopy(self.meta)
         whole = find_blocks(model)
@@ -289,13 +290,6 @@ class _Traced:
     peak: float  # the most bytes alive at once
     flops: float  # per sample
     ops: int
-
-
-def _heads(spec: RunSpec, model: nn.Module) -> int | None:
-    heads = spec.model.args.get("n_head")
-    config = getattr(model, "config", None)
-    heads = heads or getattr(config, "num_attention_heads", None)
-    return heads if isinstance(heads, int) else None
 
 
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}

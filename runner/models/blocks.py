@@ -1,9 +1,10 @@
 """A model's blocks, and activation checkpointing applied to them.
 
 A block is the unit a model repeats: the layers of a transformer, the stages of a deep
-network. They are found without help as the largest `nn.ModuleList` (or `nn.Sequential`)
-whose children all share one class (the gpt model's `blocks`, a Hugging Face model's
-`h` or `layers`), or named by class.
+network. Its family says which they are (runner.models.families); by default they are found
+without help as the largest `nn.ModuleList` (or `nn.Sequential`) whose children all share
+one class (the gpt model's `blocks`, a Hugging Face model's `h` or `layers`), or named by
+class.
 
 Activation checkpointing keeps only each checkpointed block's input during the forward
 pass and recomputes the block in the backward pass: activation memory for compute. It
@@ -38,21 +39,15 @@ from torch.utils.checkpoint import checkpoint
 
 
 def find_blocks(module: nn.Module, classes: Sequence[str] = ()) -> list[nn.Module]:
-    """The model's blocks, in order: modules of the named classes, or else the children of
-    its largest container of same-class modules (none if it has no such container)."""
+    """The model's blocks, in order: modules of the named classes, or else those its family
+    declares (runner.models.families; by default the children of its largest list of
+    modules of one class)."""
     if classes:
         wanted = set(classes)
         return [m for m in module.modules() if type(m).__name__ in wanted]
-    best: list[nn.Module] = []
-    for candidate in module.modules():
-        if not isinstance(candidate, (nn.ModuleList, nn.Sequential)):
-            continue
-        children = list(candidate.children())
-        if len(children) < 2 or len({type(c) for c in children}) != 1:
-            continue
-        if len(children) > len(best) and list(children[0].parameters()):
-            best = children
-    return best
+    from runner.models.families import family_of
+
+    return family_of(module).blocks(module)
 
 
 def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:

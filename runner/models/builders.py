@@ -26,18 +26,6 @@ def build_model(spec: ModelSpec, provided: Mapping[str, Any] | None = None) -> n
     return module
 
 
-def without_generation_cache(module: nn.Module) -> bool:
-    """Turn a transformers model's key/value cache off (`config.use_cache`), as training
-    wants it: nothing reads it, and a block that activation checkpointing runs again would
-    meet the cache the first pass filled (torch.utils.checkpoint refuses the difference).
-    Whether it was on. The config a user exports keeps its own value (runner.export)."""
-    config = getattr(module, "config", None)
-    if getattr(config, "use_cache", None) is not True:
-        return False
-    config.use_cache = False
-    return True
-
-
 def mlp(
     input_shape: Sequence[int], num_classes: int, hidden_sizes: Sequence[int] = (128, 64)
 ) -> nn.Module:

@@ -1,5 +1,6 @@
-"""Context parallelism for runner's gpt (parallelism.context=C): the sequence split across
-C ranks that read the same batch, each computing its own positions of every layer.
+"""Context parallelism (parallelism.context=C), for a model whose family hooks its sequence
+(runner's gpt): the sequence split across C ranks that read the same batch, each computing
+its own positions of every layer.
 
 Attention is the one operation that mixes positions: each rank gathers the keys and values
 of every position from its group (an all-gather whose backward pass sums the gradients back
@@ -166,31 +167,19 @@ class GatherPositions(torch.autograd.Function):
 def apply_context(
     model: nn.Module, group: Any, rank: int, size: int, ignore_index: int
 ) -> ContextSplit:
-    """Split runner's gpt's sequence across the context group (see the module text): the
-    split in place of the gpt's whole sequence, and of each attention's. Returns it (how
-    the loss pairs this rank's logits with targets)."""
+    """Split the model's sequence across the context group (see the module text): its
+    family hands the split to its forward pass in place of the whole sequence. Returns it
+    (how the loss pairs this rank's logits with targets)."""
+    from runner.models.families import family_of
+
     split = ContextSplit(group, rank, size, ignore_index)
-    model.sequence = split
-    for block in model.blocks:
-        block.attn.sequence = split
+    family_of(model).hook_sequence(model, split)
     return split
 
 
 def context_problems(model: nn.Module, context: int) -> list[str]:
-    """What the context split needs of the model: runner's gpt (its `sequence` hook)."""
-    if not all(hasattr(model, n) for n in ("wte", "wpe", "blocks", "sequence")):
-        return [
-            f"parallelism.context={context}: runner cannot split {type(model).__name__}'s "
-            "attention across ranks (it splits runner's gpt); train it with context=1"
-        ]
-    from runner.models.moe import MoE
+    """What the context split needs of the model: a family with a sequence hook (runner's
+    gpt's)."""
+    from runner.models.families import family_of
 
-    balanced = [m for m in model.modules() if isinstance(m, MoE) and m.balance_losses]
-    if balanced:
-        return [
-            f"parallelism.context={context}: the balance losses of runner's gpt_moe are means "
-            "over whole sequences, which a context split cuts across ranks; set "
-            "model.aux_loss_weight=0 and model.z_loss_weight=0 (model.bias_update_speed "
-            "balances without a loss), or parallelism.context=1"
-        ]
-    return []
+    return family_of(model).context_problems(model, context)

@@ -32,17 +32,6 @@ SPLIT = "_runner_expert_split"  # set on an experts module once its experts are 
 DISPATCHED = "ep_dispatch_experts"  # transformers' style for an experts module
 
 
-def hugging_face_ep_plan(model: nn.Module) -> list[str]:
-    """A transformers model's experts modules by its config's base_model_ep_plan (under the
-    model's prefix); [] where it has none."""
-    plan = getattr(getattr(model, "config", None), "base_model_ep_plan", None) or {}
-    names = [name for name, style in plan.items() if style == DISPATCHED]
-    prefix = getattr(model, "base_model_prefix", "")
-    if prefix and isinstance(getattr(model, prefix, None), nn.Module):
-        names = [f"{prefix}.{name}" for name in names]
-    return names
-
-
 def stacked_experts(module: nn.Module) -> int | None:
     """How many experts `module` stacks (its direct parameters' common dim 0, also its
     `num_experts` where it has one), or None when it is no experts module of Hugging Face's

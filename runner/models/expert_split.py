@@ -29,7 +29,6 @@ from runner.models.expert_dispatch import (
     DISPATCHED,
     SPLIT,
     dispatch,
-    hugging_face_ep_plan,
     stacked_experts,
 )
 from runner.models.moe import Experts, MoE
@@ -51,18 +50,22 @@ Plan = Sequence[str] | Mapping[str, Any] | None  # patterns, or {_target_: fn}: 
 
 def plan_patterns(model: nn.Module, ep_plan: Plan) -> list[str]:
     """The module names (patterns) a plan gives: the user's list, what the user's function
-    returns for the model, or the model's own Hugging Face plan."""
+    returns for the model, or the experts modules its family names (a Hugging Face MoE's)."""
     if isinstance(ep_plan, Mapping):
         from runner.components import TARGET, locate
 
         options = {k: v for k, v in ep_plan.items() if not k.startswith("_")}
         return [str(name) for name in locate(str(ep_plan[TARGET]))(model, **options)]
-    return list(ep_plan) if ep_plan is not None else hugging_face_ep_plan(model)
+    if ep_plan is not None:
+        return list(ep_plan)
+    from runner.models.families import family_of
+
+    return family_of(model).expert_patterns(model)
 
 
 def named_experts(model: nn.Module, ep_plan: Plan) -> tuple[dict[str, nn.Module], list[str]]:
-    """The experts modules a plan names (the user's, else the model's own Hugging Face
-    plan), by name; and the user's patterns that name no module."""
+    """The experts modules a plan names (the user's, else those the model's family names),
+    by name; and the user's patterns that name no module."""
     from runner.models.tensor_plans import expand_plan
 
     patterns = plan_patterns(model, ep_plan)

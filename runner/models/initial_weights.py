@@ -24,7 +24,8 @@ from torch import nn
 
 from runner.data.datasets import build_datasets
 from runner.data.splits import Datasets
-from runner.models.builders import build_model, without_generation_cache
+from runner.models.builders import build_model
+from runner.models.families import family_of
 from runner.models.safetensors_out import OutTensor, write_file
 from runner.spec import RunSpec
 
@@ -47,14 +48,15 @@ def build_data_and_model(
     data = build_datasets(spec.data)
     with construction or contextlib.nullcontext():
         module = build_model(spec.model, data.info)
-    if without_generation_cache(module):
-        log.info("model: use_cache=false for training (the generation cache; exports keep it)")
+    ready = family_of(module).ready_to_train(module)
+    if ready:
+        log.info("model: %s", ready)
     return data, module
 
 
 def meta_init_applies(spec: RunSpec) -> bool:
     """Whether the ranks build the model without its weights (fsdp, zero3 with meta_init)."""
-    return bool(getattr(spec.parallelism, "meta_init", False))
+    return spec.parallelism.meta_init
 
 
 def seed_tensors(module: nn.Module) -> dict[str, torch.Tensor]:

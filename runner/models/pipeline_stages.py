@@ -4,81 +4,36 @@ every pipeline degree.
 
 A model is cut by its layer list, and a cut says which of its other modules go with the
 first stage (the embeddings), which with the last (the final norm and the head), and which
-every stage needs (a rotary embedding, no weights). Two cuts are known:
-
-- runner's gpt: `wte`, `wpe`, `drop` | `blocks` | `ln_f`, `lm_head`;
-- a Hugging Face decoder (Llama, Mistral, Qwen and most causal LMs): `model.embed_tokens` |
-  `model.layers` | `model.norm`, `lm_head`, with `model.rotary_emb` on every stage.
+every stage needs (a rotary embedding, no weights). A model family declares its cut
+(runner.models.families: runner's gpt by its blocks, a Hugging Face decoder by model.layers).
 
 The layers go evenly between the stages, or `parallelism.pipeline_split` layers each. Any
 other model is cut by a function of the user's (`parallelism.pp_plan`: fn(model, stage,
 stages) -> the stage's module, made of the model's own modules). A stage passes one tensor to
 the next: the activations of its last layer, a plain tensor. Under tensor parallelism a
-rank sends its part of them to the rank at its place in the next stage's tensor group: the
-gpt's are split along the sequence (its plan's layout between blocks), and the first stage
-pads the sequence to a multiple of the group as the whole gpt does.
+rank sends its part of them to the rank at its place in the next stage's tensor group, split
+along the sequence where the cut says so (`by_sequence`: the gpt's, its plan's layout between
+blocks).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-
-@dataclass(frozen=True)
-class Cut:
-    """How one kind of model is cut: its layer list and the modules beside it."""
-
-    layers: str
-    first: tuple[str, ...]
-    last: tuple[str, ...]
-    every: tuple[str, ...]
-    forward: Callable[[StageModule, torch.Tensor], torch.Tensor]
-    by_sequence: bool = False  # under tensor parallelism, activations split along dim 1
+from runner.models.families.family import Cut
 
 
-def _gpt_forward(stage: StageModule, x: torch.Tensor) -> torch.Tensor:
-    if stage.first:
-        time = x.shape[1]
-        if time > stage.block_size:
-            raise ValueError(
-                f"a sequence of {time} tokens is longer than block_size={stage.block_size}"
-            )
-        pad = -time % stage.multiple  # the tensor group's equal parts; Pipeline crops it
-        x = torch.nn.functional.pad(x, (0, pad)) if pad else x
-        positions = torch.arange(time + pad, device=x.device)
-        x = stage.drop(stage.wte(x) + stage.wpe(positions))
-    for block in stage.blocks.values():
-        x = block(x)
-    return stage.lm_head(stage.ln_f(x)) if stage.last else x
+def cut_of(model: nn.Module) -> Cut | None:
+    """The cut that fits `model`, if its family has one."""
+    from runner.models.families import family_of
 
-
-def _decoder_forward(stage: StageModule, x: torch.Tensor) -> torch.Tensor:
-    """A Hugging Face decoder's stage: causal attention from its implementation (sdpa, flash)
-    with no mask; every stage computes the rotary embedding of the positions itself."""
-    body = stage.model
-    if stage.first:
-        x = body.embed_tokens(x)
-    positions = torch.arange(x.shape[1], device=x.device)[None]
-    rotary = body.rotary_emb(x, positions)
-    for layer in body.layers.values():
-        x = layer(x, attention_mask=None, position_ids=positions, position_embeddings=rotary)
-        x = x[0] if isinstance(x, tuple) else x
-    return stage.lm_head(body.norm(x)) if stage.last else x
-
-
-GPT = Cut("blocks", ("wte", "wpe", "drop"), ("ln_f", "lm_head"), (), _gpt_forward, True)
-DECODER = Cut(
-    "model.layers",
-    ("model.embed_tokens",),
-    ("model.norm", "lm_head"),
-    ("model.rotary_emb",),
-    _decoder_forward,
-)
+    cut = family_of(model).pipeline_cut(model)
+    paths = (cut.layers, *cut.first, *cut.last, *cut.every) if cut else ()
+    return cut if cut and all(_has(model, path) for path in paths) else None
 
 
 def _has(model: nn.Module, path: str) -> bool:
@@ -87,14 +42,6 @@ def _has(model: nn.Module, path: str) -> bool:
     except AttributeError:
         return False
     return True
-
-
-def cut_of(model: nn.Module) -> Cut | None:
-    """The cut that fits `model`, if any."""
-    for cut in (GPT, DECODER):
-        if all(_has(model, p) for p in (cut.layers, *cut.first, *cut.last, *cut.every)):
-            return cut
-    return None
 
 
 def layer_ranges(layers: int, stages: int, split: Sequence[int] = ()) -> list[range]:
@@ -132,17 +79,9 @@ def stage_problems(
             "and a Hugging Face decoder by model.layers); give your own in "
             f"{PLAN_KEY}={{_target_: pkg.module.fn}}, fn(model, stage, stages), or pipeline=1"
         ]
-    config = getattr(model, "config", None)
-    if getattr(config, "tie_word_embeddings", False):
-        return [
-            f"parallelism.pipeline: {name} ties its head to its embeddings, which go to the "
-            "first and the last stage; untie them (model.config.tie_word_embeddings=false)"
-        ]
-    if getattr(config, "_attn_implementation", None) == "eager":
-        return [
-            f"parallelism.pipeline: {name} runs eager attention, which takes its causal mask "
-            "from the model's forward; use its sdpa or flash attention"
-        ]
+    found = cut.problems(model)
+    if found:
+        return found
     layers = len(model.get_submodule(cut.layers))
     if split:
         if len(split) != stages or sum(split) != layers or min(split) < 1:

@@ -12,7 +12,7 @@ from pathlib import Path
 from runner import hardware
 from runner.spec.device_checks import check_compile, check_float8, check_profile
 from runner.spec.mesh import layout
-from runner.spec.parallelism_specs import ONE_STAGE_PER_RANK
+from runner.spec.parallelism_specs import ONE_STAGE_PER_RANK, DDPSpec
 from runner.spec.plan_specs import bare_number, parse_size
 from runner.spec.schema import (
     DEEPSPEED_SPECS,
@@ -110,7 +110,7 @@ def _check_sync_strategy(spec: RunSpec, problems: list[str]) -> None:
 
 def _check_shm_allreduce(spec: RunSpec, problems: list[str]) -> None:
     """ddp's shm_allreduce=true where shared memory cannot carry the all-reduce."""
-    if getattr(spec.parallelism, "shm_allreduce", None) is not True:
+    if not isinstance(spec.parallelism, DDPSpec) or spec.parallelism.shm_allreduce is not True:
         return
     obstacle = hardware.shared_memory_obstacle(spec.device, spec.nodes)
     if obstacle is not None:
@@ -135,7 +135,7 @@ def _check_auto_microbatching(spec: RunSpec, problems: list[str]) -> None:
 def _check_pipeline(spec: RunSpec, problems: list[str]) -> None:
     """What a pipeline schedule needs of the step's microbatches, which are its own."""
     options = spec.parallelism
-    pipeline = getattr(options, "pipeline", 1)
+    pipeline = options.pipeline
     if pipeline == 1:
         return
     schedule, each = options.pipeline_schedule, options.stages_each
@@ -175,7 +175,7 @@ def _check_pipeline(spec: RunSpec, problems: list[str]) -> None:
 
 def _check_context(spec: RunSpec, problems: list[str]) -> None:
     """Context parallelism gives each rank the loss of its positions: a next-token loss."""
-    context = getattr(spec.parallelism, "context", 1)
+    context = spec.parallelism.context
     if context == 1:
         return
     if not spec.loss.target.endswith("CausalLM"):
@@ -190,7 +190,7 @@ def _check_context(spec: RunSpec, problems: list[str]) -> None:
 def _check_expert(spec: RunSpec, problems: list[str]) -> None:
     """Expert groups are cut from the shard ranks (the model's experts are checked in the
     agent, which builds it)."""
-    expert = getattr(spec.parallelism, "expert", 1)
+    expert = spec.parallelism.expert
     if expert == 1:
         return
     grid = layout(spec)

@@ -9,6 +9,7 @@ import os
 import shutil
 
 from runner import hardware
+from runner.spec.parallelism_specs import DDPSpec
 from runner.spec.schema import Precision, RunSpec
 
 
@@ -17,8 +18,8 @@ def check_compile(spec: RunSpec, problems: list[str]) -> None:
     _check_memory_budget(spec, problems)
     if options is None:
         return
-    bucket_mb = getattr(spec.parallelism, "bucket_cap_mb", None)
-    if bucket_mb is not None and bucket_mb < 1:
+    bucket_mb = spec.parallelism.bucket_cap_mb if isinstance(spec.parallelism, DDPSpec) else 1
+    if bucket_mb < 1:
         problems.append(
             f"parallelism.bucket_cap_mb={bucket_mb:g}: with compile, dynamo's DDP optimizer "
             "needs buckets of at least DDP's first one (1 MB); use bucket_cap_mb>=1, or "

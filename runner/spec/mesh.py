@@ -121,10 +121,7 @@ def layout(spec: Any, world: int | None = None) -> Layout:
     over every rank)."""
     world = spec.world_size if world is None else world
     options = spec.parallelism
-    replicate = getattr(options, "replicas", 1)
-    tensor = getattr(options, "tensor", 1)
-    pipeline = getattr(options, "pipeline", 1)
-    context = getattr(options, "context", 1)
-    expert = getattr(options, "expert", 1)
+    replicate, tensor, pipeline = options.replicas, options.tensor, options.pipeline
+    context, expert = options.context, options.expert
     shard = max(1, world // (pipeline * replicate * context * tensor))  # checked: spec
     return Layout(replicate, shard, tensor, pipeline, context, expert)

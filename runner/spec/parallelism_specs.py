@@ -9,8 +9,28 @@ from typing import Any, ClassVar, Literal
 from runner.spec.bounds import bound as _bound
 
 
+class Unsplit:
+    """What a parallelism that splits no model (ddp, ZeRO) says of the keys only fsdp's mesh
+    has: every degree 1, no plan of the user's, nothing wrapped on its own, built whole. Every
+    parallelism spec so answers every degree; none is a key of these options (a user's
+    `parallelism.tensor=2` under ddp is refused as not one)."""
+
+    tensor: ClassVar[int] = 1
+    pipeline: ClassVar[int] = 1
+    context: ClassVar[int] = 1
+    expert: ClassVar[int] = 1
+    replicas: ClassVar[int] = 1
+    stages_each: ClassVar[int] = 1
+    pipeline_split: ClassVar[tuple[int, ...]] = ()
+    tp_plan: ClassVar[None] = None
+    pp_plan: ClassVar[None] = None
+    ep_plan: ClassVar[None] = None
+    wrap: ClassVar[tuple[str, ...]] = ()
+    meta_init: ClassVar[bool] = False
+
+
 @dataclass(frozen=True)
-class DDPSpec:
+class DDPSpec(Unsplit):
     """torch DistributedDataParallel; every rank holds the full optimizer state."""
 
     name: Literal["ddp"] = "ddp"
@@ -23,7 +43,7 @@ class DDPSpec:
 
 
 @dataclass(frozen=True)
-class ZeroSpec:
+class ZeroSpec(Unsplit):
     """DeepSpeed ZeRO: stage 1 partitions optimizer state, stage 2 also gradients."""
 
     name: Literal["zero1", "zero2"] = "zero2"
@@ -41,7 +61,7 @@ class ZeroSpec:
 
 
 @dataclass(frozen=True)
-class Zero3Spec:
+class Zero3Spec(Unsplit):
     """DeepSpeed ZeRO stage 3: parameters partitioned too, gathered block by block."""
 
     name: Literal["zero3"] = "zero3"

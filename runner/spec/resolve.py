@@ -22,6 +22,7 @@ from runner.spec.config_file import migrate
 from runner.spec.convert import SpecError, from_dict
 from runner.spec.data_paths import resolve_data_paths
 from runner.spec.schema import (
+    DDPSpec,
     FSDPSpec,
     Precision,
     RunSpec,
@@ -58,7 +59,7 @@ def resolve_spec(
     if problems:
         raise SpecError(problems)
     if spec.sync_strategy.name is SyncStrategy.AUTO and not spec.parallelism.syncs_gradients_itself:
-        if getattr(spec.parallelism, "find_unused_parameters", False):
+        if isinstance(spec.parallelism, DDPSpec) and spec.parallelism.find_unused_parameters:
             chosen = SyncStrategy.MULTI_AUTO_SYNC
         else:
             chosen = SyncStrategy.SINGLE_AUTO_SYNC

@@ -1,11 +1,11 @@
-"""The Hugging Face side of an export: when a run's model is a transformers
-`PreTrainedModel`, its `config.json` beside the weights (so `from_pretrained` builds the
-same model and loads them), the names it ties left out of the weights, as `save_pretrained`
-leaves them out (the model ties them again when it loads), the weights under the names
-Hugging Face's checkpoints use where transformers keeps them otherwise in memory (a mixture
-of experts' stacked experts, written one tensor per expert as `save_pretrained` writes
-them: every tool that reads Hub checkpoints reads these), and the run's tokenizer file
-(`data.tokenizer`) with the config `AutoTokenizer.from_pretrained` needs."""
+"""The Hugging Face family's side of an export (runner export): its `config.json` beside
+the weights (so `from_pretrained` builds the same model and loads them), the names it ties
+left out of the weights, as `save_pretrained` leaves them out (the model ties them again
+when it loads), the weights under the names Hugging Face's checkpoints use where
+transformers keeps them otherwise in memory (a mixture of experts' stacked experts, written
+one tensor per expert as `save_pretrained` writes them: every tool that reads Hub
+checkpoints reads these), and the run's tokenizer file (`data.tokenizer`) with the config
+`AutoTokenizer.from_pretrained` needs."""
 
 from __future__ import annotations
 
@@ -17,24 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runner.models.builders import build_model
 from runner.models.safetensors_out import OutTensor, replace_with
 from runner.spec import RunSpec
-
-
-def built_shapes(spec: RunSpec) -> nn.Module | None:
-    """The run's model on the meta device (shapes only); None when it needs what only the
-    data reports (an argument such as num_classes), or cannot be built on meta."""
-    try:
-        with torch.device("meta"):
-            return build_model(spec.model, {})
-    except Exception:
-        return None
-
-
-def is_hugging_face(module: nn.Module | None) -> bool:
-    config = getattr(module, "config", None)
-    return config is not None and hasattr(config, "save_pretrained")
 
 
 def tied_names(module: nn.Module) -> set[str]:

@@ -126,7 +126,7 @@ def _split_layers(
     from runner.models.tensor_plans import apply_plan
 
     split_logits = splits_classes and grid.context == 1
-    apply_plan(module, tensor_mesh(mesh), getattr(spec.parallelism, "tp_plan", None), split_logits)
+    apply_plan(module, tensor_mesh(mesh), spec.parallelism.tp_plan, split_logits)
     log.info("tensor parallelism: groups of %d ranks split each layer", grid.tensor)
 
 
