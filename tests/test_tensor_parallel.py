@@ -57,8 +57,8 @@ def split_head(rank: int, init_file: str, out: str) -> None:
     from torch.distributed.tensor import DTensor
 
     from runner.engines.loss_parallel import loss_of, split_by_class, split_loss
-    from runner.models.gpt import GPT
     from runner.models.families.gpt import gpt_plan
+    from runner.models.gpt import GPT
     from runner.train.losses import CausalLM, CrossEntropy
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
