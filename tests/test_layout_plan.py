@@ -409,11 +409,9 @@ def test_a_budget_ddp_does_not_fit_picks_a_sharded_layout_that_trains_within_it(
     tmp_path: Path, corpus: Path, peak_plans: dict
 ) -> None:
     """plan.memory_per_rank below every ddp layout's predicted peak (the plan of the peak
-    test's gpt): the pick shards, its predicted peak fits the budget, and the run it trains
-    measures within 15% of that prediction (resident memory above each rank's base). (Not
-    within the budget itself: on this machine under make test's load the ranks of an fsdp
-    tp2 pick measured 1% over it, 11% over their prediction, where alone they measured 1%
-    under it; docs/layouts.md promises the prediction, and plan.trials the measurement.)"""
+    test's gpt): the pick shards, its predicted peak fits the budget, its check measured it
+    within the budget with room for later steps, and the run it trains ends within the
+    budget (resident memory above each rank's base)."""
     args = [*lm_args(corpus), *PEAK_GPT, *QUIET, "max_steps=3"]
     plan = peak_plans["gpt"]
     valid = [r for r in plan["candidates"] if r["valid"]]
@@ -432,12 +430,9 @@ def test_a_budget_ddp_does_not_fit_picks_a_sharded_layout_that_trains_within_it(
     summary = result.summary()
     pairs = zip(summary["peak_rss_bytes"], summary["base_rss_bytes"], strict=True)
     used = [top - base for top, base in pairs]
-    # the pick's predicted peak holds as test_the_predicted_peak_is_within_15_percent_of_
-    # the_measured's layouts do (this budget picks a pipeline of fsdp stages, or tensor
-    # parallel ones: cases of it)
     row = next(r for r in plan["candidates"] if r["name"] == chosen)
     assert row["predicted"]["peak_bytes"] <= budget, (chosen, row["predicted"], budget)
-    assert row["predicted"]["peak_bytes"] == pytest.approx(max(used), rel=0.15), (chosen, used)
+    assert max(used) <= budget, (chosen, used, budget)  # the promise: the budget holds
 
 
 def test_library_pages_a_process_maps_are_counted_apart(tmp_path: Path) -> None:
@@ -604,15 +599,22 @@ def test_a_planned_run_over_its_budget_says_so() -> None:
 
 def test_a_layout_measured_in_a_trial_keeps_room_for_later_steps() -> None:
     """A trial's few steps do not see what a rank's peak still grows (on a CPU up to 15%
-    from 4 to 100 steps, plan_families.md): measured 95 MB of a 100 MB budget, a CPU rank
-    does not fit (it had trained, and ended 1 MB over); a GPU's does."""
+    from 4 to 100 steps, plan_families.md; some tens of MB at a final evaluation of a small
+    model): measured 380 MB of a 400 MB budget, a CPU rank does not fit (15% more); measured
+    95 MB of a 100 MB budget, nor does a small one (at least 32 MB more); a GPU's does."""
     from runner.cli.plan_trials import _over, needed
 
-    got = {"peak_bytes": 95 * 2**20}
-    cpu = {"budget_bytes": 100 * 2**20, "device": {"kind": "cpu"}}
+    cpu = {"budget_bytes": 400 * 2**20, "device": {"kind": "cpu"}}
+    got = {"peak_bytes": 380 * 2**20}
     assert needed(cpu, got) > cpu["budget_bytes"]
     assert _over(cpu, got) == (
-        "used 95 MB per rank; with 15% more for later steps, 9.2 MB over the budget of 100 MB"
+        "used 380 MB per rank; with 15% more for later steps, 37 MB over the budget of 400 MB"
+    )
+    small = {**cpu, "budget_bytes": 100 * 2**20}
+    got = {"peak_bytes": 95 * 2**20}
+    assert needed(small, got) == 127 * 2**20
+    assert _over(small, got) == (
+        "used 95 MB per rank; with 32 MB more for later steps, 27 MB over the budget of 100 MB"
     )
     cuda = {"budget_bytes": 100 * 2**20, "device": {"kind": "cuda"}}
     assert needed(cuda, got) <= cuda["budget_bytes"]

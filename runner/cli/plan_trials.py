@@ -13,7 +13,7 @@ way (`check_pick`): one trial at a time, in the prediction's order, until one is
 within the budget or predicted well inside it.
 
 A trial measured within the budget keeps room in it for what a rank's peak grows after the
-trial's few steps (`needed`: LATER_GROWTH, by the device).
+trial's few steps (`needed`: LATER_GROWTH, at least LATER_GROWTH_FLOOR, by the device).
 """
 
 from __future__ import annotations
@@ -36,7 +36,14 @@ from runner.cli.layout_plan import apply_layout, chosen_row, peak_used
 from runner.spec import SpecError
 from runner.spec.composed import resolve_cfg
 from runner.spec.config_file import save_spec
-from runner.spec.plan_specs import CHECK_MARGIN, LATER_GROWTH, MORE, megabytes, shortfall
+from runner.spec.plan_specs import (
+    CHECK_MARGIN,
+    LATER_GROWTH,
+    LATER_GROWTH_FLOOR,
+    MORE,
+    megabytes,
+    shortfall,
+)
 
 log = logging.getLogger("runner")
 TRIALS_DIR = "plan_trials"
@@ -86,15 +93,22 @@ CHECKED = 4  # layouts a check runs at most before it gives up
 
 def needed(plan: dict[str, Any], got: dict[str, Any]) -> float:
     """What a layout measured in a trial needs of the budget: its peak, and room for what a
-    rank's peak still grows after the trial's steps (LATER_GROWTH, by the device)."""
-    return got["peak_bytes"] * (1 + LATER_GROWTH[plan["device"]["kind"]])
+    rank's peak still grows after the trial's steps (`_room`)."""
+    return got["peak_bytes"] + _room(plan, got)
+
+
+def _room(plan: dict[str, Any], got: dict[str, Any]) -> float:
+    """LATER_GROWTH of the measured peak, and at least LATER_GROWTH_FLOOR, by the device."""
+    kind = plan["device"]["kind"]
+    return max(got["peak_bytes"] * LATER_GROWTH[kind], LATER_GROWTH_FLOOR[kind])
 
 
 def _over(plan: dict[str, Any], got: dict[str, Any]) -> str:
-    growth = LATER_GROWTH[plan["device"]["kind"]]
+    growth, room = LATER_GROWTH[plan["device"]["kind"]], _room(plan, got)
+    more = f"{growth:.0%}" if room == got["peak_bytes"] * growth else megabytes(room)
     over = needed(plan, got) - plan["budget_bytes"]
     return (
-        f"used {megabytes(got['peak_bytes'])} per rank; with {growth:.0%} more for later "
+        f"used {megabytes(got['peak_bytes'])} per rank; with {more} more for later "
         f"steps, {megabytes(over)} over the budget of {megabytes(plan['budget_bytes'])}"
     )
 
@@ -134,6 +148,7 @@ def check_pick(
     for row in sorted(fitting, key=lambda r: r["predicted"]["step_s"]):
         predicted = row["predicted"]["peak_bytes"] + beyond
         if predicted > budget:  # as the checks measured, it would not fit either
+            row["fits"] = False
             continue
         if predicted <= safe:
             plan["chosen"] = row["name"]

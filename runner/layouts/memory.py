@@ -38,7 +38,7 @@ CPU_MARGIN = 1.0
 # at two sizes (benchmarks/results/plan.md), as bytes per byte of the model. The library
 # code a rank maps as it runs is not counted (summary.json's base holds it): what looked like
 # a fixed part of some 45 MB was mostly that, and as much as the machine's kernel maps.
-CPU_EXTRA_PER_MODEL_BYTE = {"ddp": 1.5, "zero1": 5.0, "zero2": 4.0, "zero3": 1.5, "fsdp": 0.4}
+CPU_EXTRA_PER_MODEL_BYTE = {"ddp": 1.5, "zero1": 5.0, "zero2": 3.8, "zero3": 1.5, "fsdp": 0.4}
 CPU_EXTRA_TENSOR_PER_MODEL_BYTE = 0.9
 
 

@@ -50,6 +50,11 @@ CHECK_MARGIN = {"cpu": 0.6, "cuda": 0.2}
 # its library pages are not counted); on a GPU CUDA's most allocated holds the step's
 # tensors, the same every step
 LATER_GROWTH = {"cpu": 0.15, "cuda": 0.05}
+# ... and on a CPU at least this much: a rank's resident memory also jumps by some tens of MB
+# at a later phase (a tiny Llama's final evaluation of its whole validation set added 20 to
+# 30 MB to one rank's peak or the other's, from run to run, where a trial's one batch had
+# not), which a share of a small model's peak does not cover
+LATER_GROWTH_FLOOR = {"cpu": 32 * 2**20, "cuda": 0}
 MORE = "more ranks (nproc), or a smaller microbatch (global_batch_size)"
 
 
