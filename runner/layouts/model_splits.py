@@ -6,10 +6,6 @@ from __future__ import annotations
 
 from torch import nn
 
-from runner.models.families.family import NO_EXPERTS
-
-__all__ = ["NO_EXPERTS", "experts_of", "model_splits"]
-
 
 def model_splits(model: nn.Module) -> list[str]:
     """The splits `model` has plans of its own for: a tensor plan (runner's gpt and gpt_moe,
@@ -17,6 +13,7 @@ def model_splits(model: nn.Module) -> list[str]:
     parallelism's sequence hook (runner's gpt), experts to split (a mixture of experts); a
     candidate of each is still checked as a run would be."""
     from runner.models.context_split import context_problems
+    from runner.models.families import family_of
     from runner.models.pipeline_stages import cut_of
     from runner.models.tensor_plans import plan_for
 
@@ -27,13 +24,6 @@ def model_splits(model: nn.Module) -> list[str]:
         found.append("pipeline")
     if not context_problems(model, 2):
         found.append("context")
-    if experts_of(model)["count"]:
+    if family_of(model).experts(model)["count"]:
         found.append("expert")
     return found
-
-
-def experts_of(model: nn.Module) -> dict[str, int]:
-    """`model`'s experts, as its family declares them (NO_EXPERTS where it has none)."""
-    from runner.models.families import family_of
-
-    return family_of(model).experts(model)
