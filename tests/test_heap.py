@@ -1,5 +1,5 @@
 """Freed host memory handed back to the system (runner.train.build.heap): after building,
-and as it is freed on a sharded CPU rank."""
+and as it is freed on a CPU rank of fsdp or ZeRO."""
 
 from __future__ import annotations
 
@@ -49,12 +49,12 @@ def test_freed_holes_in_the_heap_are_given_back() -> None:
     assert float(run.stdout) > 80, "the holes stayed resident"
 
 
-def test_only_a_sharded_cpu_rank_left_to_glibc_maps_large_blocks_alone() -> None:
-    assert maps_large_blocks_alone("fsdp", "cpu", {})
-    assert maps_large_blocks_alone("zero3", "cpu", {})
+def test_only_a_cpu_rank_of_fsdp_or_zero_left_to_glibc_maps_large_blocks_alone() -> None:
+    for parallelism in ("fsdp", "zero1", "zero2", "zero3"):
+        assert maps_large_blocks_alone(parallelism, "cpu", {})
     assert not maps_large_blocks_alone("fsdp", "cuda:0", {})  # its blocks are device memory
     assert not maps_large_blocks_alone("ddp", "cpu", {})  # holds the whole model anyway
-    assert not maps_large_blocks_alone("zero2", "cpu", {})
+    assert not maps_large_blocks_alone("zero2", "cuda:1", {})
     assert not maps_large_blocks_alone("fsdp", "cpu", {"MALLOC_MMAP_THRESHOLD_": "0"})  # yours
 
 

@@ -32,13 +32,14 @@ from runner.layouts.candidates import Candidate
 CUDA_MARGIN = 1.05  # the caching allocator's rounding and fragmentation
 CPU_MARGIN = 1.0
 # A CPU rank's resident memory holds more than its tensors: what glibc's malloc keeps of what
-# it freed (runner maps a sharded rank's large blocks alone, runner.train.build.heap, so fsdp
-# and zero3 keep least), the kernels' own buffers, gloo's and DeepSpeed's communication
-# buffers (DeepSpeed's grow with the model). Measured on this project's CPU runs of the gpt
-# at two sizes (benchmarks/results/plan.md), as bytes per byte of the model. The library
-# code a rank maps as it runs is not counted (summary.json's base holds it): what looked like
-# a fixed part of some 45 MB was mostly that, and as much as the machine's kernel maps.
-CPU_EXTRA_PER_MODEL_BYTE = {"ddp": 1.5, "zero1": 5.0, "zero2": 3.8, "zero3": 1.5, "fsdp": 0.4}
+# it freed (runner maps the large blocks of fsdp's and ZeRO's ranks alone,
+# runner.train.build.heap, so they keep least), the kernels' own buffers, gloo's and
+# DeepSpeed's communication buffers (DeepSpeed's grow with the model). Measured on this
+# project's CPU runs of the gpt at two sizes (benchmarks/results/plan.md), as bytes per byte
+# of the model; zero1's and zero2's on a 4x384 gpt and resnet18 after 4 steps (+8% and -7%).
+# The library code a rank maps as it runs is not counted (summary.json's base holds it): what
+# looked like a fixed part of some 45 MB was mostly that, and as much as the kernel maps.
+CPU_EXTRA_PER_MODEL_BYTE = {"ddp": 1.5, "zero1": 1.0, "zero2": 1.0, "zero3": 1.5, "fsdp": 0.4}
 CPU_EXTRA_TENSOR_PER_MODEL_BYTE = 0.9
 
 

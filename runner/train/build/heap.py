@@ -1,6 +1,6 @@
 """Giving freed host memory back to the operating system: once after building
-(`give_back_freed_memory`), and, on a sharded CPU rank, every large block as it is freed
-(`map_large_blocks_alone`).
+(`give_back_freed_memory`), and, on a CPU rank of fsdp or ZeRO, every large block as it
+is freed (`map_large_blocks_alone`).
 
 glibc's malloc keeps what a process frees in its heap for the next allocation, and only
 returns the free space at the heap's top. Building a sharded model frees much and keeps
@@ -46,18 +46,23 @@ _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
 def maps_large_blocks_alone(parallelism: str, device: str, environ: Mapping[str, str]) -> bool:
-    """Whether a rank maps every block of LARGE_BLOCK bytes or more on its own: a sharded
-    rank (fsdp, zero3) on the CPU, where the user did not set MALLOC_MMAP_THRESHOLD_.
+    """Whether a rank maps every block of LARGE_BLOCK bytes or more on its own: a CPU rank
+    of an engine that allocates and frees large blocks on every step (fsdp, zero1/2/3),
+    where the user did not set MALLOC_MMAP_THRESHOLD_.
 
-    Such a rank gathers each block's whole weights for its forward and backward passes and
-    frees them after. glibc keeps those freed blocks in its heap (its mmap threshold grows
-    to the largest block freed), so the rank's resident memory grows to about the whole
-    model's, although it holds one shard of it (a 24x1024 gpt under fsdp at nproc=4: 1.3x
-    the whole model per rank after one step, against 0.1x with the threshold at 1 MB). A
-    block mapped alone goes back to the system when freed; the price is its page faults,
-    which a GPU rank does not pay (its blocks are device memory)."""
-    sharded = parallelism in ("fsdp", "zero3")
-    return sharded and device == "cpu" and MMAP_THRESHOLD_ENV not in environ
+    A sharded rank (fsdp, zero3) gathers each block's whole weights for its forward and
+    backward passes and frees them after; DeepSpeed's zero1 and zero2 build their gradient
+    buckets and flat partitions anew each step. glibc keeps freed blocks in its heap (its
+    mmap threshold grows to the largest block freed, up to 32 MB), and the next step's
+    blocks of other sizes fit its holes badly: a 24x1024 gpt under fsdp at nproc=4 held
+    1.3x the whole model per rank after one step, against 0.1x with the threshold at 1 MB;
+    a 4x384 gpt under zero2 grew from some 300 MB above its base after 4 steps to 500-600
+    MB after 24, and holds 185 MB from the first step to the last at 1 MB. A block mapped
+    alone goes back to the system when freed; the price is its page faults (not measurable
+    against a step at that size), which a GPU rank does not pay (its blocks are device
+    memory). ddp holds the same tensors step after step, and is left as glibc runs it."""
+    frees_large_blocks = parallelism in ("fsdp", "zero1", "zero2", "zero3")
+    return frees_large_blocks and device == "cpu" and MMAP_THRESHOLD_ENV not in environ
 
 
 def map_large_blocks_alone() -> bool:
