@@ -18,7 +18,7 @@ from torch import nn
 
 from runner import dist as rdist
 from runner.engines.optim import build_optimizer, optimizer_state_bytes
-from runner.engines.plan import WHOLE_MODEL, Fill, Stages
+from runner.engines.rank_model import WHOLE_MODEL, Fill, Stages
 from runner.engines.schedules import build_scheduler
 from runner.rundir.checkpoints import DigestingWriter, note_digest
 from runner.spec import RunSpec
@@ -63,7 +63,7 @@ class Engine(ABC):
     all at once by their schedule (runner.train.step.microbatching); the whole model where
     the loop runs them one by one."""
     loss_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
-    """Where a microbatch's forward and backward run (the plan's: runner.engines.plan)."""
+    """Where a microbatch's forward and backward run (the plan's: runner.engines.rank_model)."""
     needs_warm_up = False
     """Whether the loop runs warm_up() before this start's first step."""
     grads_kept = False

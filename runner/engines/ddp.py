@@ -24,8 +24,8 @@ from runner.engines.base import (
     save_durably,
 )
 from runner.engines.dcp_state import STATE_FILE, is_dcp_checkpoint, load_dcp
-from runner.engines.plan import Plan
 from runner.engines.precision import grad_scaler
+from runner.engines.rank_model import RankModel
 from runner.engines.shared_memory import SharedMemoryAllReduce, scaled_sum_hook
 from runner.hardware import shared_memory_obstacle
 from runner.spec import RunSpec, SyncStrategy
@@ -46,8 +46,8 @@ def bucket_view(option: bool | None, strategy: SyncStrategy) -> bool:
 
 
 class DDPEngine(Engine):
-    def __init__(self, spec: RunSpec, plan: Plan):
-        options, module, device = spec.parallelism, plan.module, plan.device
+    def __init__(self, spec: RunSpec, rank_model: RankModel):
+        options, module, device = spec.parallelism, rank_model.module, rank_model.device
         self.module = module
         self.strategy = spec.sync_strategy.name
         self.digest = spec.checkpoint.digest  # checkpoint files digested as they are written
@@ -82,7 +82,7 @@ class DDPEngine(Engine):
         self._resync = False  # the next microbatch syncs (after a dropped pass)
         self.grad_clip_norm = spec.grad_clip_norm
         self.params = list(module.parameters())  # listed once, not every step
-        self.build_optimizer(spec, module, plan.total_steps)
+        self.build_optimizer(spec, module, rank_model.total_steps)
         self.scaler = grad_scaler(spec.precision, torch.device(device).type)
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:

@@ -27,7 +27,7 @@ from runner import dist as rdist
 from runner.engines.base import Engine, FinalTensor
 from runner.engines.deepspeed_ops import import_deepspeed
 from runner.engines.optim import build_optimizer
-from runner.engines.plan import Plan
+from runner.engines.rank_model import RankModel
 from runner.engines.schedules import build_scheduler
 from runner.errors import describe
 from runner.spec import Precision, RunSpec
@@ -113,9 +113,14 @@ LOSS_SCALE_KEY = "runner_loss_scale"  # in DeepSpeed's client state, beside runn
 
 
 class DeepSpeedEngine(Engine):
-    def __init__(self, spec: RunSpec, plan: Plan):
-        name, module, device, fill = spec.parallelism.name, plan.module, plan.device, plan.fill
-        total_steps = plan.total_steps
+    def __init__(self, spec: RunSpec, rank_model: RankModel):
+        name, module, device, fill = (
+            spec.parallelism.name,
+            rank_model.module,
+            rank_model.device,
+            rank_model.fill,
+        )
+        total_steps = rank_model.total_steps
         deepspeed = import_deepspeed(name, device)
         config, _ = merge_user_config(spec)  # conflicts were rejected by the parent
         if fill is not None:  # built partitioned (zero.Init): the values, before any copy

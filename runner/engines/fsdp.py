@@ -39,30 +39,30 @@ from runner.engines.dcp_state import (
     load_whole,
     sharded_state,
 )
-from runner.engines.plan import Plan
 from runner.engines.precision import DTYPES, grad_scaler
+from runner.engines.rank_model import RankModel
 from runner.spec import RunSpec
 
 log = logging.getLogger(__name__)
 
 
 class FSDPEngine(Engine):
-    def __init__(self, spec: RunSpec, plan: Plan):
-        """FSDP2's shards over `plan`'s data mesh: each of its blocks on its own, then each
+    def __init__(self, spec: RunSpec, rank_model: RankModel):
+        """FSDP2's shards over `rank_model`'s data mesh: each of its blocks on its own, then each
         root; then the optimizer over this rank's shards."""
-        module, grid = plan.module, plan.grid
-        _shard(plan, spec.parallelism, spec.precision.name)
+        module, grid = rank_model.module, rank_model.grid
+        _shard(rank_model, spec.parallelism, spec.precision.name)
         self.module = self.model = module
-        self.device_type = torch.device(plan.device).type
+        self.device_type = torch.device(rank_model.device).type
         self.digest = spec.checkpoint.digest  # checkpoint files digested as they are written
         self.replicas = spec.parallelism.replicas
-        self.stages, self.loss_context = plan.stages, plan.loss_context
-        self.several_meshes, self.stage_world = plan.several_meshes, grid.stage_world
+        self.stages, self.loss_context = rank_model.stages, rank_model.loss_context
+        self.several_meshes, self.stage_world = rank_model.several_meshes, grid.stage_world
         # expert parallelism: FSDP divides the experts' gradients by the ranks it sums them
         # over, one in each expert group; the rest of the division is done here
         self.expert_groups = grid.expert
         self.expert_params = [
-            p for m in _split_experts(plan).values() for e in m for p in e.parameters()
+            p for m in _split_experts(rank_model).values() for e in m for p in e.parameters()
         ]
         self.tensor = grid.tensor
         if grid.replicate > 1:
@@ -70,7 +70,7 @@ class FSDPEngine(Engine):
             log.info("fsdp: HSDP: %d copies, each sharded over %d ranks", copies, shards)
         self.grad_clip_norm = spec.grad_clip_norm
         self.params = list(module.parameters())  # the sharded ones, listed once
-        self.build_optimizer(spec, module, plan.total_steps)
+        self.build_optimizer(spec, module, rank_model.total_steps)
         # fp16: torch's GradScaler works on FSDP2's DTensor gradients, and DTensor reduces its
         # overflow check over the mesh, so every rank steps or skips alike.
         self.scaler = grad_scaler(spec.precision, self.device_type)
@@ -91,7 +91,7 @@ class FSDPEngine(Engine):
         return global_grad_norm(self.params).double().square() / self.stage_world
 
     def microbatch(self, index: int, count: int) -> AbstractContextManager[Any]:
-        """Gradients sync at the last microbatch. The pass runs in the plan's loss context
+        """Gradients sync at the last microbatch. The pass runs in the rank_model's loss context
         (tensor parallelism: loss parallel's, where a loss on split logits has its backward)."""
         self.model.set_requires_gradient_sync(index == count - 1)
         return self.loss_context()
@@ -148,7 +148,7 @@ class FSDPEngine(Engine):
 
     def save_checkpoint_async(self, directory: Path, client_state: dict[str, Any]) -> Future:
         """DCP's async_save: each rank's shards are copied to CPU memory now and written by
-        a thread, whose collectives (agreeing on the plan, the coordinator's metadata) run
+        a thread, whose collectives (agreeing on the rank_model, the coordinator's metadata) run
         on a gloo group of their own, so they never interleave with the training's."""
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
@@ -205,9 +205,9 @@ class FSDPEngine(Engine):
         return extra["client"]
 
 
-def _shard(plan: Plan, options: Any, precision: Any) -> None:
-    """fully_shard over the plan's data mesh: each block (its gathered weights freed after
-    its forward pass, but where the plan keeps them), then each root; then, for a model
+def _shard(rank_model: RankModel, options: Any, precision: Any) -> None:
+    """fully_shard over the rank_model's data mesh: each block (its gathered weights freed after
+    its forward pass, but where the rank_model keeps them), then each root; then, for a model
     built without its weights, this rank's shards filled in."""
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
@@ -221,31 +221,31 @@ def _shard(plan: Plan, options: Any, precision: Any) -> None:
 
     policy = MixedPrecisionPolicy(param_dtype=DTYPES.get(precision), reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
-    kwargs = {"mp_policy": policy, "offload_policy": offload, "mesh": data_mesh(plan.mesh)}
-    experts = _split_experts(plan)
-    for block, reshard in zip(plan.blocks, _reshards(options, plan), strict=True):
+    kwargs = {"mp_policy": policy, "offload_policy": offload, "mesh": data_mesh(rank_model.mesh)}
+    experts = _split_experts(rank_model)
+    for block, reshard in zip(rank_model.blocks, _reshards(options, rank_model), strict=True):
         for held in experts.get(id(block), []):  # first: the block's shards the rest
-            _shard_experts(held, plan, reshard, kwargs)
+            _shard_experts(held, rank_model, reshard, kwargs)
         fully_shard(block, reshard_after_forward=reshard, **kwargs)
-    for root in plan.roots:
+    for root in rank_model.roots:
         fully_shard(root, reshard_after_forward=options.reshard_after_forward, **kwargs)
-    if plan.fill is not None:  # built on the meta device: this rank's shards only, now
-        plan.fill(plan.module)
-    for sharded in {id(m): m for r in plan.roots for m in r.modules()}.values():
+    if rank_model.fill is not None:  # built on the meta device: this rank's shards only, now
+        rank_model.fill(rank_model.module)
+    for sharded in {id(m): m for r in rank_model.roots for m in r.modules()}.values():
         if isinstance(sharded, FSDPModule):
             sharded.set_force_sum_reduction_for_comms(True)
 
 
-def _split_experts(plan: Plan) -> dict[int, list[nn.Module]]:
+def _split_experts(rank_model: RankModel) -> dict[int, list[nn.Module]]:
     """Under expert parallelism, each block's split experts (runner.models.expert_split)."""
-    if plan.grid.expert == 1:
+    if rank_model.grid.expert == 1:
         return {}
     from runner.models.expert_split import split_experts
 
-    return {id(b): split_experts(b) for b in plan.blocks}
+    return {id(b): split_experts(b) for b in rank_model.blocks}
 
 
-def _shard_experts(experts: nn.Module, plan: Plan, reshard: bool, kwargs: dict) -> None:
+def _shard_experts(experts: nn.Module, rank_model: RankModel, reshard: bool, kwargs: dict) -> None:
     """A group's split experts, sharded by FSDP over the data ranks but the group's (each
     group holds every expert once). An expert's gradient sums its group's tokens before FSDP
     sums it over the other groups and divides by them: the engine divides by the group
@@ -254,25 +254,25 @@ def _shard_experts(experts: nn.Module, plan: Plan, reshard: bool, kwargs: dict) 
 
     from runner.engines.device_mesh import expert_data_mesh
 
-    mesh = expert_data_mesh(plan.mesh)
+    mesh = expert_data_mesh(rank_model.mesh)
     fully_shard(experts, reshard_after_forward=reshard, **{**kwargs, "mesh": mesh})
 
 
-def _reshards(options: Any, plan: Plan) -> list[bool]:
+def _reshards(options: Any, rank_model: RankModel) -> list[bool]:
     """Per block, whether FSDP frees its gathered weights after the forward pass. Not the
     last block's: backward gathers it again at once (the root's, FSDP keeps itself); not
-    any where the plan keeps every block's (each microbatch of a pipeline would gather it
-    again); the last one's too where the plan says so (weights gathered in float8: their
+    any where the rank_model keeps every block's (each microbatch of a pipeline would gather it
+    again); the last one's too where the rank_model says so (weights gathered in float8: their
     scales are computed for the sharded weights)."""
-    n = len(plan.blocks)
-    if not options.reshard_after_forward or plan.keep_every_gathered:
+    n = len(rank_model.blocks)
+    if not options.reshard_after_forward or rank_model.keep_every_gathered:
         return [False] * n
-    return [not (plan.keep_last_gathered and i == n - 1) for i in range(n)]
+    return [not (rank_model.keep_last_gathered and i == n - 1) for i in range(n)]
 
 
 def global_grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
     """The norm of every gradient, each element once, on the device: DTensor reduces it over
-    each mesh (a plan may leave some parameters off the tensor dimension, so gradients sit
+    each mesh (a rank_model may leave some parameters off the tensor dimension, so gradients sit
     on several meshes), and the meshes' squares add up."""
     by_mesh: dict[Any, list[torch.Tensor]] = {}
     for param in params:

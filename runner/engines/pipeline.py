@@ -23,7 +23,7 @@ from torch import nn
 
 from runner.engines.base import FinalTensor
 from runner.engines.device_mesh import pipeline_mesh, tensor_mesh
-from runner.engines.plan import ELSEWHERE, Elsewhere
+from runner.engines.rank_model import ELSEWHERE, Elsewhere
 from runner.models.pipeline_stages import StagedModel, cut_stages
 from runner.models.pretrained import unwrapped_name
 from runner.spec.mesh import Layout

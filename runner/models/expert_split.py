@@ -45,10 +45,10 @@ def split_experts(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if getattr(m, SPLIT, False)]
 
 
-Plan = Sequence[str] | Mapping[str, Any] | None  # patterns, or {_target_: fn}: fn(model)
+EpPlan = Sequence[str] | Mapping[str, Any] | None  # patterns, or {_target_: fn}: fn(model)
 
 
-def plan_patterns(model: nn.Module, ep_plan: Plan) -> list[str]:
+def plan_patterns(model: nn.Module, ep_plan: EpPlan) -> list[str]:
     """The module names (patterns) a plan gives: the user's list, what the user's function
     returns for the model, or the experts modules its family names (a Hugging Face MoE's)."""
     if isinstance(ep_plan, Mapping):
@@ -63,7 +63,7 @@ def plan_patterns(model: nn.Module, ep_plan: Plan) -> list[str]:
     return family_of(model).expert_patterns(model)
 
 
-def named_experts(model: nn.Module, ep_plan: Plan) -> tuple[dict[str, nn.Module], list[str]]:
+def named_experts(model: nn.Module, ep_plan: EpPlan) -> tuple[dict[str, nn.Module], list[str]]:
     """The experts modules a plan names (the user's, else those the model's family names),
     by name; and the user's patterns that name no module."""
     from runner.models.tensor_plans import expand_plan
@@ -75,7 +75,7 @@ def named_experts(model: nn.Module, ep_plan: Plan) -> tuple[dict[str, nn.Module]
     return found, unmatched if ep_plan is not None else []
 
 
-def expert_problems(model: nn.Module, expert: int, ep_plan: Plan = None) -> list[str]:
+def expert_problems(model: nn.Module, expert: int, ep_plan: EpPlan = None) -> list[str]:
     """What expert parallelism needs of the model: mixture-of-experts layers (runner's, or
     experts modules its plan names), whose experts the group splits evenly."""
     key = f"parallelism.expert={expert}"
@@ -140,7 +140,7 @@ def _unfit(named: dict[str, nn.Module]) -> list[str]:
     return found
 
 
-def apply_experts(model: nn.Module, mesh: Any, ep_plan: Plan = None) -> None:
+def apply_experts(model: nn.Module, mesh: Any, ep_plan: EpPlan = None) -> None:
     """Split every MoE layer's experts over `mesh` (the expert dimension), in place: this
     rank keeps its own as the local part of DTensors of the whole experts' shape."""
     degree, group = mesh.size(), mesh.get_group()

@@ -50,7 +50,7 @@ def write_safetensors(
     than `max_shard_bytes`, as model-0000i-of-0000n.safetensors with the index. Returns the
     files written, the index last."""
     directory.mkdir(parents=True, exist_ok=True)
-    shards = _plan(tensors, max_shard_bytes)
+    shards = _group_into_shards(tensors, max_shard_bytes)
     if len(shards) == 1:
         names = ["model.safetensors"]
     else:
@@ -71,7 +71,7 @@ def write_safetensors(
     return written
 
 
-def _plan(tensors: list[OutTensor], max_shard_bytes: int) -> list[list[OutTensor]]:
+def _group_into_shards(tensors: list[OutTensor], max_shard_bytes: int) -> list[list[OutTensor]]:
     shards: list[list[OutTensor]] = [[]]
     size = 0
     for tensor in tensors:

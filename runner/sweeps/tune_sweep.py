@@ -211,7 +211,7 @@ class _Tune:
         from omegaconf import open_dict
 
         from runner.sweeps.resume import KEEP, RESUME, earlier_start, resuming_line
-        from runner.sweeps.tune_trial import TrialPlan
+        from runner.sweeps.tune_trial import TrialBrief
 
         starts = {job.idx: earlier_start(job.dir, self.launcher.rerun_failed) for job in self.jobs}
         line = resuming_line(self.jobs[0].dir.parent, starts.values())
@@ -230,7 +230,7 @@ class _Tune:
                 context = (self.launcher.hydra_context, self.launcher.task_function, job.config)
                 pickled = pickle.dumps(context)
             cpus = ray_cluster.trial_cpus(self.launcher, job.nproc, False)
-            plans[job.idx] = TrialPlan(
+            plans[job.idx] = TrialBrief(
                 idx=job.idx,
                 dir=str(job.dir.resolve()),
                 metric=self.metric,

@@ -46,7 +46,7 @@ CLEANUP_WAIT_S = 8.0  # Tune kills a trial's actor 10 s after it asked it to sto
 
 
 @dataclass(frozen=True)
-class TrialPlan:
+class TrialBrief:
     """What a trial needs of its job, from the sweep's process."""
 
     idx: int
@@ -62,7 +62,7 @@ class TrialPlan:
 
 
 class JobTrainable(tune.Trainable):
-    def setup(self, config: dict[str, Any], jobs: dict[int, TrialPlan]) -> None:
+    def setup(self, config: dict[str, Any], jobs: dict[int, TrialBrief]) -> None:
         self.job = jobs[config["job"]]
         self.events: queue.Queue = queue.Queue()  # ("report", step, value, reply) | ("end",)
         self.reply: queue.Queue | None = None  # the report Tune has not answered yet

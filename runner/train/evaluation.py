@@ -12,7 +12,7 @@ import torch
 from runner import dist as rdist
 from runner.components import instantiate
 from runner.engines.loss_parallel import gathered, loss_of
-from runner.engines.plan import ELSEWHERE
+from runner.engines.rank_model import ELSEWHERE
 from runner.heartbeat import Heartbeat, Phase
 from runner.rundir.files import EVAL_FILE, RunDir, write_json
 from runner.spec import RunSpec

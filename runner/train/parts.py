@@ -13,7 +13,7 @@ import torch
 from runner.components import instantiate
 from runner.engines import import_library
 from runner.engines.base import Engine
-from runner.engines.plan import Plan
+from runner.engines.rank_model import RankModel
 from runner.hardware import library_rss_bytes, rss_bytes
 from runner.heartbeat import Heartbeat
 from runner.rundir.files import RunDir
@@ -43,7 +43,7 @@ class Built:
 
     data: RankData
     engine: Engine
-    plan: Plan
+    rank_model: RankModel
     loss_fn: Any
     items: GlobalItems  # the global batch's items, each step
     metrics: dict[str, Any]
@@ -85,7 +85,7 @@ def build_rank(
     return Built(
         data=rank_data,
         engine=parallel.engine,
-        plan=parallel.plan,
+        rank_model=parallel.rank_model,
         loss_fn=loss_fn,
         items=items,
         metrics=metrics,

@@ -15,12 +15,11 @@ from typing import Any, TextIO
 
 from runner import dist as rdist
 from runner.callbacks import Run
-from runner.errors import describe
 from runner.hardware import peak_rss_bytes
 from runner.heartbeat import Heartbeat, Phase
 from runner.models.initial_weights import seed_everything
 from runner.rundir.files import RunDir
-from runner.rundir.summary import Status, record_attempt
+from runner.rundir.summary import record_attempt
 from runner.spec import RunSpec
 from runner.spec.config_file import written_config
 from runner.spec.mesh import batch_split, layout
@@ -29,7 +28,7 @@ from runner.train.checkpoints.final_artifacts import write_final
 from runner.train.endings import COMPLETED, EVALUATED, Ending, Outcome
 from runner.train.evaluation import Evaluator, write_evaluation
 from runner.train.guards import chaos
-from runner.train.guards.loss_spikes import LossSpikeError, Spike
+from runner.train.guards.loss_spikes import Spike
 from runner.train.guards.nonfinite import NonFiniteGuard
 from runner.train.parts import Built, build_rank, resume_rank
 from runner.train.records.notices import notices
@@ -101,7 +100,7 @@ class Trainer:
         """The microbatches' forward passes and losses, for training and evaluation."""
         passes = LossPass(
             self.spec, self.engine, self.loss_fn, device=self.device, faults=self.faults,
-            split=self.split, channels_last=built.channels_last, pairing=built.plan.pairing,
+            split=self.split, channels_last=built.channels_last, pairing=built.rank_model.pairing,
             streaming=self.data.streaming, routing=built.routing,
         )  # fmt: skip
         return passes, Evaluator(passes, built.metrics, self.data.val_loader, self.heart)
@@ -131,14 +130,7 @@ class Trainer:
                 self.traces.out_of_memory()
             if self.ended is not None:  # a signal after the run ended: its summary stands
                 raise
-            records = self.step_log.records
-            outcome = {
-                "status": str(Status.FAILED if isinstance(exc, Exception) else Status.INTERRUPTED),
-                "steps": records[-1]["step"] if records else self.start.step,
-                "wall_time_s": round(time.time() - start_time, 3),
-                "error": {"message": describe(exc)},
-            }
-            self.step_log.close(outcome, timeout=15.0)  # what is queued, briefly
+            self.step_log.close_failed(exc, self.start.step, start_time)
             raise
 
     def _fit(self) -> Outcome:
@@ -208,15 +200,6 @@ class Trainer:
         self.callbacks.call("on_eval_end", {"step": step, **metrics}, step=step)
         return metrics
 
-    def _save(self, step: int, samples: int) -> Spike | None:
-        """A checkpoint of `step`, once the records up to it are written (a restart from it
-        keeps them); a spike among them asks for a rollback instead."""
-        spike = self.step_log.flush()
-        if spike is not None:
-            return spike
-        self.step_log.pause(self.checkpointer.save(step, samples))
-        return None
-
     def train_step(
         self, microbatches: list[tuple[Any, bool]], n_global: int, step: int, logged: bool = False
     ) -> Trained:
@@ -257,20 +240,10 @@ class Trainer:
         """val/loss and val/<metric> over every rank's share of the validation set."""
         return self.evaluator.evaluate(self.microbatching.eval_pieces, self.stand_in)
 
-    # ------------------------------------------------------------------ helpers
-
     def _roll_back(self, spike: Spike) -> tuple[int, int]:
-        """Every rank: the state of the newest checkpoint before the spike (loss_spike.action
-        =rollback); its batches are skipped on the way forward again. Returns the step and
-        sample count to go on from. Without such a checkpoint the run stops."""
-        found = self.checkpointer.restore_before(spike.steps[0])
-        if found is None:
-            raise LossSpikeError(
-                f"{spike.describe()}; no checkpoint before step {spike.steps[0]} to roll "
-                "back to (loss_spike.action=rollback): set checkpoint.interval"
-            )
-        checkpoint, back = found
-        self.spikes.rolled_back(checkpoint, spike, back.step)
+        """Every rank: back to the newest checkpoint before the spike (loss_spike.action=
+        rollback). Returns the step and sample count to go on from."""
+        back = self.spikes.roll_back(spike, self.checkpointer.restore_before)
         self.endings.load(back.state)
         self.step_log.rewind(back.step)
         return back.step, back.samples
@@ -282,8 +255,10 @@ class Trainer:
         self.sync_debug.off()
         self.traces.close()
         unsaved = ending.checkpoint and not outcome.saved
-        if unsaved and self._save(step, outcome.samples) is not None:
+        if unsaved and self.step_log.flush() is not None:  # the records a checkpoint keeps
             log.warning("a loss spike asks for a rollback: no checkpoint at step %d", step)
+        elif unsaved:
+            self.step_log.pause(self.checkpointer.save(step, outcome.samples))
         self.checkpointer.finish()
         if ending.reason:
             log.info("%s", ending.reason)

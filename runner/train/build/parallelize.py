@@ -19,10 +19,10 @@ In this order (torchtitan's), each step in place on the model or around it:
    DeepSpeed's, or FSDP2's shards over the mesh's data dimensions, then the optimizer; float8
    registers its post-step work on that optimizer.
 
-What was decided is a `Plan` (runner.engines.plan), which the engine takes whole: the mesh,
-made once, the module this rank holds, what is sharded, and the answers a parallelism gives
-the engine. State_dict keys stay those of the model the config builds, so checkpoints and
-model.pt do not depend on the path taken here.
+What was decided is a `RankModel` (runner.engines.rank_model), which the engine takes
+whole: the mesh, made once, the module this rank holds, what is sharded, and the answers a
+parallelism gives the engine. State_dict keys stay those of the model the config builds,
+so checkpoints and model.pt do not depend on the path taken here.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from torch import nn
 from runner import dist as rdist
 from runner.engines import build_engine
 from runner.engines.base import Engine
-from runner.engines.plan import SAME_POSITIONS, Fill, Pairing, Plan
+from runner.engines.rank_model import SAME_POSITIONS, Fill, Pairing, RankModel
 from runner.models.blocks import apply_activation_checkpointing, find_blocks
 from runner.spec import RunSpec
 from runner.spec.mesh import Layout
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Parallelized:
     engine: Engine
-    plan: Plan
+    rank_model: RankModel
     channels_last: bool  # inputs go to the device in channels_last too
     compile_clock: CompileClock | None  # the seconds spent compiling (summary.json)
 
@@ -96,16 +96,16 @@ def parallelize(
     if channels_last:
         module = module.to(memory_format=torch.channels_last)
     clock = _compile(module, spec, grid)
-    plan = _cut(module, spec, grid, mesh, device, total_steps, fill, microbatches)
-    plan.pairing = pairing
-    engine = build_engine(spec, plan)
+    rank_model = _cut(module, spec, grid, mesh, device, total_steps, fill, microbatches)
+    rank_model.pairing = pairing
+    engine = build_engine(spec, rank_model)
     if spec.compile is not None and spec.compile.captures_graphs and not spec.eval_only:
         engine.keep_gradients()  # a replay's outputs never become the gradients
     if spec.precision.name is Precision.FLOAT8 and engine.torch_optimizer is not None:
         from runner.engines import float8
 
-        float8.after_each_step(engine.torch_optimizer, plan.module)
-    return Parallelized(engine, plan, channels_last, clock)
+        float8.after_each_step(engine.torch_optimizer, rank_model.module)
+    return Parallelized(engine, rank_model, channels_last, clock)
 
 
 def _notice_lone_fsdp(spec: RunSpec, grid: Layout, say: Callable[[str], None]) -> None:
@@ -173,28 +173,34 @@ def _cut(
     total_steps: int,
     fill: Fill | None,
     microbatches: int,
-) -> Plan:
+) -> RankModel:
     """What this rank holds: the model, or under pipeline parallelism its stages, each
     sharded as a model of its own (`roots`), with the blocks among them."""
     options = spec.parallelism
     blocks = find_blocks(module, options.wrap) if options.name == "fsdp" else []
-    plan = Plan(grid, device, module, total_steps, fill, mesh, roots=[module], blocks=blocks)
+    rank_model = RankModel(
+        grid, device, module, total_steps, fill, mesh, roots=[module], blocks=blocks
+    )
     if grid.tensor > 1:
         from runner.engines.loss_parallel import split_loss
 
-        plan.loss_context = split_loss  # a loss on logits split by class: its backward there
+        rank_model.loss_context = split_loss  # a loss on logits split by class: its backward there
     if spec.precision.name is Precision.FLOAT8:
         from runner.engines.float8 import gathers_in_float8
 
-        plan.keep_last_gathered = not gathers_in_float8(module)  # scales are the shards'
-    plan.several_meshes = grid.tensor > 1 or grid.pipeline > 1 or grid.expert > 1
+        rank_model.keep_last_gathered = not gathers_in_float8(module)  # scales are the shards'
+    rank_model.several_meshes = grid.tensor > 1 or grid.pipeline > 1 or grid.expert > 1
     if grid.pipeline == 1:
-        return plan
+        return rank_model
     from runner.engines.pipeline import Pipeline
 
     pipeline = Pipeline(spec, module, grid, mesh, device, microbatches)
     held = {id(m) for m in pipeline.module.modules()}
-    plan.module, plan.roots, plan.stages = pipeline.module, pipeline.parts, pipeline
-    plan.blocks = [b for b in blocks if id(b) in held]
-    plan.keep_every_gathered = True  # each microbatch would gather a freed block again
-    return plan
+    rank_model.module, rank_model.roots, rank_model.stages = (
+        pipeline.module,
+        pipeline.parts,
+        pipeline,
+    )
+    rank_model.blocks = [b for b in blocks if id(b) in held]
+    rank_model.keep_every_gathered = True  # each microbatch would gather a freed block again
+    return rank_model

@@ -22,12 +22,17 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.spec.guard_specs import LossSpikeSpec
+
+if TYPE_CHECKING:
+    from runner.train.checkpoints.checkpointer import Resumed
+
+Restore = Callable[[int], "tuple[Path, Resumed] | None"]
 
 log = logging.getLogger(__name__)
 
@@ -134,12 +139,23 @@ class LossSpikes:
                 return spike
         return None
 
-    def rolled_back(self, checkpoint: Path, spike: Spike, step: int) -> None:
-        """The run is at `step` again (`checkpoint`'s): skip the spike's batches, forget the
-        later losses."""
+    def roll_back(self, spike: Spike, restore_before: Restore) -> Resumed:
+        """Every rank: the state of the newest checkpoint before the spike, from
+        `restore_before` (the checkpointer's); its batches are skipped on the way forward
+        again, the later losses forgotten. Without such a checkpoint the run stops."""
+        found = restore_before(spike.steps[0])
+        if found is None:
+            raise LossSpikeError(
+                f"{spike.describe()}; no checkpoint before step {spike.steps[0]} to roll "
+                "back to (loss_spike.action=rollback): set checkpoint.interval"
+            )
+        checkpoint, back = found
         steps = spike.steps
         self.skipped.update(steps)
-        self.watch.rewind(step)
-        self.rollbacks.append({"steps": steps, "to_step": step})
+        self.watch.rewind(back.step)
+        self.rollbacks.append({"steps": steps, "to_step": back.step})
         what = f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(map(str, steps))}"
-        log.warning("rolled back to %s (step %d); skipping the batch of %s", checkpoint, step, what)
+        log.warning(
+            "rolled back to %s (step %d); skipping the batch of %s", checkpoint, back.step, what
+        )
+        return back

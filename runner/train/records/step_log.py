@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 import torch
 
 from runner.callbacks import Run
+from runner.errors import describe
 from runner.processes import NO_BAR_ENV
 from runner.rundir.files import RunDir
+from runner.rundir.summary import Status
 from runner.spec import RunSpec
 from runner.train.callback_calls import Callbacks
 from runner.train.guards.loss_spikes import LossSpikeError, LossSpikes, Spike
@@ -182,6 +185,18 @@ class StepLog:
     def close(self, outcome: dict[str, Any], timeout: float = 60.0) -> None:
         self.progress.close()
         self.metrics.close(timeout=timeout, outcome=outcome)
+
+    def close_failed(self, exc: BaseException, start_step: int, start_time: float) -> None:
+        """A rank's run failed (or was interrupted, `exc` no Exception): its outcome after
+        the last step recorded, with what is queued written briefly."""
+        interrupted = not isinstance(exc, Exception)
+        outcome = {
+            "status": str(Status.INTERRUPTED if interrupted else Status.FAILED),
+            "steps": self.records[-1]["step"] if self.records else start_step,
+            "wall_time_s": round(time.time() - start_time, 3),
+            "error": {"message": describe(exc)},
+        }
+        self.close(outcome, timeout=15.0)
 
     def _record(self, done: Step) -> tuple[dict[str, Any], float, float]:
         """A log step's record, the training seconds since the last and this rank's tokens

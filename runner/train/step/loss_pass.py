@@ -12,8 +12,8 @@ from torch import nn
 
 from runner.engines.base import Engine
 from runner.engines.loss_parallel import loss_of
-from runner.engines.plan import ELSEWHERE, SAME_POSITIONS, Pairing
 from runner.engines.precision import autocast
+from runner.engines.rank_model import ELSEWHERE, SAME_POSITIONS, Pairing
 from runner.spec import RunSpec
 from runner.spec.mesh import BatchSplit, Layout
 from runner.train.step.batch_parts import logits_of, split, to_device

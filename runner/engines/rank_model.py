@@ -1,7 +1,7 @@
 """How one rank's model is distributed: what runner.train.build.parallelize decides, once,
 and hands to the engine, which then only steps, checkpoints and clips.
 
-A plan names what this rank holds (the model, or its pipeline stages under one module), the
+A RankModel names what this rank holds (the model, or its pipeline stages under one module), the
 modules that are sharded one by one (`blocks`) and as wholes (`roots`), the run's grid and
 device mesh, and the few answers a parallelism gives the engine without the engine knowing
 which parallelism it is: how this rank's gradient norm joins the other stages', which
@@ -95,7 +95,7 @@ ELSEWHERE = Elsewhere()
 
 
 @dataclass
-class Plan:
+class RankModel:
     grid: Layout  # the run's dimensions, computed once per rank
     device: str
     module: nn.Module  # what this rank holds, under the whole model's names
@@ -111,8 +111,3 @@ class Plan:
     several_meshes: bool = False  # gradients on more than the data mesh: norms reduced by hand
     keep_last_gathered: bool = True  # the last block keeps its gathered weights for backward
     keep_every_gathered: bool = False  # every block does (each microbatch would gather again)
-
-
-def whole_plan(module: nn.Module, device: str, total_steps: int, world: int = 1) -> Plan:
-    """The plan of a model every one of `world` ranks holds whole, each a data rank."""
-    return Plan(Layout(shard=world), device, module, total_steps, roots=[module])
