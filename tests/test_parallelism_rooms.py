@@ -64,8 +64,6 @@ ROOMS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
 # parallelism once), so the list only shrinks: a meeting not found any more fails
 # test_every_known_meeting_is_still_there until it is struck off here.
 KNOWN_MEETINGS = {
-    # FSDP divides the experts' gradients by their group itself, in its step
-    ("runner/engines/fsdp.py", "expert"): {"_split_experts", "expert_split", "split_experts"},
     # the expert plan's module patterns are expanded by the tensor plan's code
     ("runner/models/expert_split.py", "tensor"): {"tensor_plans"},
 }

@@ -40,7 +40,7 @@ from runner.engines.dcp_state import (
     sharded_state,
 )
 from runner.engines.precision import DTYPES, grad_scaler
-from runner.engines.rank_model import RankModel
+from runner.engines.rank_model import Apart, RankModel
 from runner.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -58,12 +58,6 @@ class FSDPEngine(Engine):
         self.replicas = spec.parallelism.replicas
         self.stages, self.loss_context = rank_model.stages, rank_model.loss_context
         self.several_meshes, self.stage_world = rank_model.several_meshes, grid.stage_world
-        # expert parallelism: FSDP divides the experts' gradients by the ranks it sums them
-        # over, one in each expert group; the rest of the division is done here
-        self.expert_groups = grid.expert
-        self.expert_params = [
-            p for m in _split_experts(rank_model).values() for e in m for p in e.parameters()
-        ]
         self.tensor = grid.tensor
         if grid.replicate > 1:
             copies, shards = grid.replicate, grid.shard
@@ -108,9 +102,6 @@ class FSDPEngine(Engine):
         super().drop_pass()
 
     def prepare_step(self, norm_wanted: bool = True) -> torch.Tensor | None:
-        for param in self.expert_params:  # each summed over its expert group's tokens
-            if param.grad is not None:
-                param.grad.to_local().div_(self.expert_groups)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         norm = None
@@ -222,10 +213,9 @@ def _shard(rank_model: RankModel, options: Any, precision: Any) -> None:
     policy = MixedPrecisionPolicy(param_dtype=DTYPES.get(precision), reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
     kwargs = {"mp_policy": policy, "offload_policy": offload, "mesh": data_mesh(rank_model.mesh)}
-    experts = _split_experts(rank_model)
     for block, reshard in zip(rank_model.blocks, _reshards(options, rank_model), strict=True):
-        for held in experts.get(id(block), []):  # first: the block's shards the rest
-            _shard_experts(held, rank_model, reshard, kwargs)
+        for apart in rank_model.apart.get(id(block), []):  # first: the block's shards the rest
+            _shard_apart(apart, reshard, kwargs)
         fully_shard(block, reshard_after_forward=reshard, **kwargs)
     for root in rank_model.roots:
         fully_shard(root, reshard_after_forward=options.reshard_after_forward, **kwargs)
@@ -236,26 +226,20 @@ def _shard(rank_model: RankModel, options: Any, precision: Any) -> None:
             sharded.set_force_sum_reduction_for_comms(True)
 
 
-def _split_experts(rank_model: RankModel) -> dict[int, list[nn.Module]]:
-    """Under expert parallelism, each block's split experts (runner.models.expert_split)."""
-    if rank_model.grid.expert == 1:
-        return {}
-    from runner.models.expert_split import split_experts
-
-    return {id(b): split_experts(b) for b in rank_model.blocks}
-
-
-def _shard_experts(experts: nn.Module, rank_model: RankModel, reshard: bool, kwargs: dict) -> None:
-    """A group's split experts, sharded by FSDP over the data ranks but the group's (each
-    group holds every expert once). An expert's gradient sums its group's tokens before FSDP
-    sums it over the other groups and divides by them: the engine divides by the group
-    (FSDP's own divide factor is divided twice on a one-rank mesh in torch 2.11)."""
+def _shard_apart(apart: Apart, reshard: bool, kwargs: dict) -> None:
+    """Modules sharded on a mesh of their own (an expert group's experts), their reduced
+    gradient divided by the rest of its mean where FSDP has summed it (its all-reduce hook,
+    after the reduce-scatter, before FSDP's own division by the mesh: FSDP's own divide
+    factor is applied twice on a one-rank mesh, torch 2.11 to 2.15)."""
     from torch.distributed.fsdp import fully_shard
 
-    from runner.engines.device_mesh import expert_data_mesh
+    fully_shard(apart.module, reshard_after_forward=reshard, **{**kwargs, "mesh": apart.mesh})
+    if apart.divide != 1:
+        apart.module.set_all_reduce_hook(functools.partial(_divide, by=apart.divide))
 
-    mesh = expert_data_mesh(rank_model.mesh)
-    fully_shard(experts, reshard_after_forward=reshard, **{**kwargs, "mesh": mesh})
+
+def _divide(reduced: torch.Tensor, by: int) -> None:
+    reduced.div_(by)
 
 
 def _reshards(options: Any, rank_model: RankModel) -> list[bool]:

@@ -94,6 +94,19 @@ class Elsewhere:
 ELSEWHERE = Elsewhere()
 
 
+@dataclass(frozen=True)
+class Apart:
+    """Modules of a block a sharding engine shards on a mesh of their own, before the block:
+    under expert parallelism, an expert group's experts, over the data ranks but the group's
+    (each group holds every expert once). Their gradient sums over `mesh`'s ranks, then
+    divides by `divide` beyond the engine's own mean over `mesh` (an expert's gradient has
+    summed its whole group's tokens already)."""
+
+    module: nn.Module
+    mesh: Any
+    divide: int = 1
+
+
 @dataclass
 class RankModel:
     grid: Layout  # the run's dimensions, computed once per rank
@@ -104,6 +117,7 @@ class RankModel:
     mesh: Any = None  # the run's DeviceMesh, where one is made (made once per process)
     roots: list[nn.Module] = field(default_factory=list)  # sharded each as a model of its own
     blocks: list[nn.Module] = field(default_factory=list)  # sharded one by one, held here
+    apart: dict[int, list[Apart]] = field(default_factory=dict)  # by id(block): before it
     stages: Stages = WHOLE_MODEL
     loss_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
     """Where a microbatch's forward and backward run (tensor parallelism: loss parallel)."""

@@ -38,7 +38,7 @@ from torch import nn
 from runner import dist as rdist
 from runner.engines import build_engine
 from runner.engines.base import Engine
-from runner.engines.rank_model import SAME_POSITIONS, Fill, Pairing, RankModel
+from runner.engines.rank_model import SAME_POSITIONS, Apart, Fill, Pairing, RankModel
 from runner.models.blocks import apply_activation_checkpointing, find_blocks
 from runner.spec import RunSpec
 from runner.spec.mesh import Layout
@@ -190,17 +190,25 @@ def _cut(
 
         rank_model.keep_last_gathered = not gathers_in_float8(module)  # scales are the shards'
     rank_model.several_meshes = grid.tensor > 1 or grid.pipeline > 1 or grid.expert > 1
-    if grid.pipeline == 1:
-        return rank_model
-    from runner.engines.pipeline import Pipeline
+    if grid.pipeline > 1:
+        from runner.engines.pipeline import Pipeline
 
-    pipeline = Pipeline(spec, module, grid, mesh, device, microbatches)
-    held = {id(m) for m in pipeline.module.modules()}
-    rank_model.module, rank_model.roots, rank_model.stages = (
-        pipeline.module,
-        pipeline.parts,
-        pipeline,
-    )
-    rank_model.blocks = [b for b in blocks if id(b) in held]
-    rank_model.keep_every_gathered = True  # each microbatch would gather a freed block again
+        pipeline = Pipeline(spec, module, grid, mesh, device, microbatches)
+        held = {id(m) for m in pipeline.module.modules()}
+        rank_model.module, rank_model.stages = pipeline.module, pipeline
+        rank_model.roots = pipeline.parts
+        rank_model.blocks = [b for b in blocks if id(b) in held]
+        rank_model.keep_every_gathered = True  # each microbatch would gather a freed block
+    if grid.expert > 1 and rank_model.blocks:
+        rank_model.apart = _experts_apart(rank_model.blocks, mesh, grid.expert)
     return rank_model
+
+
+def _experts_apart(blocks: list[nn.Module], mesh: object, groups: int) -> dict[int, list[Apart]]:
+    """Each block's split experts, sharded over the data ranks but their group's; the
+    gradient's mean over the groups is FSDP's over that mesh, the group's divided after."""
+    from runner.engines.device_mesh import expert_data_mesh
+    from runner.models.expert_split import split_experts
+
+    over = expert_data_mesh(mesh)
+    return {id(b): [Apart(m, over, groups) for m in split_experts(b)] for b in blocks}
