@@ -30,7 +30,6 @@ from runner.models.blocks import find_blocks
 from runner.models.builders import build_model
 from runner.models.families import family_of_target
 from runner.spec import RunSpec
-from runner.spec.mesh import layout
 
 log = logging.getLogger("runner")
 INVALID = 2  # the exit code of an invalid configuration, as in the parent
@@ -79,7 +78,7 @@ def component_problems(spec: RunSpec) -> list[str]:
     for name, metric in spec.metrics.items():
         found += components.problems(f"metrics.{name}", metric.node, provided)
     wrap = spec.parallelism.wrap
-    grid = layout(spec)
+    grid = spec.grid
     split = max(grid.tensor, grid.pipeline, grid.context, grid.expert) > 1
     # a family that checks its own options as it is built (on the meta device: free)
     checks_itself = family_of_target(spec.model.target).checks_itself
@@ -231,7 +230,7 @@ def model_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
         )
     from runner.models.tensor_plans import plan_problems
 
-    grid = layout(spec)
+    grid = spec.grid
     if grid.tensor > 1:
         found += plan_problems(model, grid.tensor, spec.parallelism.tp_plan)
     if grid.pipeline > 1:

@@ -232,9 +232,8 @@ def _model_problems(spec: RunSpec, facts: dict[str, Any]) -> list[str]:
     plan that fits, stages that divide the layers), as a run's preflight makes them: once
     per mesh."""
     from runner.launch.preflight import model_problems
-    from runner.spec.mesh import layout
 
-    grid = layout(spec)
+    grid = spec.grid
     key = (
         grid.tensor, grid.pipeline, grid.context, grid.expert, spec.checkpoint_every,
         grid.replicate,

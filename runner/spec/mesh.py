@@ -125,3 +125,48 @@ def layout(spec: Any, world: int | None = None) -> Layout:
     context, expert = options.context, options.expert
     shard = max(1, world // (pipeline * replicate * context * tensor))  # checked: spec
     return Layout(replicate, shard, tensor, pipeline, context, expert)
+
+
+def layout_problems(spec: Any) -> list[str]:
+    """What is wrong with the grid of a resolved `spec` (fsdp's replicate set): its degrees
+    against the world size and a node's ranks, each problem naming its key and what is
+    valid. The one place the mesh arithmetic is checked; `layout` then holds."""
+    options, world, nproc = spec.parallelism, spec.world_size, spec.nproc
+    replicate, tensor = options.replicas, options.tensor
+    pipeline = options.pipeline * options.context  # the dimensions beside replicate x shard
+    if world % pipeline:
+        groups = {"pipeline": options.pipeline, "context": options.context}
+        given = " x ".join(f"parallelism.{k}={v}" for k, v in groups.items() if v > 1)
+        return [
+            f"{given}: groups of equal size must divide the world size nproc x nodes = "
+            f"{world}; valid: {_divisors(world)}"
+        ]
+    if nproc % tensor:
+        return [
+            f"parallelism.tensor={tensor}: a tensor-parallel group is ranks of one node, so it "
+            f"must divide nproc={nproc}; valid: {_divisors(nproc)}"
+        ]
+    if world % (pipeline * replicate * tensor):
+        rest = world // (pipeline * tensor)
+        if tensor > 1:
+            return [
+                f"parallelism.replicate={replicate}: replicate x shard x tensor must be the "
+                f"world size nproc x nodes = {world}, so with parallelism.tensor={tensor} "
+                f"replicate must divide {rest}; valid: {_divisors(rest)}"
+            ]
+        return [
+            f"parallelism.replicate={replicate}: must divide the world size nproc x nodes "
+            f"= {world}; valid: {_divisors(rest)}"
+        ]
+    grid = layout(spec)
+    if grid.shard % grid.expert:
+        return [
+            f"parallelism.expert={grid.expert}: must divide the shard ranks ({grid.shard} = "
+            f"world {grid.world} / (pipeline x replicate x context x tensor)), which the "
+            "expert groups are cut from"
+        ]
+    return []
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 
 from runner import hardware
-from runner.spec.mesh import layout
 from runner.spec.parallelism_specs import ONE_STAGE_PER_RANK, DDPSpec
 from runner.spec.schema import DEEPSPEED_SPECS, RunSpec, SyncStrategy
 
@@ -109,19 +108,11 @@ def check_context(spec: RunSpec, problems: list[str]) -> None:
 
 
 def check_expert(spec: RunSpec, problems: list[str]) -> None:
-    """Expert groups are cut from the shard ranks (the model's experts are checked in the
-    agent, which builds it)."""
+    """What expert parallelism composes with (its groups, cut from the shard ranks, are the
+    grid's: runner.spec.mesh.layout_problems; the model's experts are checked in the agent,
+    which builds it)."""
     expert = spec.parallelism.expert
-    if expert == 1:
-        return
-    grid = layout(spec)
-    if grid.shard % expert:
-        problems.append(
-            f"parallelism.expert={expert}: must divide the shard ranks ({grid.shard} = world "
-            f"{grid.world} / (pipeline x replicate x context x tensor)), which the expert "
-            "groups are cut from"
-        )
-    if grid.context > 1:
+    if expert > 1 and spec.parallelism.context > 1:
         problems.append(f"parallelism.expert={expert}: not with parallelism.context yet")
 
 

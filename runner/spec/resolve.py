@@ -21,6 +21,7 @@ from runner.spec.checks import check_spec
 from runner.spec.config_file import migrate
 from runner.spec.convert import SpecError, from_dict
 from runner.spec.data_paths import resolve_data_paths
+from runner.spec.mesh import layout_problems
 from runner.spec.schema import (
     DDPSpec,
     FSDPSpec,
@@ -52,7 +53,8 @@ def resolve_spec(
     spec = _resolve_trackers(spec)
     if problems:  # the checks below need a resolved nproc and device
         raise SpecError(problems)
-    spec = _resolve_replicate(spec, problems)
+    spec = _resolve_replicate(spec)
+    problems.extend(layout_problems(spec))
     check_spec(spec, problems, Path(run_dir) if run_dir is not None else None)
     spec = _resolve_sweep(spec, problems)
     spec = _resolve_early_stop(spec, problems)
@@ -144,40 +146,12 @@ def _resolve_nodes(spec: RunSpec, problems: list[str], environ: Mapping[str, str
     )
 
 
-def _resolve_replicate(spec: RunSpec, problems: list[str]) -> RunSpec:
+def _resolve_replicate(spec: RunSpec) -> RunSpec:
     """fsdp's replicate=null: a copy per node (HSDP across nodes; plain FSDP on one)."""
     options = spec.parallelism
-    if not isinstance(options, FSDPSpec):
+    if not isinstance(options, FSDPSpec) or options.replicate is not None:
         return spec
-    replicate = spec.nodes if options.replicate is None else options.replicate
-    world, tensor = spec.world_size, options.tensor
-    pipeline = options.pipeline * options.context  # the dimensions beside replicate x shard
-    if world % pipeline:
-        valid = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
-        groups = {"pipeline": options.pipeline, "context": options.context}
-        given = " x ".join(f"parallelism.{k}={v}" for k, v in groups.items() if v > 1)
-        problems.append(
-            f"{given}: groups of equal size must divide the world size nproc x nodes = "
-            f"{world}; valid: {valid}"
-        )
-    elif spec.nproc % tensor:
-        valid = ", ".join(str(d) for d in range(1, spec.nproc + 1) if spec.nproc % d == 0)
-        problems.append(
-            f"parallelism.tensor={tensor}: a tensor-parallel group is ranks of one node, so it "
-            f"must divide nproc={spec.nproc}; valid: {valid}"
-        )
-    elif world % (pipeline * replicate * tensor):
-        rest = world // (pipeline * tensor)
-        divisors = ", ".join(str(d) for d in range(1, rest + 1) if rest % d == 0)
-        problems.append(
-            f"parallelism.replicate={replicate}: replicate x shard x tensor must be the world "
-            f"size nproc x nodes = {world}, so with parallelism.tensor={tensor} replicate must "
-            f"divide {rest}; valid: {divisors}"
-            if tensor > 1
-            else f"parallelism.replicate={replicate}: must divide the world size nproc x nodes "
-            f"= {world}; valid: {divisors}"
-        )
-    parallelism = dataclasses.replace(options, replicate=replicate)
+    parallelism = dataclasses.replace(options, replicate=spec.nodes)
     return dataclasses.replace(spec, parallelism=parallelism)
 
 

@@ -12,6 +12,7 @@ metrics, optimizer, scheduler) are components: `_target_` plus arguments.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Literal
@@ -348,13 +349,21 @@ class RunSpec:
             return self.eval_samples
         return None if self.eval_batches is None else self.eval_batches * self.global_batch_size
 
+    @functools.cached_property
+    def grid(self) -> Any:
+        """The run's grid at its world size (runner.spec.mesh.Layout), computed once for
+        this spec and handed on (a rank computes its own, at the running group's size)."""
+        from runner.spec.mesh import layout
+
+        return layout(self)
+
     @property
     def batch_split(self) -> Any:
         """How a step's global batch is cut (runner.spec.mesh.BatchSplit, rank 0's): what the
         parent checks and DeepSpeed's config say, by the arithmetic every rank uses."""
-        from runner.spec.mesh import batch_split, layout
+        from runner.spec.mesh import batch_split
 
-        return batch_split(self, layout(self), 0)
+        return batch_split(self, self.grid, 0)
 
     @property
     def data_world_size(self) -> int:
