@@ -55,8 +55,10 @@ def gpt(corpus: Path) -> list[str]:
 
 
 def moe(corpus: Path) -> list[str]:
-    """The same 2-layer gpt with a mixture of 4 experts in each block, 2 a token."""
-    return [*(a for a in gpt(corpus) if a != "model=gpt"), "model=gpt_moe", "model.n_experts=4"]
+    """The same 2-layer gpt with a mixture of 4 experts in each block, 2 a token, balanced by
+    its routing bias too (moved by the optimizer's step: not by a checkpoint's loading)."""
+    moe_model = ["model=gpt_moe", "model.n_experts=4", "model.bias_update_speed=0.01"]
+    return [*(a for a in gpt(corpus) if a != "model=gpt"), *moe_model]
 
 
 def mlp(corpus: Path) -> list[str]:

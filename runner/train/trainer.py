@@ -231,7 +231,6 @@ class Trainer:
         else:
             self.engine.step()
             self.guard.after_step(self.engine.nonfinite_skips, step)
-            self.passes.routing.after_step()
         self.times.lap("optimizer", lap)
         loss_sum = None if loss_sum is None else self.grid.loss_share(loss_sum)
         return Trained(loss_sum, items, share, tokens, self.passes.routing.record())

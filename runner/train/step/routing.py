@@ -2,12 +2,12 @@
 
 Each step: what one sequence weighs in the balance losses' gradient (`before_step`: a mean
 over the global batch's sequences, through the engine's loss scale), the per-expert bias
-moved from the step's global counts where the model balances that way (`after_step`: one
-all-reduce of a small tensor, on the device), and on log steps this rank's counts for the
-record (`sums`), summed over the ranks by the all-reduce that brings the record its loss
-and read as figures there (`figures`): tokens per expert (min, max, coefficient of
-variation) per layer, the balance losses' values, the share of assignments dropped. A quiet
-step reads nothing on the host.
+moved from the step's global counts where the model balances that way (`after_step`, a
+hook of the optimizer's step: one all-reduce of a small tensor, on the device), and on log
+steps this rank's counts for the record (`sums`), summed over the ranks by the all-reduce
+that brings the record its loss and read as figures there (`figures`): tokens per expert
+(min, max, coefficient of variation) per layer, the balance losses' values, the share of
+assignments dropped. A quiet step reads nothing on the host.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ class Routing:
         self.sums: torch.Tensor | None = None  # the step's counts, once taken
         for layer in self.layers:
             layer.penalty_scale = self.penalty_scale
+        self.stepping = False  # a training step's passes ran, its optimizer step not yet
+        if self.balancing and engine.torch_optimizer is not None:  # as float8's scales are
+            engine.torch_optimizer.register_step_post_hook(lambda *_: self.after_step())
 
     def penalty_scale(self) -> Any:
         """The gradient of the balance losses' sum (read in the backward pass)."""
@@ -52,13 +55,18 @@ class Routing:
             return
         self.weight = self.grid.gradient_weight(sequences)
         self.sequences, self.logged, self.sums = sequences, logged, None
+        self.stepping = True
         for layer in self.layers:
             layer.take_stats()
 
     def after_step(self) -> None:
-        """Bias balancing: every rank moves each layer's bias by the step's global counts."""
-        if not self.balancing:
+        """Bias balancing: every rank moves each layer's bias by the step's global counts.
+        Run by the optimizer once it has stepped (a skipped step moves nothing), and only
+        after a training step's passes (loading a checkpoint may step the optimizer once,
+        at a learning rate of 0, to make its state)."""
+        if not (self.balancing and self.stepping):
             return
+        self.stepping = False
         import torch.distributed as dist
 
         total = self._sums().clone()
