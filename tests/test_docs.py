@@ -68,3 +68,27 @@ def test_every_runner_module_is_on_the_design_page() -> None:
     for path in (REPO / "runner").rglob("*.py"):
         if path.name != "__init__.py":
             assert f"| `{path.stem}` |" in modules, path
+
+
+def test_the_composition_table_is_what_the_checks_refuse() -> None:
+    """docs/parallelism.md's table of what composes, generated from the mesh's declared
+    dimensions: a cell reads "not yet" exactly where a grid with both dimensions at 2 is
+    refused, naming both keys; and every dimension of the table is one of the mesh's."""
+    from runner.spec.mesh import DIMENSIONS, Layout, composition_problems
+
+    table = hook("composition_table")
+    lines = table.composition_table().splitlines()
+    page = (REPO / "docs" / "parallelism.md").read_text()
+    assert table.MARKER in page
+    headings = {d.name: d.heading for d in DIMENSIONS}
+    for row in table.ROWS:
+        cells = next(line for line in lines if line.startswith(f"| {headings[row]} |"))
+        for column, cell in zip(table.COLUMNS, cells.split("|")[2:], strict=False):
+            if row == column:
+                continue
+            sizes = {n: 2 if n in (row, column) else 1 for n in headings if n != "shard"}
+            refused = composition_problems(Layout(**sizes))
+            assert (cell.strip() == "not yet") == bool(refused), (row, column, refused)
+            for problem in refused:
+                assert f"parallelism.{row}=2" in problem or f"parallelism.{column}=2" in problem
+                assert problem.endswith(" yet"), problem

@@ -7,6 +7,7 @@ from typing import Any
 
 from runner.spec.mesh import (
     CONTEXT,
+    DIMENSIONS,
     EXPERT,
     PIPELINE,
     REPLICATE,
@@ -29,14 +30,9 @@ def device_mesh(grid: Layout, device_type: str) -> Any:
     if key not in _MESHES:
         from torch.distributed.device_mesh import init_device_mesh
 
-        dims = [
-            (PIPELINE, grid.pipeline),
-            (REPLICATE, grid.replicate),
-            (SHARD, grid.shard // grid.expert),
-            (EXPERT, grid.expert),
-            (CONTEXT, grid.context),
-            (TENSOR, grid.tensor),
-        ]
+        sizes = {d.name: getattr(grid, d.name) for d in DIMENSIONS}
+        sizes[SHARD] //= grid.expert  # the expert groups are cut from the shard ranks
+        dims = [(d.name, sizes[d.name]) for d in DIMENSIONS]
         kept = [(name, size) for name, size in dims if size > 1 or name == SHARD]
         _MESHES[key] = init_device_mesh(
             device_type,

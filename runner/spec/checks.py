@@ -17,7 +17,6 @@ from runner.spec.parallelism_checks import (
     check_auto_microbatching,
     check_context,
     check_deepspeed,
-    check_expert,
     check_pipeline,
     check_shm_allreduce,
     check_sync_strategy,
@@ -37,7 +36,6 @@ def check_spec(spec: RunSpec, problems: list[str], run_dir: Path | None) -> None
     check_auto_microbatching(spec, problems)
     check_pipeline(spec, problems)
     check_context(spec, problems)
-    check_expert(spec, problems)
     check_compile(spec, problems)
     check_float8(spec, problems)
     check_profile(spec, problems)

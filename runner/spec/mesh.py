@@ -23,6 +23,47 @@ SHARD_CONTEXT = "shard_context"  # FSDP shards over both: context ranks hold par
 
 
 @dataclass(frozen=True)
+class Dimension:
+    """One dimension of fsdp's mesh, declared once: its key (`parallelism.<name>`, and its
+    name in the device mesh), its heading in docs/parallelism.md's table of what composes
+    (generated from these, docs/hooks/composition_table.py), the dimensions it does not
+    compose with yet (refused before any rank starts), and how it composes with compile."""
+
+    name: str
+    heading: str
+    not_yet: tuple[str, ...] = ()
+    compiles: str = "yes"
+
+
+# in the device mesh's order, outermost first (runner.engines.device_mesh)
+DIMENSIONS = (
+    Dimension(PIPELINE, "`pipeline`", compiles="yes (per block)"),
+    Dimension(REPLICATE, "`replicate` (HSDP)"),
+    Dimension(SHARD, "`shard` (fsdp)"),
+    Dimension(EXPERT, "`expert`", not_yet=(CONTEXT,)),
+    Dimension(CONTEXT, "`context`", not_yet=(PIPELINE,)),
+    Dimension(TENSOR, "`tensor`"),
+)
+
+
+def composes(one: str, other: str) -> bool:
+    """Whether dimensions `one` and `other` train together (either way round)."""
+    by_name = {d.name: d for d in DIMENSIONS}
+    return other not in by_name[one].not_yet and one not in by_name[other].not_yet
+
+
+def composition_problems(grid: Layout) -> list[str]:
+    """Each pair of the grid's dimensions that does not compose yet, named by its keys."""
+    sizes = {d.name: getattr(grid, d.name) for d in DIMENSIONS}
+    return [
+        f"parallelism.{d.name}={sizes[d.name]}: not with parallelism.{other} yet"
+        for d in DIMENSIONS
+        for other in d.not_yet
+        if sizes[d.name] > 1 and sizes[other] > 1
+    ]
+
+
+@dataclass(frozen=True)
 class Layout:
     replicate: int = 1
     shard: int = 1
@@ -130,7 +171,8 @@ def layout(spec: Any, world: int | None = None) -> Layout:
 def layout_problems(spec: Any) -> list[str]:
     """What is wrong with the grid of a resolved `spec` (fsdp's replicate set): its degrees
     against the world size and a node's ranks, each problem naming its key and what is
-    valid. The one place the mesh arithmetic is checked; `layout` then holds."""
+    valid, and the dimensions that do not compose yet. The one place the mesh arithmetic is
+    checked; `layout` then holds."""
     options, world, nproc = spec.parallelism, spec.world_size, spec.nproc
     replicate, tensor = options.replicas, options.tensor
     pipeline = options.pipeline * options.context  # the dimensions beside replicate x shard
@@ -165,7 +207,7 @@ def layout_problems(spec: Any) -> list[str]:
             f"world {grid.world} / (pipeline x replicate x context x tensor)), which the "
             "expert groups are cut from"
         ]
-    return []
+    return composition_problems(grid)
 
 
 def _divisors(n: int) -> str:

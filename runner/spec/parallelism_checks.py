@@ -103,17 +103,6 @@ def check_context(spec: RunSpec, problems: list[str]) -> None:
             f"parallelism.context={context}: loss._target_={spec.loss.target} cannot be split "
             "by position; context parallelism needs loss=causal_lm"
         )
-    if spec.parallelism.pipeline > 1:
-        problems.append(f"parallelism.context={context}: not with parallelism.pipeline yet")
-
-
-def check_expert(spec: RunSpec, problems: list[str]) -> None:
-    """What expert parallelism composes with (its groups, cut from the shard ranks, are the
-    grid's: runner.spec.mesh.layout_problems; the model's experts are checked in the agent,
-    which builds it)."""
-    expert = spec.parallelism.expert
-    if expert > 1 and spec.parallelism.context > 1:
-        problems.append(f"parallelism.expert={expert}: not with parallelism.context yet")
 
 
 def check_deepspeed(spec: RunSpec, problems: list[str]) -> None:
