@@ -17,6 +17,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from runner.spec.mesh import all_compose
+
 ENGINES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 LONG_SEQUENCE = 2048  # tokens per sample from which context parallelism is weighed
 
@@ -112,7 +114,8 @@ def _model_splits(
     splits: Collection[str],
 ) -> list[dict[str, Any]]:
     """fsdp meshes that split the model: tensor within a node (dividing the heads), pipeline
-    (a block per stage at least), context (long sequences), alone and together."""
+    (a block per stage at least), context (long sequences), alone and together where they
+    compose (runner.spec.mesh.DIMENSIONS)."""
     tensors = [t for t in divisors(nproc) if heads is None or heads % t == 0]
     tensors = tensors if "tensor" in splits else [1]
     pipelines = [p for p in divisors(world) if p <= max(1, blocks) and "pipeline" in splits]
@@ -123,7 +126,8 @@ def _model_splits(
         for pipeline in pipelines:
             for context in contexts:
                 split = tensor * pipeline * context
-                if split == 1 or world % split:
+                sizes = {"tensor": tensor, "pipeline": pipeline, "context": context}
+                if split == 1 or world % split or not all_compose(sizes):
                     continue
                 mesh = {"engine": "fsdp", "tensor": tensor, "pipeline": pipeline}
                 meshes.append({**mesh, "context": context})
@@ -133,11 +137,12 @@ def _model_splits(
 def _expert_splits(
     meshes: list[dict[str, Any]], world: int, nodes: int, experts: int
 ) -> list[dict[str, Any]]:
-    """Each fsdp mesh (without context parallelism) with every expert degree above 1 that
-    divides its shard ranks and the experts per layer."""
+    """Each fsdp mesh (of dimensions that compose with experts) with every expert degree
+    above 1 that divides its shard ranks and the experts per layer."""
     found = []
     for mesh in meshes:
-        if mesh["engine"] != "fsdp" or mesh.get("context", 1) > 1:
+        sizes = {k: v for k, v in mesh.items() if k != "engine" and isinstance(v, int)}
+        if mesh["engine"] != "fsdp" or not all_compose({**sizes, "expert": 2}):
             continue
         split = mesh.get("tensor", 1) * mesh.get("pipeline", 1)
         shard = world // split // (mesh.get("replicate") or nodes)

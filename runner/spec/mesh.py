@@ -52,6 +52,12 @@ def composes(one: str, other: str) -> bool:
     return other not in by_name[one].not_yet and one not in by_name[other].not_yet
 
 
+def all_compose(sizes: dict[str, int]) -> bool:
+    """Whether every pair of dimensions above 1 in `sizes` (by name) composes."""
+    split = [name for name, size in sizes.items() if size > 1]
+    return all(composes(a, b) for i, a in enumerate(split) for b in split[i + 1 :])
+
+
 def composition_problems(grid: Layout) -> list[str]:
     """Each pair of the grid's dimensions that does not compose yet, named by its keys."""
     sizes = {d.name: getattr(grid, d.name) for d in DIMENSIONS}
