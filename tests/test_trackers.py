@@ -46,10 +46,29 @@ def free_port() -> int:
 
 @pytest.fixture
 def mlflow_server(tmp_path: Path) -> Iterator[str]:
-    """`mlflow server` on 127.0.0.1: SQLite backend store, local artifact destination."""
-    port = free_port()
+    """`mlflow server` on 127.0.0.1: SQLite backend store, local artifact destination. Up
+    once its own health endpoint answers (a free port can be taken by another test's
+    process before the server binds it: then again on another port)."""
     store = tmp_path / "server"
     store.mkdir()
+    for _ in range(3):
+        server, uri = _start_mlflow_server(store)
+        try:
+            if _wait_until_serving(server, uri, store):
+                yield uri
+                return
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(10)
+    pytest.fail("mlflow server found its port taken three times")
+
+
+def _start_mlflow_server(store: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
     env = {**child_env(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     command = [sys.executable, "-m", "mlflow", "server", "--workers", "1"]
     command += ["--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}"]
@@ -63,25 +82,28 @@ def mlflow_server(tmp_path: Path) -> Iterator[str]:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + HANG
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                assert server.poll() is None, (store / "server.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "mlflow server did not start in 90 s"
-                time.sleep(0.3)
-        yield uri
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
+    return server, f"http://127.0.0.1:{port}"
+
+
+def _wait_until_serving(server: subprocess.Popen, uri: str, store: Path) -> bool:
+    """True once `server` answers at `uri`; False if it gave up its port to another."""
+    import urllib.request
+
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy for it
+    deadline = time.monotonic() + HANG
+    while True:
+        log = (store / "server.log").read_text()
+        if server.poll() is not None or "address already in use" in log:
+            assert "address already in use" in log, log[-3000:]
+            return False
         try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(10)
+            with direct.open(f"{uri}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return True
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "mlflow server did not start in 90 s"
+        time.sleep(0.3)
 
 
 def mlflow_run_id(run_dir: Path) -> str:
