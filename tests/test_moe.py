@@ -101,11 +101,11 @@ def test_balance_losses_reach_the_gradient_as_if_added_to_the_loss(score: str) -
     plain = copy.deepcopy(attached)
     plain.aux_loss_weight = plain.z_loss_weight = 0.0
     attached.train(), plain.train()
-    attached.penalty_scale = lambda: 0.25
+    attached.state.penalty_scale = lambda: 0.25
     x = torch.randn(3, 6, WIDTH)
     real = torch.ones(3, 6)
     real[1, 4:] = 0  # padding
-    attached.token_mask = plain.token_mask = real
+    attached.state.token_mask = plain.state.token_mask = real
     probe = torch.randn(3, 6, WIDTH)
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     (attached(x1) * probe).sum().backward()
@@ -116,8 +116,8 @@ def test_balance_losses_reach_the_gradient_as_if_added_to_the_loss(score: str) -
     assert not torch.allclose(  # the balance losses do move the router
         attached.router.weight.grad, _router_grad_without_losses(plain, x, probe), atol=1e-4
     )
-    stats = attached.take_stats()
-    assert stats is not None and attached.take_stats() is None
+    stats = attached.state.take_stats()
+    assert stats is not None and attached.state.take_stats() is None
     assert stats[EXPERTS + STAT_AUX].item() == pytest.approx(aux.item(), rel=1e-5)
     assert stats[EXPERTS + STAT_Z].item() == pytest.approx(z.item(), rel=1e-5)
     assert stats[:EXPERTS].sum().item() == real.sum().item() * attached.top_k
@@ -137,15 +137,15 @@ def test_a_recompute_counts_nothing_twice_and_evaluation_nothing() -> None:
     layer.train()
     x = torch.randn(2, 5, WIDTH, requires_grad=True)
     layer(x).sum().backward()
-    plain_stats, plain_grad = layer.take_stats(), layer.router.weight.grad.clone()
+    plain_stats, plain_grad = layer.state.take_stats(), layer.router.weight.grad.clone()
     layer.router.weight.grad = None
     checkpoint(layer, x, use_reentrant=False).sum().backward()
-    assert torch.equal(layer.take_stats(), plain_stats)
+    assert torch.equal(layer.state.take_stats(), plain_stats)
     assert torch.allclose(layer.router.weight.grad, plain_grad, atol=1e-7)
     layer.eval()
     with torch.no_grad():
         layer(x)
-    assert layer.take_stats() is None
+    assert layer.state.take_stats() is None
 
 
 def test_capacity_drops_the_overflow_and_counts_it() -> None:
@@ -155,7 +155,7 @@ def test_capacity_drops_the_overflow_and_counts_it() -> None:
     layer.train()
     x = torch.randn(2, 8, WIDTH)
     out = layer(x)
-    stats = layer.take_stats()
+    stats = layer.state.take_stats()
     chosen = (x.reshape(-1, WIDTH) @ layer.router.weight.T).topk(1, dim=-1).indices[:, 0]
     capacity = 2  # ceil(0.5 x 16 / 4)
     seen = [0] * EXPERTS
@@ -178,13 +178,13 @@ def test_bias_balancing_moves_the_bias_toward_the_idle_experts() -> None:
     layer.train()
     x = torch.randn(2, 4, WIDTH)
     out = layer(x)
-    assert layer.take_stats()[:EXPERTS].tolist() == [0.0, 8.0, 0.0, 0.0]
+    assert layer.state.take_stats()[:EXPERTS].tolist() == [0.0, 8.0, 0.0, 0.0]
     hidden = F.gelu(x @ layer.experts.w1[1]) @ layer.experts.w2[1]
     gate = (x @ layer.router.weight.T).softmax(-1)[..., 1:2]
     assert torch.allclose(out, gate * hidden, atol=1e-6)
     layer.bias_update_speed = 0.0  # off: the bias chooses nothing
     layer(x)
-    assert layer.take_stats()[:EXPERTS].tolist() != [0.0, 8.0, 0.0, 0.0]
+    assert layer.state.take_stats()[:EXPERTS].tolist() != [0.0, 8.0, 0.0, 0.0]
 
 
 @pytest.mark.parametrize(
@@ -217,7 +217,7 @@ def test_the_cpus_grouped_product_computes_what_the_loop_over_experts_does(hidde
     x = torch.randn(10, WIDTH, requires_grad=True)
     counts = torch.tensor([4, 0, 5, 1])
     assert _grouped(x, experts.w1) == (hidden == 8 and grouped_on_cpu(torch.float32))
-    out = experts(x, counts)
+    out = experts.compute(x, counts)
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, (x, experts.w1, experts.w2), grad)
     want_out = _expert_loop(x, counts, experts.w1, experts.w2)
@@ -225,6 +225,27 @@ def test_the_cpus_grouped_product_computes_what_the_loop_over_experts_does(hidde
     assert torch.allclose(out, want_out, atol=1e-6)
     for a, b in zip(got, want, strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_runners_experts_keep_transformers_experts_contract() -> None:
+    """gpt_moe's experts module is one of Hugging Face's shape (runner.models.expert_dispatch):
+    parameters stacked by expert, forward(hidden, top_k_index, top_k_weights) the weighted
+    sum of each token's experts' outputs, so one dispatch splits it and a transformers one."""
+    from runner.models.expert_dispatch import stacked_experts
+
+    torch.manual_seed(0)
+    experts = Experts(EXPERTS, WIDTH, 8)
+    assert stacked_experts(experts) == EXPERTS
+    hidden = torch.randn(6, WIDTH)
+    index = torch.tensor([[0, 3], [3, 3], [1, 2], [2, 0], [1, 1], [0, 2]])
+    weights = torch.rand(6, 2)
+    want = torch.zeros_like(hidden)
+    for t in range(6):
+        for j in range(2):
+            e = index[t, j]
+            want[t] += weights[t, j] * (F.gelu(hidden[t] @ experts.w1[e]) @ experts.w2[e])
+    with torch.no_grad():
+        assert torch.allclose(experts(hidden, index, weights), want, atol=1e-6)
 
 
 def test_gpt_moe_counts_the_flops_of_the_experts_a_token_uses() -> None:
@@ -270,7 +291,7 @@ def plain_moe(corpus: Path):
             def per_sequence(model: torch.nn.Module) -> None:
                 for layer in model.modules():
                     if isinstance(layer, MoE):
-                        layer.penalty_scale = lambda: 1.0 / spec.global_batch_size
+                        layer.state.penalty_scale = lambda: 1.0 / spec.global_batch_size
 
             made[overrides] = train_plain(spec, prepare=per_sequence)
         return made[overrides]

@@ -63,10 +63,7 @@ ROOMS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
 # Where two rooms meet today, and why; each is to go (the open issue on declaring a
 # parallelism once), so the list only shrinks: a meeting not found any more fails
 # test_every_known_meeting_is_still_there until it is struck off here.
-KNOWN_MEETINGS = {
-    # the expert plan's module patterns are expanded by the tensor plan's code
-    ("runner/models/expert_split.py", "tensor"): {"tensor_plans"},
-}
+KNOWN_MEETINGS: dict[tuple[str, str], set[str]] = {}
 
 # the names another library or a documented config key gives a meeting of two (torchao's
 # float8 weights gathered by FSDP, `precision.fsdp_float8_all_gather`)

@@ -30,6 +30,7 @@ from runner.models.blocks import find_blocks
 from runner.models.builders import build_model
 from runner.models.families import family_of_target
 from runner.spec import RunSpec
+from runner.spec.mesh import dimension_problems
 
 log = logging.getLogger("runner")
 INVALID = 2  # the exit code of an invalid configuration, as in the parent
@@ -228,31 +229,7 @@ def model_problems(spec: RunSpec, info: dict[str, Any] | None) -> list[str]:
             f"parallelism.wrap={wrap}: {type(model).__name__} has no module of that class; "
             f"it has {', '.join(classes)}"
         )
-    from runner.models.tensor_plans import plan_problems
-
-    grid = spec.grid
-    if grid.tensor > 1:
-        found += plan_problems(model, grid.tensor, spec.parallelism.tp_plan)
-    if grid.pipeline > 1:
-        from runner.models.pipeline_stages import stage_problems
-
-        options = spec.parallelism
-        stages = grid.pipeline * options.stages_each
-        found += stage_problems(model, stages, options.pipeline_split, options.pp_plan)
-        if spec.compile is not None and not find_blocks(model):
-            found.append(
-                f"compile: under parallelism.pipeline runner compiles the model's blocks one "
-                f"by one (a stage never runs the whole forward), and {type(model).__name__} "
-                "has none (a ModuleList of modules of one class); use compile=false"
-            )
-    if grid.context > 1:
-        from runner.models.context_split import context_problems
-
-        found += context_problems(model, grid.context)
-    if grid.expert > 1 or spec.parallelism.ep_plan is not None:
-        from runner.models.expert_split import expert_problems
-
-        found += expert_problems(model, grid.expert, spec.parallelism.ep_plan)
+    found += dimension_problems(model, spec)
     if spec.checkpoint_every and not find_blocks(model):
         found.append(
             f"activation_checkpointing={spec.activation_checkpointing}: {type(model).__name__} "

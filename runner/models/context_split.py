@@ -183,3 +183,8 @@ def context_problems(model: nn.Module, context: int) -> list[str]:
     from runner.models.families import family_of
 
     return family_of(model).context_problems(model, context)
+
+
+def spec_problems(model: nn.Module, spec: Any) -> list[str]:
+    """Context parallelism's checks of a run's model (runner.spec.mesh.DIMENSIONS)."""
+    return context_problems(model, spec.grid.context) if spec.grid.context > 1 else []

@@ -1,19 +1,22 @@
-"""Expert parallelism for experts modules of Hugging Face's shape (parallelism.ep_plan).
+"""The one expert dispatch: how an experts module routes its tokens, alone or under expert
+parallelism (parallelism.expert, parallelism.ep_plan).
 
-transformers 5 keeps a mixture-of-experts layer's experts in one module (Mixtral's
-`MixtralExperts`, Qwen-MoE's, OLMoE's, DeepSeek's and most others): every parameter stacked
-by expert on dim 0 (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I], biases [E, ...]), and
-`forward(hidden_states [N, H], top_k_index [N, k], top_k_weights [N, k]) -> [N, H]`, each
-token's output the weighted sum of its k experts' outputs; the router stays outside. A
+The contract is transformers 5's, which keeps a mixture-of-experts layer's experts in one
+module (Mixtral's `MixtralExperts`, Qwen-MoE's, OLMoE's, DeepSeek's and most others), and
+runner's own `Experts` (runner.models.moe) keeps it too: every parameter stacked by expert on
+dim 0 (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I], biases [E, ...]; runner's `w1`,
+`w2`), and `forward(hidden_states [N, H], top_k_index [N, k], top_k_weights [N, k]) -> [N, H]`,
+each token's output the weighted sum of its k experts' outputs; the router stays outside. A
 module of a user's model that keeps that contract splits the same way.
 
-Under expert parallelism each such module's parameters are DTensors split by expert over
-the group (runner.models.expert_split), and its forward becomes: the token's assignments
-sorted by expert, sent to the ranks that hold their experts and back
-(runner.models.expert_exchange), computed there by the module's own forward over this
-rank's experts (its parameters' local parts, `num_experts` the local count, each assignment
-weighted 1), then weighted and summed per token here. The module's class, names and
-state_dict keys do not change.
+`by_expert` sorts a pass's assignments by expert and counts them, once: runner's Experts
+computes on the sorted tokens and `combine`s them back; under expert parallelism the sorted
+tokens go to the ranks that hold their experts and back (runner.models.expert_exchange),
+computed there by the module's own forward over that rank's experts (its parameters' local
+parts, `num_experts` the local count, each assignment weighted 1), and are combined here the
+same way. Each token is copied once per assignment and the outputs are put back in place
+(permutations, and a sum over a token's k outputs in a fixed order: no atomic adds, so a GPU
+run repeats bit for bit). The module's class, names and state_dict keys do not change.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -65,6 +69,37 @@ def dispatch(module: nn.Module, group: Any, per_rank: int) -> None:
     module.forward = functools.partial(_dispatched, module, type(module).forward, group, per_rank)
 
 
+@dataclass(frozen=True)
+class ByExpert:
+    """A pass's assignments (token i's are i*k ... i*k+k-1) sorted by expert."""
+
+    order: torch.Tensor  # the assignments in expert order (stable: token order within one)
+    counts: torch.Tensor  # assignments per expert
+    top_k: int
+
+    def tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Each token once per assignment, in expert order (its backward sums a token's
+        copies in a fixed order)."""
+        return hidden.repeat_interleave(self.top_k, dim=0)[self.order]
+
+    def combine(self, computed: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        """Each token's k outputs (`computed`, in expert order) weighted and summed, in the
+        outputs' dtype."""
+        by_pair = torch.empty_like(computed)
+        by_pair[self.order] = computed
+        width = computed.shape[-1]
+        weights = top_k_weights.unsqueeze(-1).to(computed.dtype)
+        return (by_pair.view(-1, self.top_k, width) * weights).sum(1)
+
+
+def by_expert(top_k_index: torch.Tensor, experts: int) -> ByExpert:
+    """Sort and count the assignments `top_k_index` [N, k] over `experts` experts."""
+    flat = top_k_index.reshape(-1)
+    counts = torch.zeros(experts, dtype=torch.long, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat))  # bincount, of a fixed shape
+    return ByExpert(flat.argsort(stable=True), counts, top_k_index.shape[-1])
+
+
 def _dispatched(
     module: nn.Module,
     original: Any,
@@ -76,13 +111,7 @@ def _dispatched(
     *args: Any,
     **kwargs: Any,
 ) -> torch.Tensor:
-    experts = per_rank * group.size()
-    top_k = top_k_index.shape[-1]
-    flat = top_k_index.reshape(-1)
-    order = flat.argsort(stable=True)
-    token = order // top_k  # the token of each assignment, in expert order
-    counts = torch.zeros(experts, dtype=torch.long, device=flat.device)
-    counts.index_add_(0, flat, torch.ones_like(flat))
+    sorted_ = by_expert(top_k_index, per_rank * group.size())
 
     def compute(arrived: torch.Tensor, local_counts: torch.Tensor) -> torch.Tensor:
         index = torch.arange(per_rank, device=arrived.device).repeat_interleave(local_counts)
@@ -90,10 +119,8 @@ def _dispatched(
         with _local_experts(module, per_rank):
             return original(module, arrived, index[:, None], unit, *args, **kwargs)
 
-    computed = exchange(hidden[token], counts, group, per_rank, compute)
-    weights = top_k_weights.reshape(-1)[order, None].to(computed.dtype)
-    out = torch.zeros_like(hidden)
-    return out.index_add_(0, token, (computed * weights).to(hidden.dtype))
+    computed = exchange(sorted_.tokens(hidden), sorted_.counts, group, per_rank, compute)
+    return sorted_.combine(computed, top_k_weights)
 
 
 @contextlib.contextmanager

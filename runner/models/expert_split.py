@@ -12,10 +12,11 @@ What the experts' gradients need: every rank of a group sends its tokens' gradie
 experts' ranks, so an expert's gradient on its rank sums the group's tokens; FSDP then sums
 over the rest of the data ranks and divides by all of them (runner.engines.fsdp).
 
-Which experts split: runner's MoE layers (model=gpt_moe) always; the experts modules of a
-Hugging Face mixture of experts by its config's own `base_model_ep_plan`; or the modules a
-user's `parallelism.ep_plan` names (patterns of module names, `*` a layer number), each of
-Hugging Face's shape (runner.models.expert_dispatch).
+Which experts split: the experts modules the model's family names (runner's gpt_moe: every
+layer's `moe.experts`; a Hugging Face mixture of experts: its config's own
+`base_model_ep_plan`), or those a user's `parallelism.ep_plan` names (patterns of module
+names, `*` a layer number); each keeps transformers' experts contract and is dispatched by
+one mechanism (runner.models.expert_dispatch).
 """
 
 from __future__ import annotations
@@ -31,13 +32,8 @@ from runner.models.expert_dispatch import (
     dispatch,
     stacked_experts,
 )
-from runner.models.moe import Experts, MoE
 
 PLAN_KEY = "parallelism.ep_plan"
-
-
-def moe_layers(model: nn.Module) -> list[MoE]:
-    return [m for m in model.modules() if isinstance(m, MoE)]
 
 
 def split_experts(model: nn.Module) -> list[nn.Module]:
@@ -66,10 +62,10 @@ def plan_patterns(model: nn.Module, ep_plan: EpPlan) -> list[str]:
 def named_experts(model: nn.Module, ep_plan: EpPlan) -> tuple[dict[str, nn.Module], list[str]]:
     """The experts modules a plan names (the user's, else those the model's family names),
     by name; and the user's patterns that name no module."""
-    from runner.models.tensor_plans import expand_plan
+    from runner.models.module_names import expand_patterns
 
     patterns = plan_patterns(model, ep_plan)
-    expanded, unmatched = expand_plan(model, dict.fromkeys(patterns, DISPATCHED))
+    expanded, unmatched = expand_patterns(model, dict.fromkeys(patterns, DISPATCHED))
     modules = dict(model.named_modules())
     found = {name: modules[name] for name in expanded if name in modules}
     return found, unmatched if ep_plan is not None else []
@@ -92,11 +88,15 @@ def expert_problems(model: nn.Module, expert: int, ep_plan: EpPlan = None) -> li
         return [f"{PLAN_KEY}: {given}(model) raised {type(exc).__name__}: {exc}"]
     found = [f"{PLAN_KEY}: {p!r} names no module of {type(model).__name__}" for p in unmatched]
     found += _unfit(named)
-    sizes = {f"model.n_experts={m.n_experts}": m.n_experts for m in moe_layers(model)}
+    from runner.models.families import family_of
+
+    called = family_of(model).experts_key if ep_plan is None else None
+    sizes = {}
     for name, module in named.items():
         size = stacked_experts(module)
-        if size is not None and not isinstance(module, Experts):
-            sizes.setdefault(f"the {size} experts of {name}", size)
+        if size is not None:
+            what = f"{called}={size}" if called else f"the {size} experts of {name}"
+            sizes.setdefault(what, size)
     if expert == 1:  # nothing splits: only the user's plan is checked
         return found
     if not sizes and not found:
@@ -119,17 +119,7 @@ def expert_problems(model: nn.Module, expert: int, ep_plan: EpPlan = None) -> li
 def _unfit(named: dict[str, nn.Module]) -> list[str]:
     """The named modules expert parallelism cannot split, the first of each kind."""
     found = []
-    ours = [name for name, m in named.items() if isinstance(m, Experts)]
-    if ours:
-        found.append(
-            f"{PLAN_KEY}: {ours[0]} is runner's gpt_moe's, which splits its own experts; "
-            "leave parallelism.ep_plan null"
-        )
-    flat = [
-        f"{n} ({type(m).__name__})"
-        for n, m in named.items()
-        if stacked_experts(m) is None and not isinstance(m, Experts)
-    ]
+    flat = [f"{n} ({type(m).__name__})" for n, m in named.items() if stacked_experts(m) is None]
     if flat:
         more = f" (and {len(flat) - 1} more)" if len(flat) > 1 else ""
         found.append(
@@ -144,9 +134,6 @@ def apply_experts(model: nn.Module, mesh: Any, ep_plan: EpPlan = None) -> None:
     """Split every MoE layer's experts over `mesh` (the expert dimension), in place: this
     rank keeps its own as the local part of DTensors of the whole experts' shape."""
     degree, group = mesh.size(), mesh.get_group()
-    for layer in moe_layers(model):
-        layer.expert_group, layer.experts_per_rank = group, layer.n_experts // degree
-        _split(layer.experts, mesh, layer.experts_per_rank)
     for module in named_experts(model, ep_plan)[0].values():
         local = (stacked_experts(module) or degree) // degree
         _split(module, mesh, local)
@@ -163,3 +150,12 @@ def _split(experts: nn.Module, mesh: Any, local: int) -> None:
         split = DTensor.from_local(own, mesh, [Shard(0)], run_check=False)
         setattr(experts, name, nn.Parameter(split, requires_grad=param.requires_grad))
     setattr(experts, SPLIT, True)
+
+
+def spec_problems(model: nn.Module, spec: Any) -> list[str]:
+    """Expert parallelism's checks of a run's model (runner.spec.mesh.DIMENSIONS): its
+    degree's, and a user's plan's even at 1."""
+    options = spec.parallelism
+    if spec.grid.expert == 1 and options.ep_plan is None:
+        return []
+    return expert_problems(model, spec.grid.expert, options.ep_plan)

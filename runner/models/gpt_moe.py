@@ -67,7 +67,7 @@ class GPTMoE(GPT):
                 aux_loss_weight=aux_loss_weight, z_loss_weight=z_loss_weight,
                 bias_update_speed=bias_update_speed, dropout=dropout,
             )  # fmt: skip
-            moe.layer_index, moe.layer_count = index, n_layer
+            moe.state.layer, moe.state.layers = index, n_layer
             return MoEBlock(n_embd, n_head, dropout, bias, moe)
 
         super().__init__(vocab_size, block_size, n_layer, n_head, n_embd, dropout, bias, block)
@@ -82,7 +82,7 @@ class GPTMoE(GPT):
             mask = torch.ones_like(input_ids) if mask is None else mask
             mask = torch.nn.functional.pad(mask, (0, pad))
         for block in self.blocks:  # padding counts in no expert's tokens, no balance loss
-            block.moe.token_mask = mask
+            block.moe.state.token_mask = mask
         return super().forward(input_ids, attention_mask)
 
     def flops_per_token(self) -> float:

@@ -22,7 +22,10 @@ shared experts that every token goes through).
   for choosing only, moved after each step by `bias_update_speed` toward the experts that
   got fewer than their share of the step's tokens (the counts of the whole global batch).
 - **Experts** are held stacked (`w1` [experts, n_embd, hidden], `w2` [experts, hidden,
-  n_embd]), so a rank can hold a slice of them. Their tokens are sorted by expert and run
+  n_embd]), so a rank can hold a slice of them, in one module that keeps transformers'
+  experts contract (hidden states, each token's top-k experts and their weights), so expert
+  parallelism splits runner's experts and a Hugging Face model's alike
+  (runner.models.expert_dispatch). Their tokens are sorted by expert and run
   through torch's grouped matrix product where torch has one for the device (CUDA from
   Hopper in bf16; the CPU in recent releases), else a loop over the experts. On a CPU the
   loop's per-expert pieces change size every step and fragment glibc's heap (gpt_moe_text's
@@ -36,13 +39,15 @@ shared experts that every token goes through).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runner.models.expert_exchange import exchange
+from runner.models.expert_dispatch import by_expert
 
 SCORES = ("softmax", "sigmoid")
 STAT_DROPPED, STAT_AUX, STAT_Z = 0, 1, 2  # after the n_experts counts in `stats`
@@ -82,11 +87,36 @@ def _unit_scale() -> float:
     return 1.0
 
 
+@dataclass
+class RoutingState:
+    """What a routing layer shares with the model around it and with the training loop
+    (runner.train.step.routing), in one place."""
+
+    layer: int = 0  # which of the model's MoE layers this is (its slot in the step's counts)
+    layers: int = 1  # of how many
+    # the gradient one sequence's balance losses get, read in the backward pass (the loop's)
+    penalty_scale: Callable[[], Any] = _unit_scale
+    # [batch, time]: which positions of the pass's batch are real (not padding), for the
+    # counts and the balance losses; set by the model before each forward pass
+    token_mask: torch.Tensor | None = None
+    # the training passes' counts since the last take (see the module text), on the device
+    stats: torch.Tensor | None = None
+
+    def add(self, counted: torch.Tensor) -> None:
+        self.stats = counted if self.stats is None else self.stats + counted
+
+    def take_stats(self) -> torch.Tensor | None:
+        """The counts since the last take (None: no training pass), and start anew."""
+        stats, self.stats = self.stats, None
+        return stats
+
+
 class Experts(nn.Module):
     """`n_experts` two-layer GELU MLPs (the gpt's MLP, narrower), stacked."""
 
     def __init__(self, n_experts: int, n_embd: int, hidden: int):
         super().__init__()
+        self.num_experts = n_experts
         self.w1 = nn.Parameter(torch.empty(n_experts, n_embd, hidden))
         self.w2 = nn.Parameter(torch.empty(n_experts, hidden, n_embd))
         self.reset_parameters()
@@ -98,10 +128,17 @@ class Experts(nn.Module):
         nn.init.normal_(self.w1, mean=0.0, std=0.02)
         nn.init.normal_(self.w2, mean=0.0, std=out_std)
 
-    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """`x`: tokens sorted by expert, `counts[e]` of them for expert e (the experts this
-        rank holds, in order: under expert parallelism the weights are DTensors split by
-        expert, and this rank computes with its own)."""
+    def forward(
+        self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        """Each token of `hidden` [tokens, n_embd] through its experts `top_k_index`
+        [tokens, k], weighted by `top_k_weights` [tokens, k] (transformers' contract)."""
+        sorted_ = by_expert(top_k_index, self.num_experts)
+        return sorted_.combine(self.compute(sorted_.tokens(hidden), sorted_.counts), top_k_weights)
+
+    def compute(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """`x`: tokens sorted by expert, `counts[e]` of them for expert e (under expert
+        parallelism, this rank's experts: their weights' local parts)."""
         w1, w2 = _local(self.w1), _local(self.w2)
         if _grouped(x, w1):
             offsets = counts.cumsum(0).to(torch.int32)
@@ -232,16 +269,7 @@ class MoE(nn.Module):
         # added to the scores for choosing experts only (bias_update_speed > 0); kept in the
         # state_dict either way, so a run can turn it on or off across a resume
         self.register_buffer("expert_bias", torch.zeros(n_experts))
-        self.layer_index, self.layer_count = 0, 1  # which of the model's MoE layers this is
-        # expert parallelism (runner.models.expert_split): the group of ranks that split the
-        # experts, `experts_per_rank` each in group order; None: this rank holds every one
-        self.expert_group: Any = None
-        self.experts_per_rank = n_experts
-        self.penalty_scale: Any = _unit_scale  # the trainer's (runner.train.step.routing)
-        self.stats: torch.Tensor | None = None  # the training passes' counts (see module doc)
-        # [batch, time]: which positions of the pass's batch are real (not padding), for the
-        # counts and the balance losses; set by the model before each forward pass
-        self.token_mask: torch.Tensor | None = None
+        self.state = RoutingState()  # what the model and the training loop share with it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, time, width = x.shape
@@ -254,26 +282,10 @@ class MoE(nn.Module):
         gates = scores.gather(1, chosen)
         if self.normalize_gates:
             gates = gates / gates.sum(-1, keepdim=True)
-        pairs = chosen.reshape(-1)  # token i's assignments are pairs i*top_k ... +top_k-1
-        order = pairs.argsort(stable=True)
-        counts = torch.zeros(self.n_experts, dtype=torch.long, device=pairs.device)
-        counts.index_add_(0, pairs, torch.ones_like(pairs))  # bincount, of a fixed shape
-        kept = self._kept(pairs, order, counts)
+        kept = self._kept(chosen)
         if kept is not None:
             gates = gates * kept.view_as(gates)
-        # each token once per assignment, sorted by expert: a permutation of repeats, whose
-        # backward sums each token's copies in a fixed order (no atomic adds)
-        sorted_in = tokens.repeat_interleave(self.top_k, dim=0)[order]
-        if self.expert_group is None:
-            sorted_out = self.experts(sorted_in, counts)
-        else:
-            sorted_out = exchange(
-                sorted_in, counts, self.expert_group, self.experts_per_rank, self.experts
-            )
-        by_pair = torch.empty_like(sorted_out)
-        by_pair[order] = sorted_out
-        weighted = by_pair.view(-1, self.top_k, width) * gates.unsqueeze(-1).to(by_pair.dtype)
-        out = weighted.sum(1)
+        out = self.experts(tokens, chosen, gates)
         if self.shared is not None:
             out = out + self.shared(tokens)
         out = self.dropout(out.view(batch, time, width))
@@ -286,18 +298,17 @@ class MoE(nn.Module):
         """Whether the layer adds a balance loss (the auxiliary loss, the z-loss)."""
         return bool(self.aux_loss_weight or self.z_loss_weight)
 
-    def _kept(
-        self, pairs: torch.Tensor, order: torch.Tensor, counts: torch.Tensor
-    ) -> torch.Tensor | None:
+    def _kept(self, chosen: torch.Tensor) -> torch.Tensor | None:
         """With a capacity: which assignments their expert takes (its first `capacity` in
         token order), else None."""
         if self.capacity_factor is None:
             return None
-        capacity = math.ceil(self.capacity_factor * pairs.numel() / self.n_experts)
-        starts = counts.cumsum(0) - counts
-        place = torch.empty_like(order)
-        place[order] = torch.arange(order.numel(), device=order.device)
-        return (place - starts[pairs]) < capacity
+        sorted_ = by_expert(chosen, self.n_experts)
+        capacity = math.ceil(self.capacity_factor * chosen.numel() / self.n_experts)
+        starts = sorted_.counts.cumsum(0) - sorted_.counts
+        place = torch.empty_like(sorted_.order)
+        place[sorted_.order] = torch.arange(chosen.numel(), device=chosen.device)
+        return (place - starts[chosen.reshape(-1)]) < capacity
 
     def _balanced(
         self,
@@ -329,24 +340,19 @@ class MoE(nn.Module):
             counted = torch.cat(
                 [routed, dropped[None], aux.detach()[None], z.detach()[None]]
             )  # fmt: skip
-            self.stats = counted if self.stats is None else self.stats + counted
+            self.state.add(counted)
         if self.balance_losses:
             penalty = self.aux_loss_weight * aux + self.z_loss_weight * z
-            out = _Attach.apply(out, penalty, self.penalty_scale)
+            out = _Attach.apply(out, penalty, self.state.penalty_scale)
         return out
 
     def _real(self, batch: int, time: int, device: torch.device) -> torch.Tensor:
         """1.0 where a position is a real token (the model's `token_mask`, where it is this
         pass's), else 0.0."""
-        mask = self.token_mask
+        mask = self.state.token_mask
         if mask is not None and tuple(mask.shape) == (batch, time):
             return mask.to(device, torch.float32)
         return torch.ones(batch, time, device=device)
-
-    def take_stats(self) -> torch.Tensor | None:
-        """The counts since the last take (None: no training pass), and start anew."""
-        stats, self.stats = self.stats, None
-        return stats
 
     @torch.no_grad()
     def update_bias(self, counts: torch.Tensor) -> None:

@@ -245,3 +245,22 @@ class StagedModel(nn.Module):
         attention keeps every real position from seeing it, so a real position's logits do
         not depend on the mask (a padded one's are ignored by the loss)."""
         return self.relay(self.stages, input_ids)
+
+
+def spec_problems(model: nn.Module, spec: Any) -> list[str]:
+    """Pipeline parallelism's checks of a run's model (runner.spec.mesh.DIMENSIONS): its
+    stages' cut, and compile's blocks (a stage never runs the whole forward)."""
+    from runner.models.blocks import find_blocks
+
+    if spec.grid.pipeline == 1:
+        return []
+    options = spec.parallelism
+    stages = spec.grid.pipeline * options.stages_each
+    found = stage_problems(model, stages, options.pipeline_split, options.pp_plan)
+    if spec.compile is not None and not find_blocks(model):
+        found.append(
+            f"compile: under parallelism.pipeline runner compiles the model's blocks one "
+            f"by one (a stage never runs the whole forward), and {type(model).__name__} "
+            "has none (a ModuleList of modules of one class); use compile=false"
+        )
+    return found

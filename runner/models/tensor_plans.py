@@ -56,23 +56,6 @@ def plan_problems(model: nn.Module, tensor: int, node: dict[str, Any] | None = N
     return family_of(model).tensor_problems(model, tensor)
 
 
-def expand_plan(model: nn.Module, plan: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    """The plan by module (or parameter) name, `*` standing for a layer number; and the
-    patterns that name nothing in the model."""
-    import re
-
-    names = [n for n, _ in model.named_modules() if n] + [n for n, _ in model.named_parameters()]
-    expanded: dict[str, str] = {}
-    unmatched = []
-    for pattern, style in plan.items():
-        regex = re.compile(re.escape(pattern).replace(r"\*", r"\d+"))
-        hits = [name for name in names if regex.fullmatch(name)]
-        if not hits:
-            unmatched.append(pattern)
-        expanded.update(dict.fromkeys(hits, style))
-    return expanded, unmatched
-
-
 def apply_plan(
     model: nn.Module, mesh: Any, node: dict[str, Any] | None = None, split_logits: bool = False
 ) -> None:
@@ -82,3 +65,10 @@ def apply_plan(
     if plan is None:
         raise ValueError(f"{type(model).__name__} has no tensor-parallel plan")
     plan(model, mesh)
+
+
+def spec_problems(model: nn.Module, spec: Any) -> list[str]:
+    """Tensor parallelism's checks of a run's model (runner.spec.mesh.DIMENSIONS)."""
+    if spec.grid.tensor == 1:
+        return []
+    return plan_problems(model, spec.grid.tensor, spec.parallelism.tp_plan)

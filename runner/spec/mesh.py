@@ -27,23 +27,46 @@ class Dimension:
     """One dimension of fsdp's mesh, declared once: its key (`parallelism.<name>`, and its
     name in the device mesh), its heading in docs/parallelism.md's table of what composes
     (generated from these, docs/hooks/composition_table.py), the dimensions it does not
-    compose with yet (refused before any rank starts), and how it composes with compile."""
+    compose with yet (refused before any rank starts), how it composes with compile, and
+    its checks of the run's model (`module:function`, fn(model, spec) -> problems, run by
+    preflight on the model built on the meta device; imported only then)."""
 
     name: str
     heading: str
     not_yet: tuple[str, ...] = ()
     compiles: str = "yes"
+    model_checks: str = ""
 
 
 # in the device mesh's order, outermost first (runner.engines.device_mesh)
+_CHECKS = "runner.models.{}:spec_problems"
 DIMENSIONS = (
-    Dimension(PIPELINE, "`pipeline`", compiles="yes (per block)"),
+    Dimension(
+        PIPELINE,
+        "`pipeline`",
+        compiles="yes (per block)",
+        model_checks=_CHECKS.format("pipeline_stages"),
+    ),
     Dimension(REPLICATE, "`replicate` (HSDP)"),
     Dimension(SHARD, "`shard` (fsdp)"),
-    Dimension(EXPERT, "`expert`", not_yet=(CONTEXT,)),
-    Dimension(CONTEXT, "`context`", not_yet=(PIPELINE,)),
-    Dimension(TENSOR, "`tensor`"),
+    Dimension(EXPERT, "`expert`", not_yet=(CONTEXT,), model_checks=_CHECKS.format("expert_split")),
+    Dimension(
+        CONTEXT, "`context`", not_yet=(PIPELINE,), model_checks=_CHECKS.format("context_split")
+    ),
+    Dimension(TENSOR, "`tensor`", model_checks=_CHECKS.format("tensor_plans")),
 )
+
+
+def dimension_problems(model: Any, spec: Any) -> list[str]:
+    """What each dimension's own checks find wrong with the run's model (see Dimension)."""
+    import importlib
+
+    found: list[str] = []
+    for dimension in DIMENSIONS:
+        if dimension.model_checks:
+            module, function = dimension.model_checks.split(":")
+            found += getattr(importlib.import_module(module), function)(model, spec)
+    return found
 
 
 def composes(one: str, other: str) -> bool:

@@ -111,6 +111,8 @@ class Family:
         experts (top_k x width)."""
         return dict(NO_EXPERTS)
 
+    experts_key: str | None = None  # its config's key of the experts per layer, for messages
+
     def expert_patterns(self, model: nn.Module) -> list[str]:
         """The names of its experts modules (patterns, `*` a layer number) that expert
         parallelism splits by their own forward (runner.models.expert_dispatch's contract),

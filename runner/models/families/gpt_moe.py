@@ -1,8 +1,9 @@
 """runner's gpt_moe (runner.models.gpt_moe) as a model family: the gpt's (families/gpt.py),
 with a mixture of experts in each block in place of its MLP. Its tensor plan leaves the
 experts whole (each rank of a tensor group routes the gathered sequence through whole
-experts); expert parallelism splits them (its MoE layers: runner.models.moe); its balance
-losses are means over whole sequences, which a context split would cut across ranks.
+experts); expert parallelism splits every layer's `moe.experts` by the dispatch a Hugging
+Face MoE's experts take (runner.models.expert_dispatch); its balance losses are means over
+whole sequences, which a context split would cut across ranks.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ class GptMoeFamily(GptFamily):
                 "balances without a loss), or parallelism.context=1"
             ]
         return []
+
+    experts_key = "model.n_experts"
+
+    def expert_patterns(self, model: nn.Module) -> list[str]:
+        return ["blocks.*.moe.experts"]
 
     def experts(self, model: nn.Module) -> dict[str, Any]:
         first = model.blocks[0].moe

@@ -178,7 +178,7 @@ def hugging_face_problems(model: nn.Module, tensor: int) -> list[str]:
     size divisible by the group."""
     import difflib
 
-    from runner.models.tensor_plans import expand_plan
+    from runner.models.module_names import expand_patterns
 
     key = f"parallelism.tensor={tensor}"
     if _hugging_face_styles() is None:
@@ -190,7 +190,7 @@ def hugging_face_problems(model: nn.Module, tensor: int) -> list[str]:
             f"{version('transformers')} does not have; upgrade transformers, or use "
             "parallelism.tensor=1"
         ]
-    expanded, unmatched = expand_plan(model, hugging_face_plan(model))
+    expanded, unmatched = expand_patterns(model, hugging_face_plan(model))
     modules = [n for n, _ in model.named_modules() if n]
     problems = []
     for pattern in unmatched:
@@ -225,10 +225,10 @@ def _hugging_face_styles() -> Any:
 
 def apply_hugging_face_plan(model: nn.Module, mesh: Any) -> None:
     """A transformers model split by its own plan, with transformers' own styles."""
-    from runner.models.tensor_plans import expand_plan
+    from runner.models.module_names import expand_patterns
 
     apply_tensor_parallelism = _hugging_face_styles()
-    expanded, _ = expand_plan(model, hugging_face_plan(model))
+    expanded, _ = expand_patterns(model, hugging_face_plan(model))
     modules = dict(model.named_modules())
     with_parameters: dict[str, str] = {}
     for name, style in expanded.items():  # a module's own parameters split first (its

@@ -31,7 +31,7 @@ class Routing:
         self.grid, self.engine = grid, engine
         first = self.layers[0] if self.layers else None
         self.experts = first.n_experts if first else 0
-        self.count = max((m.layer_count for m in self.layers), default=0)
+        self.count = max((m.state.layers for m in self.layers), default=0)
         self.width = self.experts + 3  # a layer's slots: its counts, dropped, aux, z
         self.balancing = any(m.bias_update_speed for m in self.layers)
         self.capacity = any(m.capacity_factor is not None for m in self.layers)
@@ -39,7 +39,7 @@ class Routing:
         self.sequences, self.logged = 0, False  # the step's
         self.sums: torch.Tensor | None = None  # the step's counts, once taken
         for layer in self.layers:
-            layer.penalty_scale = self.penalty_scale
+            layer.state.penalty_scale = self.penalty_scale
         self.stepping = False  # a training step's passes ran, its optimizer step not yet
         if self.balancing and engine.torch_optimizer is not None:  # as float8's scales are
             engine.torch_optimizer.register_step_post_hook(lambda *_: self.after_step())
@@ -57,7 +57,7 @@ class Routing:
         self.sequences, self.logged, self.sums = sequences, logged, None
         self.stepping = True
         for layer in self.layers:
-            layer.take_stats()
+            layer.state.take_stats()
 
     def after_step(self) -> None:
         """Bias balancing: every rank moves each layer's bias by the step's global counts.
@@ -74,7 +74,7 @@ class Routing:
             dist.all_reduce(total)
         counts = total.view(self.count, self.width)[:, : self.experts]
         for layer in self.layers:
-            layer.update_bias(counts[layer.layer_index])
+            layer.update_bias(counts[layer.state.layer])
 
     def record(self) -> tuple[torch.Tensor, Callable[[list[float]], dict[str, float]]] | None:
         """On a logged step, this rank's counts for its record, and what makes the record's
@@ -90,9 +90,9 @@ class Routing:
             device = next(iter(self.layers[0].parameters())).device
             stats = torch.zeros(self.count, self.width, device=device)
             for layer in self.layers:
-                taken = layer.take_stats()
+                taken = layer.state.take_stats()
                 if taken is not None:
-                    stats[layer.layer_index] += taken.to(device)
+                    stats[layer.state.layer] += taken.to(device)
             # each rank of a tensor group routes the same tokens: one group's worth in the sum
             self.sums = stats.flatten() / self.grid.tensor
         return self.sums
