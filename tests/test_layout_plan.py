@@ -86,6 +86,13 @@ def test_the_candidates_divide_the_ranks_the_heads_and_the_batch() -> None:
         nproc=2, nodes=1, global_batch=8, blocks=2, heads=2, sequence=4096, splits=SPLITS
     )
     assert any(c.context == 2 for c in long)
+    tensor_only = candidates(
+        nproc=2, nodes=1, global_batch=8, blocks=2, heads=2, sequence=4096, splits=("tensor",)
+    )  # a model with a tensor plan and no pipeline cut or sequence hook: tensor candidates
+    assert {(c.tensor, c.pipeline, c.context) for c in tensor_only if c.engine == "fsdp"} == {
+        (1, 1, 1),
+        (2, 1, 1),
+    }
     moe = candidates(
         nproc=4, nodes=1, global_batch=16, blocks=4, heads=4, sequence=128,
         splits=(*SPLITS, "expert"), experts=6,

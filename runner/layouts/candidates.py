@@ -118,7 +118,8 @@ def _model_splits(
     compose (runner.spec.mesh.DIMENSIONS)."""
     tensors = [t for t in divisors(nproc) if heads is None or heads % t == 0]
     tensors = tensors if "tensor" in splits else [1]
-    pipelines = [p for p in divisors(world) if p <= max(1, blocks) and "pipeline" in splits]
+    pipelines = [p for p in divisors(world) if p <= max(1, blocks)]
+    pipelines = pipelines if "pipeline" in splits else [1]
     long = sequence and sequence >= LONG_SEQUENCE and "context" in splits
     contexts = divisors(nproc) if long else [1]
     meshes = []
