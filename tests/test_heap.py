@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from runner.train.build.heap import maps_large_blocks_alone
+from runner.train.build.heap import EXCHANGED_BLOCK, LARGE_BLOCK, large_block
 from tests.helpers.cli import HANG, child_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
@@ -51,11 +51,14 @@ def test_freed_holes_in_the_heap_are_given_back() -> None:
 
 def test_only_a_cpu_rank_of_fsdp_or_zero_left_to_glibc_maps_large_blocks_alone() -> None:
     for parallelism in ("fsdp", "zero1", "zero2", "zero3"):
-        assert maps_large_blocks_alone(parallelism, "cpu", {})
-    assert not maps_large_blocks_alone("fsdp", "cuda:0", {})  # its blocks are device memory
-    assert not maps_large_blocks_alone("ddp", "cpu", {})  # holds the whole model anyway
-    assert not maps_large_blocks_alone("zero2", "cuda:1", {})
-    assert not maps_large_blocks_alone("fsdp", "cpu", {"MALLOC_MMAP_THRESHOLD_": "0"})  # yours
+        assert large_block(parallelism, "cpu", {}) == LARGE_BLOCK
+    # tokens exchanged with the ranks of their experts: buffers that change size every pass
+    assert large_block("fsdp", "cpu", {}, exchanges_tokens=True) == EXCHANGED_BLOCK
+    assert large_block("fsdp", "cuda:0", {}) is None  # its blocks are device memory
+    assert large_block("fsdp", "cuda:0", {}, exchanges_tokens=True) is None
+    assert large_block("ddp", "cpu", {}) is None  # holds the whole model anyway
+    assert large_block("zero2", "cuda:1", {}) is None
+    assert large_block("fsdp", "cpu", {"MALLOC_MMAP_THRESHOLD_": "0"}) is None  # yours
 
 
 FREED_BLOCKS = """

@@ -111,25 +111,21 @@ def run(run_dir: RunDir, terminal: TextIO | None, heart: Heartbeat) -> None:
     from runner import dist as rdist
     from runner.spec import load_spec
     from runner.spec.config_file import written_config
-    from runner.train.build.heap import (
-        LARGE_BLOCK,
-        MMAP_THRESHOLD_ENV,
-        map_large_blocks_alone,
-        maps_large_blocks_alone,
-    )
+    from runner.train.build.heap import MMAP_THRESHOLD_ENV, large_block, map_large_blocks_alone
     from runner.train.trainer import Trainer
 
     node_dir = os.environ.get("RUNNER_NODE_DIR", run_dir.root)
     spec = load_spec(node_dir)  # this node's config
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     device = rdist.device_for(spec.device, rdist.get_local_rank())
-    lean = maps_large_blocks_alone(spec.parallelism.name, device, os.environ)
-    if lean and map_large_blocks_alone():  # before the model: its gathered blocks come and go
+    size = large_block(spec.parallelism.name, device, os.environ, spec.grid.expert > 1)
+    if size and map_large_blocks_alone(size):  # before the model: its blocks come and go
         log.info(
-            "heap: blocks of 1 MB or more are mapped on their own and go back to the system "
+            "heap: blocks of %d KB or more are mapped on their own and go back to the system "
             "when freed (as with %s=%d; set it to choose another)",
+            size // 1024,
             MMAP_THRESHOLD_ENV,
-            LARGE_BLOCK,
+            size,
         )
     if device.startswith("cuda"):
         torch.cuda.set_device(device)

@@ -42,13 +42,18 @@ def give_back_freed_memory() -> bool:
 
 MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"  # glibc's own variable; a set one is the user's
 LARGE_BLOCK = 1 << 20
+EXCHANGED_BLOCK = 1 << 18
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
-def maps_large_blocks_alone(parallelism: str, device: str, environ: Mapping[str, str]) -> bool:
-    """Whether a rank maps every block of LARGE_BLOCK bytes or more on its own: a CPU rank
-    of an engine that allocates and frees large blocks on every step (fsdp, zero1/2/3),
-    where the user did not set MALLOC_MMAP_THRESHOLD_.
+def large_block(
+    parallelism: str, device: str, environ: Mapping[str, str], exchanges_tokens: bool = False
+) -> int | None:
+    """The size from which a rank maps every block on its own (glibc's mmap threshold), or
+    None where glibc is left as it runs: a CPU rank of an engine that allocates and frees
+    large blocks on every step (fsdp, zero1/2/3), where the user did not set
+    MALLOC_MMAP_THRESHOLD_. LARGE_BLOCK; EXCHANGED_BLOCK where the rank sends tokens to the
+    ranks of its experts and back (expert parallelism).
 
     A sharded rank (fsdp, zero3) gathers each block's whole weights for its forward and
     backward passes and frees them after; DeepSpeed's zero1 and zero2 build their gradient
@@ -57,22 +62,29 @@ def maps_large_blocks_alone(parallelism: str, device: str, environ: Mapping[str,
     blocks of other sizes fit its holes badly: a 24x1024 gpt under fsdp at nproc=4 held
     1.3x the whole model per rank after one step, against 0.1x with the threshold at 1 MB;
     a 4x384 gpt under zero2 grew from some 300 MB above its base after 4 steps to 500-600
-    MB after 24, and holds 185 MB from the first step to the last at 1 MB. A block mapped
-    alone goes back to the system when freed; the price is its page faults (not measurable
-    against a step at that size), which a GPU rank does not pay (its blocks are device
-    memory). ddp holds the same tensors step after step, and is left as glibc runs it."""
+    MB after 24, and holds 185 MB from the first step to the last at 1 MB. Under expert
+    parallelism the exchanged tokens' buffers (a few hundred KB each) change size every
+    pass, and holes below 1 MB grew too: gpt_moe_text under fsdp expert=2 at nproc=2 held
+    140-180 MB above its base after 12 steps, growing, and 45-47 MB from the first step to
+    the last at 256 KB (its step 0.19 s against 0.15 s: the fresh pages' faults). A block
+    mapped alone goes back to the system when freed; the price is its page faults (not
+    measurable against a step at 1 MB), which a GPU rank does not pay (its blocks are
+    device memory). ddp holds the same tensors step after step, and is left as glibc runs
+    it."""
     frees_large_blocks = parallelism in ("fsdp", "zero1", "zero2", "zero3")
-    return frees_large_blocks and device == "cpu" and MMAP_THRESHOLD_ENV not in environ
+    if not (frees_large_blocks and device == "cpu") or MMAP_THRESHOLD_ENV in environ:
+        return None
+    return EXCHANGED_BLOCK if exchanges_tokens else LARGE_BLOCK
 
 
-def map_large_blocks_alone() -> bool:
-    """Set glibc's mmap threshold to LARGE_BLOCK for what this process allocates from now
-    on, as MALLOC_MMAP_THRESHOLD_=1048576 would have at its start; False where the C
-    library has no mallopt."""
+def map_large_blocks_alone(size: int = LARGE_BLOCK) -> bool:
+    """Set glibc's mmap threshold to `size` for what this process allocates from now on, as
+    MALLOC_MMAP_THRESHOLD_=size would have at its start; False where the C library has no
+    mallopt."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, LARGE_BLOCK))
+    return bool(mallopt(_M_MMAP_THRESHOLD, size))
