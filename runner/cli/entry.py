@@ -10,6 +10,8 @@ from __future__ import annotations
 import signal
 import sys
 
+from runner.cli.interrupts import interrupted, taken
+
 
 class _Stopped(BaseException):
     """SIGTERM or SIGHUP while no agent runs to take it (run_agent relays it to one)."""
@@ -23,7 +25,6 @@ def _stopped(signum: int, _frame: object) -> None:
     raise _Stopped(signum)
 
 
-_interrupts: list[int] = []  # SIGINTs taken while no agent ran
 _command: list[str] = []  # the subcommand typed (Hydra's arguments replace sys.argv)
 
 
@@ -32,8 +33,8 @@ def _interrupted(signum: int, _frame: object) -> None:
     own, a user types it again) while the first unwinds is the same request, ignored, where
     it had broken the unwinding into a traceback (an atexit handler, Hydra's); a third
     interrupts again."""
-    _interrupts.append(signum)
-    if len(_interrupts) != 2:  # a third: the user insists
+    taken.append(signum)
+    if len(taken) != 2:  # a third: the user insists
         raise KeyboardInterrupt
 
 
@@ -48,7 +49,7 @@ def main() -> None:
     except (KeyboardInterrupt, _Stopped) as stop:  # one line, no traceback
         _say_interrupted(stop.signum if isinstance(stop, _Stopped) else signal.SIGINT)
     except Exception:
-        if not _interrupts:
+        if not interrupted():
             raise
         # a library's code that Ctrl-C cut short in a bad place (a context manager's exit)
         # raised its own error instead: still the interruption

@@ -233,6 +233,10 @@ def plan_task(cfg: DictConfig) -> None:
     try:
         plan = make_plan(cfg, conf_dir(), None)
     except SpecError as err:
+        from runner.cli.interrupts import interrupted
+
+        if interrupted():  # a refusal after Ctrl-C: the interruption cut the plan short
+            raise KeyboardInterrupt from None
         if _Request.as_json and isinstance(err, NoneFits):  # every candidate, none fitting
             with contextlib.suppress(BrokenPipeError):
                 print(json.dumps(err.plan, indent=2), flush=True)

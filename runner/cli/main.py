@@ -116,7 +116,12 @@ def _run(cfg: DictConfig) -> float | None:
             start_time = time.time()  # the trials' time is theirs, not the run's
         spec, secrets = resolve_cfg(cfg, run_dir.root, requeued)
     except SpecError as err:
-        return _never_started(err.problems, cfg, run_dir, hydra_cfg, start_time)
+        from runner.cli.interrupts import interrupted
+
+        if not interrupted():  # else a refusal that the interruption caused: it is that
+            return _never_started(err.problems, cfg, run_dir, hydra_cfg, start_time)
+        discard(run_dir.root, frozenset({".hydra", TRIALS_DIR}))
+        raise KeyboardInterrupt from None
     except BaseException:  # interrupted while it planned: a directory with nothing of a run
         discard(run_dir.root, frozenset({".hydra", TRIALS_DIR}))  # (its trials at most) goes
         raise
@@ -292,6 +297,10 @@ def main() -> None:
     except HydraException as exc:
         if user_wants_hydra_errors:
             raise
+        from runner.cli.interrupts import interrupted
+
+        if interrupted():  # Ctrl-C cut Hydra's code short, which raised its own error
+            raise KeyboardInterrupt from None
         print(problems_text(composition_problems(exc, sys.argv[1:], conf_dir())), file=sys.stderr)
         if SweepTable.sweep_dir is not None:  # a sweep whose jobs could not be composed
             discard(SweepTable.sweep_dir, frozenset({"multirun.yaml"}))

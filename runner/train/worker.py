@@ -121,9 +121,9 @@ def run(run_dir: RunDir, terminal: TextIO | None, heart: Heartbeat) -> None:
     size = large_block(spec.parallelism.name, device, os.environ, spec.grid.expert > 1)
     if size and map_large_blocks_alone(size):  # before the model: its blocks come and go
         log.info(
-            "heap: blocks of %d KB or more are mapped on their own and go back to the system "
+            "heap: blocks of %s or more are mapped on their own and go back to the system "
             "when freed (as with %s=%d; set it to choose another)",
-            size // 1024,
+            f"{size >> 20} MB" if size >= 1 << 20 else f"{size >> 10} KB",
             MMAP_THRESHOLD_ENV,
             size,
         )
