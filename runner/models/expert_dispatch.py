@@ -30,8 +30,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner.models.expert_exchange import exchange
-
 SPLIT = "_runner_expert_split"  # set on an experts module once its experts are split
 DISPATCHED = "ep_dispatch_experts"  # transformers' style for an experts module
 
@@ -111,6 +109,8 @@ def _dispatched(
     *args: Any,
     **kwargs: Any,
 ) -> torch.Tensor:
+    from runner.models.expert_exchange import exchange  # torch._dynamo's import: 1 s
+
     sorted_ = by_expert(top_k_index, per_rank * group.size())
 
     def compute(arrived: torch.Tensor, local_counts: torch.Tensor) -> torch.Tensor:
