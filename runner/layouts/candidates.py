@@ -1,26 +1,26 @@
 """The layouts a plan weighs: each a set of ordinary config keys a user could have given.
 
-A candidate is an engine (ddp, zero1, zero2, zero3, fsdp), fsdp's mesh (replicate, tensor,
-pipeline, context, expert), an activation-checkpointing mode and grad_accum. `candidates`
-lists every one that could apply to the run, before any check: for the splits the model
-has plans of its own for, the tensor degrees that divide a node's ranks and the model's
-heads, the pipeline degrees that divide the world and leave a block per stage, context
-where sequences are long, and the expert degrees that divide the shard ranks and the
-experts; HSDP where there are several nodes; and every grad_accum that divides a data
-rank's share of the batch. The spec's own checks then
-say which are valid (runner.layouts.planner).
+A candidate is an engine (ddp, zero1, zero2, zero3, fsdp), fsdp's mesh (replicate and the
+model splits: pipeline, expert, context, tensor), an activation-checkpointing mode and
+grad_accum. `candidates` lists every one that could apply to the run: each split the model
+offers at the degrees its dimension declares (runner.spec.mesh.DIMENSIONS: a block per
+pipeline stage at least, experts shared out evenly, context where sequences are long,
+tensor within a node and dividing the heads), together where the mesh arithmetic holds
+and they compose (`degree_problems`, the check a hand-written layout meets); HSDP where
+there are several nodes; and every grad_accum that divides a data rank's share of the
+batch. The spec's own checks then say which are valid (runner.layouts.planner).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from runner.spec.mesh import all_compose
+from runner.spec.mesh import SPLITS, Reach, degree_problems, divisors
 
 ENGINES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
-LONG_SEQUENCE = 2048  # tokens per sample from which context parallelism is weighed
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,6 @@ class Candidate:
         return " ".join(parts)
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def candidates(
     *,
     nproc: int,
@@ -85,16 +81,15 @@ def candidates(
     experts: int = 0,
 ) -> list[Candidate]:
     """Every layout weighed for `nodes` x `nproc` ranks. `blocks`: the model's repeated
-    blocks (0: none to checkpoint or cut into stages); `splits`: the splits the model has
-    plans for (tensor, pipeline, context, expert); `experts`: experts per MoE layer."""
+    blocks (0: none to checkpoint or cut into stages); `splits`: the dimensions the model
+    offers (runner.spec.mesh.offered_splits); `experts`: experts per MoE layer."""
     world = nproc * nodes
     modes = ("none", "full", "selective") if blocks else ("none",)
     meshes: list[dict[str, Any]] = [{"engine": engine} for engine in ENGINES]
     if nodes > 1:  # fsdp's default is a copy per node (HSDP); sharding over every rank too
         meshes.append({"engine": "fsdp", "replicate": 1})
-    meshes += _model_splits(nproc, world, blocks, heads, sequence, splits)
-    if "expert" in splits:
-        meshes += _expert_splits(meshes, world, nodes, experts)
+    reach = Reach(nproc, world, blocks, heads, sequence, experts)
+    meshes += _split_meshes(reach, nodes, splits)
     found = []
     for mesh in meshes:
         split = mesh.get("tensor", 1) * mesh.get("pipeline", 1) * mesh.get("context", 1)
@@ -105,49 +100,19 @@ def candidates(
     return found
 
 
-def _model_splits(
-    nproc: int,
-    world: int,
-    blocks: int,
-    heads: int | None,
-    sequence: int | None,
-    splits: Collection[str],
-) -> list[dict[str, Any]]:
-    """fsdp meshes that split the model: tensor within a node (dividing the heads), pipeline
-    (a block per stage at least), context (long sequences), alone and together where they
-    compose (runner.spec.mesh.DIMENSIONS)."""
-    tensors = [t for t in divisors(nproc) if heads is None or heads % t == 0]
-    tensors = tensors if "tensor" in splits else [1]
-    pipelines = [p for p in divisors(world) if p <= max(1, blocks)]
-    pipelines = pipelines if "pipeline" in splits else [1]
-    long = sequence and sequence >= LONG_SEQUENCE and "context" in splits
-    contexts = divisors(nproc) if long else [1]
+def _split_meshes(reach: Reach, nodes: int, splits: Collection[str]) -> list[dict[str, Any]]:
+    """fsdp meshes that split the model: each offered dimension's degrees, alone and
+    together, where the grid holds (a copy per node, or one over every rank)."""
+    weighed = [d for d in SPLITS if d.name in splits and d.degrees is not None]
+    names = [d.name for d in weighed]
+    degrees = [d.degrees(reach) for d in weighed]
+    ones = dict.fromkeys((d.name for d in SPLITS), 1)
     meshes = []
-    for tensor in tensors:
-        for pipeline in pipelines:
-            for context in contexts:
-                split = tensor * pipeline * context
-                sizes = {"tensor": tensor, "pipeline": pipeline, "context": context}
-                if split == 1 or world % split or not all_compose(sizes):
-                    continue
-                mesh = {"engine": "fsdp", "tensor": tensor, "pipeline": pipeline}
-                meshes.append({**mesh, "context": context})
+    for replicate in dict.fromkeys((nodes, 1)):  # fsdp's default copies, then sharded across
+        for combination in itertools.product(*degrees):
+            sizes = ones | dict(zip(names, combination, strict=True))
+            holds = not degree_problems(reach.world, reach.nproc, replicate, sizes)
+            if holds and max(sizes.values()) > 1:
+                mesh = {"engine": "fsdp", **{k: v for k, v in sizes.items() if v > 1}}
+                meshes.append(mesh if replicate == nodes else {**mesh, "replicate": 1})
     return meshes
-
-
-def _expert_splits(
-    meshes: list[dict[str, Any]], world: int, nodes: int, experts: int
-) -> list[dict[str, Any]]:
-    """Each fsdp mesh (of dimensions that compose with experts) with every expert degree
-    above 1 that divides its shard ranks and the experts per layer."""
-    found = []
-    for mesh in meshes:
-        sizes = {k: v for k, v in mesh.items() if k != "engine" and isinstance(v, int)}
-        if mesh["engine"] != "fsdp" or not all_compose({**sizes, "expert": 2}):
-            continue
-        split = mesh.get("tensor", 1) * mesh.get("pipeline", 1)
-        shard = world // split // (mesh.get("replicate") or nodes)
-        for expert in divisors(shard)[1:]:
-            if experts % expert == 0:
-                found.append({**mesh, "expert": expert})
-    return found

@@ -29,12 +29,12 @@ from runner.errors import describe
 from runner.hardware import cpu_cores, peak_tflops, threads_per_rank
 from runner.layouts.forked import forked_map
 from runner.layouts.live_bytes import LiveBytes
-from runner.layouts.model_splits import model_splits
 from runner.models.blocks import apply_activation_checkpointing, find_blocks
 from runner.models.builders import build_model
 from runner.models.families import family_of
 from runner.models.families.family import NO_EXPERTS
 from runner.spec import RunSpec
+from runner.spec.mesh import offered_splits
 from runner.train.step.batch_parts import logits_of, split
 
 MODES = ("none", "full", "selective")
@@ -119,7 +119,7 @@ def measure(
         half_passes=half_passes,
         traced_on=trace_on,
         untraceable=untraceable,
-        splits=model_splits(model),
+        splits=offered_splits(model),
         experts=family_of(model).experts(model),
     )
 

@@ -185,6 +185,11 @@ def context_problems(model: nn.Module, context: int) -> list[str]:
     return family_of(model).context_problems(model, context)
 
 
+def offered(model: nn.Module) -> bool:
+    """Whether `model` can have its sequence split (runner.spec.mesh.DIMENSIONS)."""
+    return not context_problems(model, 2)
+
+
 def spec_problems(model: nn.Module, spec: Any) -> list[str]:
     """Context parallelism's checks of a run's model (runner.spec.mesh.DIMENSIONS)."""
     return context_problems(model, spec.grid.context) if spec.grid.context > 1 else []

@@ -152,6 +152,13 @@ def _split(experts: nn.Module, mesh: Any, local: int) -> None:
     setattr(experts, SPLIT, True)
 
 
+def offered(model: nn.Module) -> bool:
+    """Whether `model` has experts to split (runner.spec.mesh.DIMENSIONS)."""
+    from runner.models.families import family_of
+
+    return family_of(model).experts(model)["count"] > 0
+
+
 def spec_problems(model: nn.Module, spec: Any) -> list[str]:
     """Expert parallelism's checks of a run's model (runner.spec.mesh.DIMENSIONS): its
     degree's, and a user's plan's even at 1."""

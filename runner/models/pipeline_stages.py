@@ -247,6 +247,11 @@ class StagedModel(nn.Module):
         return self.relay(self.stages, input_ids)
 
 
+def offered(model: nn.Module) -> bool:
+    """Whether `model`'s family has a pipeline cut that fits it (runner.spec.mesh.DIMENSIONS)."""
+    return cut_of(model) is not None
+
+
 def spec_problems(model: nn.Module, spec: Any) -> list[str]:
     """Pipeline parallelism's checks of a run's model (runner.spec.mesh.DIMENSIONS): its
     stages' cut, and compile's blocks (a stage never runs the whole forward)."""

@@ -67,6 +67,11 @@ def apply_plan(
     plan(model, mesh)
 
 
+def offered(model: nn.Module) -> bool:
+    """Whether `model`'s family has a tensor plan (runner.spec.mesh.DIMENSIONS)."""
+    return plan_for(model) is not None
+
+
 def spec_problems(model: nn.Module, spec: Any) -> list[str]:
     """Tensor parallelism's checks of a run's model (runner.spec.mesh.DIMENSIONS)."""
     if spec.grid.tensor == 1:

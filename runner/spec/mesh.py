@@ -13,6 +13,7 @@ data rank (ddp, ZeRO, FSDP: shard; HSDP: replicate x shard).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,51 +23,110 @@ SHARD_EXPERT = "shard_expert"  # the two as one: what the layers other than expe
 SHARD_CONTEXT = "shard_context"  # FSDP shards over both: context ranks hold parts of one batch
 
 
+LONG_SEQUENCE = 2048  # tokens per sample from which a plan weighs context parallelism
+
+
+@dataclass(frozen=True)
+class Reach:
+    """What bounds a dimension's degrees in a plan: the ranks, and the model's shape as the
+    plan measured it (runner.layouts.model_facts)."""
+
+    nproc: int  # ranks of a node
+    world: int  # ranks of the run
+    blocks: int = 0  # repeated blocks (a pipeline stage holds one at least)
+    heads: int | None = None  # attention heads, where the model says
+    sequence: int | None = None  # tokens a sample
+    experts: int = 0  # experts of each mixture-of-experts layer
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 @dataclass(frozen=True)
 class Dimension:
     """One dimension of fsdp's mesh, declared once: its key (`parallelism.<name>`, and its
     name in the device mesh), its heading in docs/parallelism.md's table of what composes
     (generated from these, docs/hooks/composition_table.py), the dimensions it does not
-    compose with yet (refused before any rank starts), how it composes with compile, and
-    its checks of the run's model (`module:function`, fn(model, spec) -> problems, run by
-    preflight on the model built on the meta device; imported only then)."""
+    compose with yet (refused before any rank starts), how it composes with compile, the
+    room that splits a model by it, and the degrees a plan weighs for it.
+
+    A dimension's room (a module of runner.models, imported only where a model is at hand)
+    answers `spec_problems(model, spec)`: what a run of `spec` finds wrong with the model
+    (preflight, on the model built on the meta device), and `offered(model)`: whether the
+    model has a plan of its own for this split (a plan weighs the dimension's degrees only
+    then); its `apply_*` function splits the model (runner.train.build.parallelize).
+    `degrees(reach)`: the degrees a plan weighs (1 among them), before the mesh arithmetic
+    (`degree_problems`) and the spec's checks say which layouts hold."""
 
     name: str
     heading: str
     not_yet: tuple[str, ...] = ()
     compiles: str = "yes"
-    model_checks: str = ""
+    room: str = ""
+    degrees: Callable[[Reach], list[int]] | None = None
+
+    def answers(self, question: str) -> Callable[..., Any]:
+        """The room's function `question` (spec_problems, offered)."""
+        import importlib
+
+        return getattr(importlib.import_module(self.room), question)
+
+
+def _stage_degrees(reach: Reach) -> list[int]:  # a block per stage at least
+    return [p for p in divisors(reach.world) if p <= max(1, reach.blocks)]
+
+
+def _expert_degrees(reach: Reach) -> list[int]:  # groups that share the experts out evenly
+    return [e for e in divisors(reach.world) if reach.experts % e == 0]
+
+
+def _sequence_degrees(reach: Reach) -> list[int]:  # long sequences, split within a node
+    return divisors(reach.nproc) if (reach.sequence or 0) >= LONG_SEQUENCE else [1]
+
+
+def _tensor_degrees(reach: Reach) -> list[int]:  # within a node, dividing the heads
+    return [t for t in divisors(reach.nproc) if reach.heads is None or reach.heads % t == 0]
 
 
 # in the device mesh's order, outermost first (runner.engines.device_mesh)
-_CHECKS = "runner.models.{}:spec_problems"
 DIMENSIONS = (
     Dimension(
         PIPELINE,
         "`pipeline`",
         compiles="yes (per block)",
-        model_checks=_CHECKS.format("pipeline_stages"),
+        room="runner.models.pipeline_stages",
+        degrees=_stage_degrees,
     ),
     Dimension(REPLICATE, "`replicate` (HSDP)"),
     Dimension(SHARD, "`shard` (fsdp)"),
-    Dimension(EXPERT, "`expert`", not_yet=(CONTEXT,), model_checks=_CHECKS.format("expert_split")),
     Dimension(
-        CONTEXT, "`context`", not_yet=(PIPELINE,), model_checks=_CHECKS.format("context_split")
+        EXPERT,
+        "`expert`",
+        not_yet=(CONTEXT,),
+        room="runner.models.expert_split",
+        degrees=_expert_degrees,
     ),
-    Dimension(TENSOR, "`tensor`", model_checks=_CHECKS.format("tensor_plans")),
+    Dimension(
+        CONTEXT,
+        "`context`",
+        not_yet=(PIPELINE,),
+        room="runner.models.context_split",
+        degrees=_sequence_degrees,
+    ),
+    Dimension(TENSOR, "`tensor`", room="runner.models.tensor_plans", degrees=_tensor_degrees),
 )
+SPLITS = tuple(d for d in DIMENSIONS if d.room)  # the dimensions that split the model
 
 
 def dimension_problems(model: Any, spec: Any) -> list[str]:
-    """What each dimension's own checks find wrong with the run's model (see Dimension)."""
-    import importlib
+    """What each dimension's room finds wrong with the run's model (see Dimension)."""
+    return [p for d in SPLITS for p in d.answers("spec_problems")(model, spec)]
 
-    found: list[str] = []
-    for dimension in DIMENSIONS:
-        if dimension.model_checks:
-            module, function = dimension.model_checks.split(":")
-            found += getattr(importlib.import_module(module), function)(model, spec)
-    return found
+
+def offered_splits(model: Any) -> list[str]:
+    """The dimensions `model` has plans of its own for (see Dimension)."""
+    return [d.name for d in SPLITS if d.answers("offered")(model)]
 
 
 def composes(one: str, other: str) -> bool:
@@ -198,15 +258,23 @@ def layout(spec: Any, world: int | None = None) -> Layout:
 
 
 def layout_problems(spec: Any) -> list[str]:
-    """What is wrong with the grid of a resolved `spec` (fsdp's replicate set): its degrees
-    against the world size and a node's ranks, each problem naming its key and what is
-    valid, and the dimensions that do not compose yet. The one place the mesh arithmetic is
-    checked; `layout` then holds."""
-    options, world, nproc = spec.parallelism, spec.world_size, spec.nproc
-    replicate, tensor = options.replicas, options.tensor
-    pipeline = options.pipeline * options.context  # the dimensions beside replicate x shard
+    """What is wrong with the grid of a resolved `spec` (fsdp's replicate set); see
+    degree_problems."""
+    options = spec.parallelism
+    degrees = {d.name: getattr(options, d.name) for d in SPLITS}
+    return degree_problems(spec.world_size, spec.nproc, options.replicas, degrees)
+
+
+def degree_problems(world: int, nproc: int, replicate: int, degrees: dict[str, int]) -> list[str]:
+    """What is wrong with a grid of `world` ranks, `nproc` a node, `replicate` copies and the
+    model splits' `degrees` (by dimension name): its degrees against the world size and a
+    node's ranks, each problem naming its key and what is valid, and the dimensions that do
+    not compose yet. The one place the mesh arithmetic is checked (a run's spec, a plan's
+    candidates); `layout` then holds."""
+    tensor, expert = degrees[TENSOR], degrees[EXPERT]
+    pipeline = degrees[PIPELINE] * degrees[CONTEXT]  # the dimensions beside replicate x shard
     if world % pipeline:
-        groups = {"pipeline": options.pipeline, "context": options.context}
+        groups = {"pipeline": degrees[PIPELINE], "context": degrees[CONTEXT]}
         given = " x ".join(f"parallelism.{k}={v}" for k, v in groups.items() if v > 1)
         return [
             f"{given}: groups of equal size must divide the world size nproc x nodes = "
@@ -229,7 +297,8 @@ def layout_problems(spec: Any) -> list[str]:
             f"parallelism.replicate={replicate}: must divide the world size nproc x nodes "
             f"= {world}; valid: {_divisors(rest)}"
         ]
-    grid = layout(spec)
+    shard = world // (pipeline * replicate * tensor)
+    grid = Layout(replicate, shard, tensor, degrees[PIPELINE], degrees[CONTEXT], expert)
     if grid.shard % grid.expert:
         return [
             f"parallelism.expert={grid.expert}: must divide the shard ranks ({grid.shard} = "
@@ -240,4 +309,4 @@ def layout_problems(spec: Any) -> list[str]:
 
 
 def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+    return ", ".join(str(d) for d in divisors(n))
