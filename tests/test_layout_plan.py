@@ -507,6 +507,42 @@ def test_the_predicted_peak_is_within_15_percent_of_the_measured(
     assert row["predicted"]["peak_bytes"] == pytest.approx(used, rel=0.15), (layout, used)
 
 
+def test_what_a_tensor_plan_leaves_whole_is_traced_apart_and_not_split() -> None:
+    """gpt_moe's tensor plan runs whole experts on the gathered sequence on each rank of a
+    tensor group: the trace counts what the experts make apart (the share at the peak), and
+    tensor parallelism splits only the rest (a 4x384 gpt_moe's fsdp tp2 rank had measured
+    280 MiB against 219 predicted, every activation halved)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from runner.layouts.live_bytes import LiveBytes
+    from runner.layouts.memory import Ranks, activation_bytes
+    from runner.models.gpt import GPT
+    from runner.models.gpt_moe import GPTMoE
+
+    shares = {}
+    for name, build in (("gpt", GPT), ("gpt_moe", GPTMoE)):
+        with FakeTensorMode():
+            model = build(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32)
+            tokens = torch.zeros(4, 32, dtype=torch.long)
+            live = LiveBytes()
+            for module in [b.moe.experts for b in model.blocks] if name == "gpt_moe" else []:
+                live.within(module)
+            with live:
+                logits = model(tokens)
+                logits = logits[0] if isinstance(logits, tuple) else logits
+                logits.float().sum().backward()
+        shares[name] = live.peak_inside / live.peak
+    assert shares["gpt"] == 0 and 0.2 < shares["gpt_moe"] < 0.9, shares
+
+    whole = 0.4
+    facts = {"passes": {"none": {"base": 0.0, "per_sample": 1000.0, "whole": whole}}}
+    ranks = Ranks(4, 8, {}, "cpu", "fp32")
+    one = activation_bytes(facts, Candidate("fsdp"), ranks)  # 2 samples a rank
+    tp2 = activation_bytes(facts, Candidate("fsdp", tensor=2), ranks)  # 4 samples a rank
+    assert one == 2000 and tp2 == pytest.approx(4000 * (whole + (1 - whole) / 2))
+
+
 def test_each_engine_holds_its_share_of_the_state() -> None:
     """The state arithmetic on a made-up model of four tensors: what each engine holds on
     the rank that holds the most (AdamW: 2 bytes of state a parameter byte)."""

@@ -80,7 +80,7 @@ def component_problems(spec: RunSpec) -> list[str]:
         found += components.problems(f"metrics.{name}", metric.node, provided)
     wrap = spec.parallelism.wrap
     grid = spec.grid
-    split = max(grid.tensor, grid.pipeline, grid.context, grid.expert) > 1
+    split = max(grid.splits.values()) > 1
     # a family that checks its own options as it is built (on the meta device: free)
     checks_itself = family_of_target(spec.model.target).checks_itself
     if (spec.checkpoint_every or wrap or split or checks_itself) and not found:

@@ -8,6 +8,8 @@ autograd frees a saved activation when backward no longer needs it, and the coun
 it would on a device). `peak` is the most counted at once since the last `reset`: what an
 allocator would have had to hand out for the tensors made in between, nothing for the
 tensors that existed before (the parameters, their gradients, the optimizer's state).
+While `inside` is above 0 (`within(module)` counts a module's forward) what is made is
+counted apart as well: `peak_inside` is how much of `peak` was made there.
 """
 
 from __future__ import annotations
@@ -28,12 +30,26 @@ class LiveBytes(TorchDispatchMode):
         self.peak = 0
         self.flops = 0
         self.ops = 0  # operations run
-        self._seen: weakref.WeakKeyDictionary[Any, int] | dict = {}
         self._ids: set[int] = set()
+        self.inside = 0  # forwards of the watched modules running now
+        self.now_inside = 0
+        self.peak_inside = 0  # of `peak`, what was made inside them
 
     def reset(self) -> None:
         """Count the peak from what is alive now."""
-        self.peak = self.now
+        self.peak, self.peak_inside = self.now, self.now_inside
+
+    def within(self, module: Any) -> None:
+        """Count what `module`'s forward makes apart too (its forward hooks)."""
+
+        def enter(*_: Any) -> None:
+            self.inside += 1
+
+        def leave(*_: Any) -> None:
+            self.inside -= 1
+
+        module.register_forward_pre_hook(enter)
+        module.register_forward_hook(leave)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -47,7 +63,8 @@ class LiveBytes(TorchDispatchMode):
         for value in tree_flatten(out)[0]:  # a view or an in-place result makes nothing new
             if isinstance(value, torch.Tensor) and id(value.untyped_storage()) not in given:
                 self._count(value)
-        self.peak = max(self.peak, self.now)
+        if self.now > self.peak:
+            self.peak, self.peak_inside = self.now, self.now_inside
         return out
 
     def _count(self, tensor: torch.Tensor) -> None:
@@ -58,8 +75,11 @@ class LiveBytes(TorchDispatchMode):
         size = storage.nbytes()
         self._ids.add(key)
         self.now += size
-        weakref.finalize(storage, self._free, key, size)
+        inside = size if self.inside > 0 else 0
+        self.now_inside += inside
+        weakref.finalize(storage, self._free, key, size, inside)
 
-    def _free(self, key: int, size: int) -> None:
+    def _free(self, key: int, size: int, inside: int = 0) -> None:
         self._ids.discard(key)
         self.now -= size
+        self.now_inside -= inside

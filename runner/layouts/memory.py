@@ -159,13 +159,16 @@ def traced_pass(facts: dict[str, Any], candidate: Candidate) -> dict[str, float]
 
 def activation_bytes(facts: dict[str, Any], candidate: Candidate, ranks: Ranks) -> float:
     """The forward and backward pass's own peak on one rank: the traced pass at this
-    microbatch, split by tensor and context parallelism; a pipeline stage holds its share of
+    microbatch, split by context parallelism and by tensor parallelism but for what the
+    modules a tensor plan leaves whole make (a mixture's experts: each rank of a tensor
+    group runs them on the whole sequence); a pipeline stage holds its share of
     the blocks' for the microbatches in flight (every one under gpipe, one per stage under
     1f1b)."""
     traced = traced_pass(facts, candidate)
     samples = ranks.micro_batch(candidate)
     peak = traced["base"] + traced["per_sample"] * samples
-    peak /= candidate.tensor * candidate.context
+    whole = traced.get("whole", 0.0)  # made where a tensor group runs whole modules (experts)
+    peak *= (whole + (1 - whole) / candidate.tensor) / candidate.context
     if candidate.pipeline > 1:
         schedule = ranks.options.get("pipeline_schedule", "1f1b")
         in_flight = candidate.grad_accum if schedule == "gpipe" else candidate.pipeline

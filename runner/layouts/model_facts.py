@@ -33,6 +33,7 @@ from runner.models.blocks import apply_activation_checkpointing, find_blocks
 from runner.models.builders import build_model
 from runner.models.families import family_of
 from runner.models.families.family import NO_EXPERTS
+from runner.models.module_names import expand_patterns
 from runner.spec import RunSpec
 from runner.spec.mesh import offered_splits
 from runner.train.step.batch_parts import logits_of, split
@@ -51,6 +52,9 @@ class Pass:
     per_sample: float
     flops_per_sample: float
     ops: int  # operations a microbatch runs (each costs a launch, whatever its size)
+    # of the peak, the share made inside the modules a tensor plan leaves whole (each rank
+    # of a tensor group runs them on the whole sequence: a mixture's experts)
+    whole: float = 0.0
 
     def peak(self, samples: float) -> float:
         return self.base + self.per_sample * samples
@@ -223,13 +227,17 @@ class _Tracer:
                 p.grad = torch.zeros_like(p)
             args, kwargs, targets = split(self._batch(samples))
             live = LiveBytes()
+            whole, _ = expand_patterns(model, dict.fromkeys(family_of(model).tensor_whole(model)))
+            for name in whole:
+                live.within(model.get_submodule(name))
             with live:
                 with _autocast(self.spec, self.device):
                     logits = logits_of(model(*args, **kwargs))
                 loss_sum = self.loss_fn(logits, targets)[0]
                 loss_sum.backward()
                 del logits, loss_sum
-        return _Traced(float(live.peak), live.flops / samples, live.ops)
+        share = live.peak_inside / live.peak if live.peak else 0.0
+        return _Traced(float(live.peak), live.flops / samples, live.ops, share)
 
     def _batch(self, samples: int) -> Any:
         """`samples` copies of the sample, collated, as fake tensors."""
@@ -283,7 +291,7 @@ def _one_step(traced: list[_Traced], blocks: int, cut: int | None) -> Pass:
         per_sample += (three.peak - low.peak) / 2 * (blocks - cut)  # traced at two samples
         flops += (three.flops - low.flops) * (blocks - cut)
         ops += (three.ops - low.ops) * (blocks - cut)
-    return Pass(low.peak - 2 * (high.peak - low.peak) / 2, per_sample, flops, ops)
+    return Pass(low.peak - 2 * (high.peak - low.peak) / 2, per_sample, flops, ops, high.whole)
 
 
 @dataclass
@@ -291,6 +299,7 @@ class _Traced:
     peak: float  # the most bytes alive at once
     flops: float  # per sample
     ops: int
+    whole: float = 0.0  # the share of `peak` made inside the modules a tensor plan leaves whole
 
 
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}

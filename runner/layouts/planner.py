@@ -25,6 +25,7 @@ from runner.layouts.forked import forked_map
 from runner.layouts.memory import Ranks, peak_bytes, state_bytes
 from runner.layouts.speed import step_seconds
 from runner.spec import RunSpec, SpecError, resolve_spec
+from runner.spec.mesh import SPLITS
 from runner.spec.plan_specs import FIXABLE, MORE, NoneFits, group_option, parse_size, shortfall
 
 log = logging.getLogger("runner")
@@ -115,8 +116,7 @@ def _simpler(row: dict[str, Any]) -> tuple[int, int, int]:
     overrides = row["overrides"]
     engine = overrides.get("parallelism", "ddp")
     splits = sum(
-        int(overrides.get(f"parallelism.{k}", 1) or 1) > 1
-        for k in ("tensor", "pipeline", "context", "expert")
+        int(overrides.get(f"parallelism.{k}", 1) or 1) > 1 for k in (d.name for d in SPLITS)
     )
     return (
         SIMPLER.index(engine) if engine in SIMPLER else len(SIMPLER),
@@ -234,12 +234,9 @@ def _model_problems(spec: RunSpec, facts: dict[str, Any]) -> list[str]:
     from runner.launch.preflight import model_problems
 
     grid = spec.grid
-    key = (
-        grid.tensor, grid.pipeline, grid.context, grid.expert, spec.checkpoint_every,
-        grid.replicate,
-    )  # fmt: skip
+    key = (*grid.splits.values(), spec.checkpoint_every, grid.replicate)
     if key not in _MODEL_CHECKS:
-        if key[:5] == (1, 1, 1, 1, 0):
+        if max(grid.splits.values()) == 1 and not spec.checkpoint_every:
             _MODEL_CHECKS[key] = []
         else:
             _MODEL_CHECKS[key] = model_problems(spec, _data_info(spec))

@@ -166,6 +166,11 @@ class Layout:
         return self.pipeline * self.stage_world
 
     @property
+    def splits(self) -> dict[str, int]:
+        """The degree of each dimension that splits the model (SPLITS), by name."""
+        return {d.name: getattr(self, d.name) for d in SPLITS}
+
+    @property
     def stage_world(self) -> int:
         """Ranks of one pipeline stage group (every rank without pipeline parallelism)."""
         return self.replicate * self.shard * self.context * self.tensor

@@ -119,6 +119,12 @@ class Family:
         where the model names them itself; the user's parallelism.ep_plan names others."""
         return []
 
+    def tensor_whole(self, model: nn.Module) -> list[str]:
+        """The modules (patterns) its tensor plan leaves whole: each rank of a tensor group
+        runs them on the whole gathered sequence, so their activations are not split (a
+        mixture's experts, in runner's gpt_moe and transformers' plans alike)."""
+        return self.expert_patterns(model)
+
     def ready_to_train(self, model: nn.Module) -> str | None:
         """Set what training wants of it that its defaults do not; what was set, if any."""
         return None
