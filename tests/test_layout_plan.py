@@ -473,19 +473,41 @@ PEAK_CASES = [
     pytest.param("gpt", "fsdp ac=selective accum=1", marks=MATRIX),
     pytest.param("resnet", "zero2 accum=1", marks=MATRIX),
     pytest.param("resnet", "fsdp accum=1", marks=MATRIX),
+    # a mixture of experts of the same shape (4 experts): split by experts, and zero2 (its
+    # tp2 rank measured 11% to 15% over the prediction from run to run: too near to hold)
+    pytest.param("moe", "fsdp ep2 accum=2", marks=MATRIX),
+    pytest.param("moe", "zero2 accum=1", marks=MATRIX),
 ]
+
+
+def peak_args(model: str, corpus: Path) -> list[str]:
+    if model == "resnet":
+        return PEAK_RESNET
+    gpt = [*lm_args(corpus), *PEAK_GPT]
+    if model == "moe":
+        return [*("model=gpt_moe" if a == "model=gpt" else a for a in gpt), "model.n_experts=4"]
+    return gpt
+
+
+class _Plans(dict):
+    """`runner plan --json` of each model, made the first time a test asks for it."""
+
+    def __init__(self, root: Path, corpus: Path) -> None:
+        super().__init__()
+        self.root, self.corpus = root, corpus
+
+    def __missing__(self, model: str) -> dict:
+        args = peak_args(model, self.corpus)
+        listed = run_cli(self.root, "plan", *args, *QUIET, "--json", name=model)
+        assert listed.returncode == 0, listed.output
+        self[model] = json.loads(listed.stdout[listed.stdout.index("{") :])
+        return self[model]
 
 
 @pytest.fixture(scope="module")
 def peak_plans(tmp_path_factory, corpus: Path) -> dict[str, dict]:
-    """`runner plan --json` of the two models, once for the module."""
-    root = tmp_path_factory.mktemp("peak_plans")
-    plans = {}
-    for model, args in (("gpt", [*lm_args(corpus), *PEAK_GPT]), ("resnet", PEAK_RESNET)):
-        listed = run_cli(root, "plan", *args, *QUIET, "--json", name=model)
-        assert listed.returncode == 0, listed.output
-        plans[model] = json.loads(listed.stdout[listed.stdout.index("{") :])
-    return plans
+    """`runner plan --json` of the models, each once for the module."""
+    return _Plans(tmp_path_factory.mktemp("peak_plans"), corpus)
 
 
 @pytest.mark.slow
@@ -494,10 +516,11 @@ def test_the_predicted_peak_is_within_15_percent_of_the_measured(
     tmp_path: Path, corpus: Path, peak_plans: dict, model: str, layout: str
 ) -> None:
     """A rank's peak memory as the plan predicts it, against the run's: resident memory
-    above each rank's base (the largest rank), after a few steps."""
+    above each rank's base (the largest rank), after a few steps, for a dense gpt, resnet18
+    and a mixture of experts of the gpt's shape; and the state it holds, within 5%."""
     row = next(r for r in peak_plans[model]["candidates"] if r["name"] == layout)
     assert row["valid"], row
-    args = [*lm_args(corpus), *PEAK_GPT] if model == "gpt" else PEAK_RESNET
+    args = peak_args(model, corpus)
     keys = [f"{key}={value}" for key, value in row["overrides"].items()]
     result = run_cli(tmp_path, *args, *QUIET, *keys, "max_steps=4", "max_epochs=null")
     assert result.returncode == 0, result.output
@@ -505,6 +528,8 @@ def test_the_predicted_peak_is_within_15_percent_of_the_measured(
     pairs = zip(summary["peak_rss_bytes"], summary["base_rss_bytes"], strict=True)
     used = max(top - base for top, base in pairs)
     assert row["predicted"]["peak_bytes"] == pytest.approx(used, rel=0.15), (layout, used)
+    held = max(rank["total"] for rank in summary["state_bytes"])  # and the state, exactly
+    assert row["predicted"]["state_bytes"] == pytest.approx(held, rel=0.05), (layout, held)
 
 
 def test_what_a_tensor_plan_leaves_whole_is_traced_apart_and_not_split() -> None:
