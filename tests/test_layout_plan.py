@@ -193,13 +193,21 @@ def test_a_degree_no_layout_keeps_is_refused_with_the_checks_reason(
     tmp_path: Path, corpus: Path
 ) -> None:
     """parallelism.expert=2 under auto for a dense gpt: no layout keeps it, and the refusal
-    says why, as the same key given by hand is refused (it said only 'leave it out')."""
+    says why, as the same key given by hand is refused (it said only 'leave it out');
+    parallelism.expert=abc is refused as a run refuses it."""
     result = run_cli(tmp_path, "plan", *lm_args(corpus), "parallelism.expert=2", name="plan")
     assert result.returncode == 2, result.output
     assert "no layout it weighs keeps parallelism.expert=2; leave it out (given by hand: " in (
         result.output
     )
     assert "GPT has no mixture-of-experts layer to split" in result.output
+    # a value not of its key's type is refused in a run's words, before the model is
+    # measured; grad_accum=auto is left to the plan (it had been refused as kept by none)
+    many = ("parallelism.expert=abc", "grad_accum=auto")
+    result = run_cli(tmp_path, "plan", *lm_args(corpus), *many, name="typed")
+    assert result.returncode == 2, result.output
+    assert "parallelism.expert='abc': expected an integer" in result.output
+    assert "grad_accum" not in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.slow
@@ -270,7 +278,9 @@ def test_a_trial_measured_over_the_budget_is_never_the_pick(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_a_pick_predicted_near_the_budget_is_measured_first(tmp_path: Path) -> None:
+def test_a_pick_predicted_near_the_budget_is_measured_first(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """plan.trials=0: the fastest candidate, predicted within plan.check_margin of the
     budget, runs its first steps (a real run of the mlp) and measures over the budget: it no
     longer fits. What it measured beyond its prediction is added to the next one's, which is
@@ -299,8 +309,10 @@ def test_a_pick_predicted_near_the_budget_is_measured_first(tmp_path: Path) -> N
         }  # fmt: skip
 
     probe = planned(2**40, (0.9 * 2**40, 2**20))
+    caplog.set_level("INFO", logger="runner")
     check_pick(cfg, probe, tmp_path / "probe", str(CONF_DIR))
     assert probe["trials"] == ["ddp accum=1"] and probe["chosen"] == "ddp accum=1"
+    assert "within the budget of 1,048,576 MB; it trains (parallelism=ddp " in caplog.text
     used = probe["candidates"][0]["measured"]["peak_bytes"]  # the mlp's first steps, here
     budget = 0.9 * used
     plan = planned(budget, (0.9 * budget, 0.05 * used))
@@ -310,6 +322,9 @@ def test_a_pick_predicted_near_the_budget_is_measured_first(tmp_path: Path) -> N
     assert plan["trials"] == ["ddp accum=1"] and plan["chosen"] == "ddp accum=2"
     assert not rows[0]["fits"] and rows[0]["measured"]["peak_bytes"] > budget
     assert "measured" not in rows[1]
+    beyond = rows[0]["measured"]["peak_bytes"] - rows[0]["predicted"]["peak_bytes"]
+    assert rows[1]["raised_peak_bytes"] == rows[1]["predicted"]["peak_bytes"] + beyond
+    assert "used beyond its own), well inside it: it trains" in caplog.text
     rows[1]["predicted"]["peak_bytes"] = int(0.95 * budget)  # with what the first measured
     plan["chosen"], rows[0]["fits"] = "ddp accum=1", True  # beyond its prediction: over
     with pytest.raises(SpecError, match="no layout checked ran within"):

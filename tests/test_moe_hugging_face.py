@@ -223,3 +223,17 @@ def test_init_from_reads_a_checkpoint_of_one_tensor_per_expert(tmp_path: Path, k
         assert matching.problems(spec) == [] and not matching.missing
         load_into(fresh, file, matching)
     assert relative_error(fresh.state_dict(), saved.state_dict()) == 0
+
+
+def test_a_refused_expert_degree_names_the_valid_ones() -> None:
+    """A degree refused for the experts or the shard ranks lists those that divide both, as
+    a refused tensor degree lists its own."""
+    from runner.spec.mesh import degree_problems
+
+    model = _built("mixtral")  # 4 experts a layer
+    assert expert_problems(model, 3, None, shard=8)[0].endswith("; valid: 1, 2, 4")
+    assert expert_problems(model, 8, None, shard=2)[0].endswith("; valid: 1, 2")
+    degrees = {"tensor": 1, "pipeline": 1, "context": 1, "expert": 3}
+    (problem,) = degree_problems(world=4, nproc=4, replicate=1, degrees=degrees)
+    assert problem.startswith("parallelism.expert=3: must divide the shard ranks (4 = world 4")
+    assert problem.endswith("; valid: 1, 2, 4")

@@ -63,7 +63,8 @@ def make_plan(cfg: DictConfig, conf_dir: str, run_dir: Path | None) -> dict[str,
 
 def _given_layout_keys(cfg: DictConfig) -> dict[str, Any]:
     """The layout keys a plan keeps: the degrees parallelism=auto's node sets, and grad_accum
-    and activation_checkpointing where this job's command line gives them (Hydra's record)."""
+    and activation_checkpointing where this job's command line gives them (Hydra's record);
+    grad_accum=auto is the plan's to pick, as it would be unsaid."""
     from hydra.core.hydra_config import HydraConfig
 
     from runner.spec.plan_specs import FIXABLE
@@ -78,7 +79,10 @@ def _given_layout_keys(cfg: DictConfig) -> dict[str, Any]:
     flat = {
         key: value for key, equals, value in keys if equals and not key.startswith("parallelism")
     }
-    return {**given, **{key: value for key, value in flat.items() if key in FIXABLE}}
+    flat = {
+        k: v for k, v in flat.items() if k in FIXABLE and not (k == "grad_accum" and v == "auto")
+    }
+    return {**given, **flat}
 
 
 def chosen_row(plan: dict[str, Any]) -> dict[str, Any]:
@@ -187,11 +191,11 @@ def plan_table(plan: dict[str, Any], shown: int = SHOWN, rest: str = f"in {PLAN_
         lines.append(f"  {len(refused)} {many} refused by the checks:")
         lines += [f"    - {reason}" for reason in reasons[:6]]
     if chosen:
-        lines.append(f"  chosen: {chosen}  ({_keys(chosen_row(plan)['overrides'])})")
+        lines.append(f"  chosen: {chosen}  ({keys_text(chosen_row(plan)['overrides'])})")
     return "\n".join(lines)
 
 
-def _keys(overrides: dict[str, Any]) -> str:
+def keys_text(overrides: dict[str, Any]) -> str:
     return " ".join(f"{key}={value}" for key, value in overrides.items())
 
 

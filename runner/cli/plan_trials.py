@@ -32,7 +32,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from runner.cli.layout_plan import apply_layout, chosen_row, peak_used
+from runner.cli.layout_plan import apply_layout, chosen_row, keys_text, peak_used
 from runner.spec import SpecError
 from runner.spec.composed import resolve_cfg
 from runner.spec.config_file import save_spec
@@ -104,13 +104,20 @@ def _room(plan: dict[str, Any], got: dict[str, Any]) -> float:
 
 
 def _over(plan: dict[str, Any], got: dict[str, Any]) -> str:
+    budget = plan["budget_bytes"]
+    over = needed(plan, got) - budget
+    return f"{_used(plan, got)}, {megabytes(over)} over the budget of {megabytes(budget)}"
+
+
+def _within(plan: dict[str, Any], got: dict[str, Any]) -> str:
+    return f"{_used(plan, got)}, within the budget of {megabytes(plan['budget_bytes'])}"
+
+
+def _used(plan: dict[str, Any], got: dict[str, Any]) -> str:
+    """What a checked layout used, and the room kept for later steps."""
     growth, room = LATER_GROWTH[plan["device"]["kind"]], _room(plan, got)
     more = f"{growth:.0%}" if room == got["peak_bytes"] * growth else megabytes(room)
-    over = needed(plan, got) - plan["budget_bytes"]
-    return (
-        f"used {megabytes(got['peak_bytes'])} per rank; with {more} more for later "
-        f"steps, {megabytes(over)} over the budget of {megabytes(plan['budget_bytes'])}"
-    )
+    return f"used {megabytes(got['peak_bytes'])} per rank; with {more} more for later steps"
 
 
 def check_margin(cfg: DictConfig, plan: dict[str, Any]) -> float:
@@ -144,25 +151,24 @@ def check_pick(
     fitting = [r for r in plan["candidates"] if r["valid"] and r["fits"]]
     plan["trials"] = []
     tried: list[dict[str, Any]] = []
-    beyond = 0  # the most a checked layout measured beyond its prediction
+    beyond, raised_by = 0, ""  # the most a checked layout measured beyond its prediction
     for row in sorted(fitting, key=lambda r: r["predicted"]["step_s"]):
         predicted = row["predicted"]["peak_bytes"] + beyond
+        if beyond:
+            row["raised_peak_bytes"] = predicted  # plan.json: the prediction the check used
         if predicted > budget:  # as the checks measured, it would not fit either
             row["fits"] = False
             continue
+        at = f"predicted at {megabytes(predicted)} of {megabytes(budget)} per rank{raised_by}"
         if predicted <= safe:
             plan["chosen"] = row["name"]
-            log.info(
-                "runner: parallelism=auto: %s is predicted well inside the budget", row["name"]
-            )
+            log.info("runner: parallelism=auto: %s is %s, well inside it: it trains (%s)",
+                     row["name"], at, keys_text(row["overrides"]))  # fmt: skip
             return plan
         if len(tried) == CHECKED:
             break
-        log.info(
-            "runner: parallelism=auto: %s is predicted at %s of %s per rank; checking it for "
-            "%d steps", row["name"], megabytes(row["predicted"]["peak_bytes"]),
-            megabytes(budget), steps,
-        )  # fmt: skip
+        log.info("runner: parallelism=auto: %s is %s; checking it for %d steps",
+                 row["name"], at, steps)  # fmt: skip
         trial_dir = run_dir / TRIALS_DIR / str(len(tried))
         got = _trial(cfg, row["overrides"], trial_dir, conf_dir, steps)
         row["measured"] = got
@@ -170,9 +176,12 @@ def check_pick(
         tried.append(row)
         if "peak_bytes" in got and needed(plan, got) <= budget:
             plan["chosen"] = row["name"]
+            log.info("runner: parallelism=auto: %s %s; it trains (%s)", row["name"],
+                     _within(plan, got), keys_text(row["overrides"]))  # fmt: skip
             return plan
-        if "peak_bytes" in got:
-            beyond = max(beyond, got["peak_bytes"] - row["predicted"]["peak_bytes"])
+        if "peak_bytes" in got and got["peak_bytes"] - row["predicted"]["peak_bytes"] > beyond:
+            beyond = got["peak_bytes"] - row["predicted"]["peak_bytes"]
+            raised_by = f" (with the {megabytes(beyond)} {row['name']} used beyond its own)"
         row["fits"] = False
         why = got.get("failed") or _over(plan, got)
         log.warning("runner: parallelism=auto: %s %s; trying the next", row["name"], why)

@@ -60,6 +60,9 @@ def make_plan(
     stand_in = _resolve(with_layout(config, Candidate(STAND_IN), conf_dir), run_dir)
     if isinstance(stand_in, list):
         raise SpecError(stand_in)
+    untyped = _untyped(config, fixed or {}, conf_dir, run_dir)
+    if untyped:
+        raise SpecError(untyped)
     if stand_in.plan.trials and stand_in.nodes > 1:
         raise SpecError([
             f"plan.trials={stand_in.plan.trials}: trials run on one node (nodes="
@@ -137,6 +140,32 @@ def _keeping(listed: list[Candidate], fixed: dict[str, Any]) -> list[Candidate]:
         given = " ".join(f"{k}={v}" for k, v in fixed.items())
         raise SpecError([f"parallelism=auto: no layout it weighs keeps {given}; leave it out"])
     return kept
+
+
+def _untyped(
+    config: dict[str, Any], fixed: dict[str, Any], conf_dir: Path, run_dir: Path | None
+) -> list[str]:
+    """A fixed key whose value is not of its type (parallelism.expert=abc), in the words a run
+    given it by hand refuses it with; none: []."""
+    wrong = {k: v for k, v in fixed.items() if k != "activation_checkpointing" and not _whole(v)}
+    if not wrong:
+        return []
+    config = with_layout(config, Candidate("fsdp"), conf_dir)
+    for key, value in wrong.items():
+        place, name = key.split(".", 1) if "." in key else (None, key)
+        (config[place] if place else config)[name] = value
+    problems = _resolve(config, run_dir)
+    named = (
+        [p for p in problems if any(k in p for k in wrong)] if isinstance(problems, list) else []
+    )
+    return named or [f"{k}={v!r}: expected an integer" for k, v in wrong.items()]
+
+
+def _whole(value: Any) -> bool:
+    try:
+        return int(value) == value or str(int(value)) == str(value).strip()
+    except (TypeError, ValueError):
+        return False
 
 
 def _by_hand(

@@ -32,6 +32,7 @@ from runner.models.expert_dispatch import (
     dispatch,
     stacked_experts,
 )
+from runner.spec.mesh import divisors
 
 PLAN_KEY = "parallelism.ep_plan"
 
@@ -71,9 +72,12 @@ def named_experts(model: nn.Module, ep_plan: EpPlan) -> tuple[dict[str, nn.Modul
     return found, unmatched if ep_plan is not None else []
 
 
-def expert_problems(model: nn.Module, expert: int, ep_plan: EpPlan = None) -> list[str]:
+def expert_problems(
+    model: nn.Module, expert: int, ep_plan: EpPlan = None, shard: int | None = None
+) -> list[str]:
     """What expert parallelism needs of the model: mixture-of-experts layers (runner's, or
-    experts modules its plan names), whose experts the group splits evenly."""
+    experts modules its plan names), whose experts the group splits evenly; `shard`: the
+    shard ranks the groups are cut from (the valid degrees divide both)."""
     key = f"parallelism.expert={expert}"
     if isinstance(ep_plan, Mapping):  # the user's function: importable, taking the model
         from runner import components
@@ -109,7 +113,8 @@ def expert_problems(model: nn.Module, expert: int, ep_plan: EpPlan = None) -> li
     return (
         found
         + [
-            f"{key}: must divide {what} (each rank of a group holds as many experts)"
+            f"{key}: must divide {what} (each rank of a group holds as many experts); "
+            f"valid: {', '.join(str(d) for d in divisors(size) if not (shard or d) % d)}"
             for what, size in sizes.items()
             if size % expert
         ][:1]
@@ -165,4 +170,4 @@ def spec_problems(model: nn.Module, spec: Any) -> list[str]:
     options = spec.parallelism
     if spec.grid.expert == 1 and options.ep_plan is None:
         return []
-    return expert_problems(model, spec.grid.expert, options.ep_plan)
+    return expert_problems(model, spec.grid.expert, options.ep_plan, spec.grid.shard)

@@ -308,7 +308,7 @@ def degree_problems(world: int, nproc: int, replicate: int, degrees: dict[str, i
         return [
             f"parallelism.expert={grid.expert}: must divide the shard ranks ({grid.shard} = "
             f"world {grid.world} / (pipeline x replicate x context x tensor)), which the "
-            "expert groups are cut from"
+            f"expert groups are cut from, and each layer's experts; valid: {_divisors(grid.shard)}"
         ]
     return composition_problems(grid)
 
