@@ -308,7 +308,7 @@ def test_a_pick_predicted_near_the_budget_is_measured_first(
             "candidates": rows, "chosen": "ddp accum=1", "device": {"kind": "cpu"},
         }  # fmt: skip
 
-    probe = planned(2**40, (0.9 * 2**40, 2**20))
+    probe = planned(2**40, (0.8 * 2**40, 2**20))  # leaves the room for later steps
     caplog.set_level("INFO", logger="runner")
     check_pick(cfg, probe, tmp_path / "probe", str(CONF_DIR))
     assert probe["trials"] == ["ddp accum=1"] and probe["chosen"] == "ddp accum=1"
@@ -330,6 +330,11 @@ def test_a_pick_predicted_near_the_budget_is_measured_first(
     with pytest.raises(SpecError, match="no layout checked ran within"):
         check_pick(cfg, plan, tmp_path / "again", str(CONF_DIR))
     assert plan["trials"] == ["ddp accum=1"]  # the second passed over, never run
+    # the faster layout's prediction leaves no room for later steps in the budget: the
+    # slower one, predicted well inside it, trains unchecked (the faster one had been run)
+    plan = planned(2**40, (2**40 - 2**20, 2**30))
+    check_pick(cfg, plan, tmp_path / "room", str(CONF_DIR))
+    assert plan["trials"] == [] and plan["chosen"] == "ddp accum=2"
     cfg.plan.check_margin = 0.0  # trust the prediction
     assert not needs_check(cfg, plan)
 

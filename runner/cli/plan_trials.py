@@ -139,8 +139,9 @@ def check_pick(
     cfg: DictConfig, plan: dict[str, Any], run_dir: Path, conf_dir: str
 ) -> dict[str, Any]:
     """The budget kept where the prediction is close to it: the fastest predicted layouts
-    that fit, in order, each run for plan.trial_steps steps (a trial) while it is predicted
-    within plan.check_margin of the budget; the first measured within the budget, or
+    that fit (those whose prediction leaves the room for later steps first), in order, each
+    run for plan.trial_steps steps (a trial) while it is predicted within plan.check_margin
+    of the budget; the first measured within the budget, or
     predicted well inside it, is the pick. One measured over it (or failing) no longer
     fits, and what it measured beyond its prediction is added to the predictions of the
     rest (a rank's memory besides the traced tensors is much the same in every layout): a
@@ -152,7 +153,7 @@ def check_pick(
     plan["trials"] = []
     tried: list[dict[str, Any]] = []
     beyond, raised_by = 0, ""  # the most a checked layout measured beyond its prediction
-    for row in sorted(fitting, key=lambda r: r["predicted"]["step_s"]):
+    for row in sorted(fitting, key=lambda r: (_no_room(plan, r), r["predicted"]["step_s"])):
         predicted = row["predicted"]["peak_bytes"] + beyond
         if beyond:
             row["raised_peak_bytes"] = predicted  # plan.json: the prediction the check used
@@ -186,6 +187,13 @@ def check_pick(
         why = got.get("failed") or _over(plan, got)
         log.warning("runner: parallelism=auto: %s %s; trying the next", row["name"], why)
     return _none_within(plan, tried, budget)
+
+
+def _no_room(plan: dict[str, Any], row: dict[str, Any]) -> bool:
+    """Whether `row`'s prediction leaves no room in the budget for later steps: its check
+    would pass only where the prediction is high, so the layouts that leave it are checked
+    first."""
+    return needed(plan, row["predicted"]) > plan["budget_bytes"]
 
 
 def _none_within(plan: dict[str, Any], tried: list[dict[str, Any]], budget: int) -> dict:

@@ -57,17 +57,7 @@ def make_plan(
     fits."""
     from runner.layouts.model_facts import measure
 
-    stand_in = _resolve(with_layout(config, Candidate(STAND_IN), conf_dir), run_dir)
-    if isinstance(stand_in, list):
-        raise SpecError(stand_in)
-    untyped = _untyped(config, fixed or {}, conf_dir, run_dir)
-    if untyped:
-        raise SpecError(untyped)
-    if stand_in.plan.trials and stand_in.nodes > 1:
-        raise SpecError([
-            f"plan.trials={stand_in.plan.trials}: trials run on one node (nodes="
-            f"{stand_in.nodes}); plan there with nproc, or set plan.trials=0"
-        ])  # fmt: skip
+    stand_in = _stand_in(config, fixed or {}, conf_dir, run_dir)
     try:
         facts = measure(stand_in, stand_in.nproc, stand_in.device, _data(stand_in)).as_dict()
     except Exception:  # a component the run's own checks refuse: refused with their words
@@ -140,6 +130,25 @@ def _keeping(listed: list[Candidate], fixed: dict[str, Any]) -> list[Candidate]:
         given = " ".join(f"{k}={v}" for k, v in fixed.items())
         raise SpecError([f"parallelism=auto: no layout it weighs keeps {given}; leave it out"])
     return kept
+
+
+def _stand_in(
+    config: dict[str, Any], fixed: dict[str, Any], conf_dir: Path, run_dir: Path | None
+) -> RunSpec:
+    """`config` resolved under the layout the model is measured with; SpecError for what no
+    layout could make valid: a problem of its own, a fixed key not of its type, trials
+    across nodes."""
+    stand_in = _resolve(with_layout(config, Candidate(STAND_IN), conf_dir), run_dir)
+    problems = stand_in if isinstance(stand_in, list) else []
+    problems = problems or _untyped(config, fixed, conf_dir, run_dir)
+    if problems:
+        raise SpecError(problems)
+    if stand_in.plan.trials and stand_in.nodes > 1:
+        raise SpecError([
+            f"plan.trials={stand_in.plan.trials}: trials run on one node (nodes="
+            f"{stand_in.nodes}); plan there with nproc, or set plan.trials=0"
+        ])  # fmt: skip
+    return stand_in
 
 
 def _untyped(
