@@ -187,6 +187,15 @@ def finished_step(path: Path, slots: int) -> int | None:
     return min(done) if done else None
 
 
+def finished_step_of(agent: int) -> int | None:
+    """finished_step of the file agent `agent` left (killed: it could not remove it), every
+    slot it holds; None: no such file, or no rank started."""
+    for path in Path(_directory()).glob(f"{_owner_prefix(agent)}-*"):
+        with contextlib.suppress(OSError):
+            return finished_step(path, 1 << 16)
+    return None
+
+
 def reachable_step(path: Path, slots: int) -> int:
     """After request_stop: the last step a rank of this node can finish before it sees the
     request and pauses. A rank checks at the end of every step, so it is the step it is in,

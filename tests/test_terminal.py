@@ -197,6 +197,39 @@ def test_a_second_ctrl_c_as_the_first_unwinds_changes_nothing(tmp_path: Path) ->
         assert out.count("interrupted by SIGINT") == 1, out
 
 
+def test_a_ctrl_c_delivered_twice_mid_run_says_where_the_run_stands(tmp_path: Path) -> None:
+    """SIGINT to the command's group in a step, and again 30 ms later (one key press that
+    `timeout` relays as well): the same request, not a second Ctrl-C that kills the
+    launcher at once. The line and summary.json say the step every rank finished (a killed
+    launcher's summary had said 'before every rank had finished step 1', steps 0, where no
+    step had been logged yet)."""
+    import subprocess
+
+    from tests.helpers.cli import child_env
+
+    run = tmp_path / "r"
+    argv = [command("runner", False), *TINY, "max_steps=100000", "nproc=2", "log_interval=1000"]
+    argv += ["checkpoint.interval=3", f"hydra.run.dir={run}"]
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoints" / "latest").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.03)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in out, out
+    said = re.search(r"interrupted by SIGINT after step (\d+);", out)
+    assert said and int(said.group(1)) >= 3, out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == int(said.group(1)), summary
+
+
 @pytest.mark.sweeps
 def test_ctrl_c_while_a_sweeps_job_starts_stops_the_sweep(tmp_path: Path) -> None:
     """Hydra's default launcher, Ctrl-C as job 0's launcher starts: the job ends interrupted,

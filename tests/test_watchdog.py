@@ -84,3 +84,20 @@ def test_another_agents_file_of_fewer_ranks_reads_as_its_own_ranks() -> None:
         assert heartbeat.finished_step(path, 2) == 2
     finally:
         path.unlink()
+
+
+def test_a_killed_agents_file_still_says_where_its_ranks_stood() -> None:
+    """An agent killed (a second Ctrl-C) cannot say where the run stood; the `runner` that
+    started it reads the file the agent left, by its pid, before removing it: the
+    interrupted summary's steps (it had said 0, from metrics.jsonl before its first record)."""
+    from runner import heartbeat
+
+    path = heartbeat.create(2)  # as agent os.getpid()
+    try:
+        assert heartbeat.finished_step_of(os.getpid()) is None  # no rank started
+        Heartbeat(str(path), local_rank=0, rank=0, attempt=0).beat(Phase.BATCH, 7)
+        Heartbeat(str(path), local_rank=1, rank=1, attempt=0).beat(Phase.STEP, 6)
+        assert heartbeat.finished_step_of(os.getpid()) == 6
+    finally:
+        path.unlink()
+    assert heartbeat.finished_step_of(os.getpid()) is None  # none left

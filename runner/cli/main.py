@@ -256,10 +256,11 @@ def _summary_after(end: Any, spec: RunSpec, run_dir: RunDir, start_time: float) 
     summary = read_summary(run_dir)
     if summary is not None:
         return summary
-    if end.received:  # stopped before the agent could say so (it had not started the ranks)
+    if end.received:  # stopped before the agent could say so (not started, or killed)
         name = signal.Signals(end.received).name
+        steps = {} if end.reached is None else {"steps": end.reached}
         return write_unfinished_summary(
-            run_dir, Status.INTERRUPTED, spec.world_size, start_time, None, signal=name
+            run_dir, Status.INTERRUPTED, spec.world_size, start_time, None, signal=name, **steps
         )
     message = f"launcher exited with {end.code}"
     error = {"rank": None, "exitcode": end.code, "message": message}

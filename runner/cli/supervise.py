@@ -1,8 +1,10 @@
 """The parent's side of a launch: start the agent process, relay signals, wait.
 
 The agent (runner.launch.agent) runs in its own session so that Ctrl-C reaches it
-exactly once, through us. A second Ctrl-C, or an agent that does not stop in
-time, gets SIGKILL; the ranks die with it (they hold PR_SET_PDEATHSIG).
+exactly once, through us. A second Ctrl-C (not the same key press delivered twice, as
+`timeout -s INT` adds its own to a terminal's: SAME_PRESS_S apart), or an agent that does
+not stop in time, gets SIGKILL; the ranks die with it (they hold PR_SET_PDEATHSIG), and
+their heartbeats still say the last step every rank finished (AgentEnd.reached).
 
 The `runner` command starts the agent before anything else (`prestart_agent`):
 it imports torch while this process composes and checks the config, and waits
@@ -31,6 +33,7 @@ from runner.processes import START_METHOD_ENV, exit_code_for_signal
 from runner.secrets import SECRETS_ENV
 
 GRACE_S = 20.0
+SAME_PRESS_S = 1.0  # a signal this soon after the first is the same request, delivered twice
 Agent = subprocess.Popen | warm_start.WarmProcess  # a new interpreter, or a warm fork
 
 
@@ -44,7 +47,8 @@ class _Relay:
 
     def __call__(self, signum: int, _frame: object) -> None:
         if self.first is not None:
-            _kill(self.agent)
+            if time.monotonic() - self.since > SAME_PRESS_S:
+                _kill(self.agent)
             return
         self.first, self.since = signum, time.monotonic()
         _send(self.agent, signum)
@@ -136,6 +140,7 @@ class AgentEnd:
     received: int | None = None
     asked: int | None = None
     asked_handler: Callable[..., Any] | None = None
+    reached: int | None = None  # killed: the last step every rank had finished (heartbeats)
 
 
 _ran: list[int] = []  # the agents this process ran
@@ -169,7 +174,9 @@ def run_agent(run_dir: Path, start_time: float, secrets: str = "{}") -> AgentEnd
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    reached = None
     if code < 0:  # killed (SIGKILL: the OOM killer, a scheduler): its heartbeat file stayed
+        reached = heartbeat.finished_step_of(agent.pid)
         heartbeat.sweep_stale(agent.pid)
     if relay.first is not None and code < 0:
         code = exit_code_for_signal(relay.first)
@@ -177,7 +184,7 @@ def run_agent(run_dir: Path, start_time: float, secrets: str = "{}") -> AgentEnd
         code = exit_code_for_signal(-code)
     handler = previous.get(asks.first) if asks.first else None
     others = handler if callable(handler) and handler is not _note_early_ask else None
-    return AgentEnd(code, relay.first, asks.first, others)
+    return AgentEnd(code, relay.first, asks.first, others, reached)
 
 
 _asked_early: list[int] = []
