@@ -41,6 +41,16 @@ def test_sizes_are_read_as_a_user_writes_them() -> None:
     assert parse_size(300) is None and parse_size("300") is None  # bytes? megabytes?
 
 
+def test_a_shortfall_under_a_megabyte_is_told_from_the_budget() -> None:
+    """A need half a megabyte over a 100 MB budget: '100.50 MB', where it read 'needs 100 MB'
+    against the budget of 100 MB."""
+    from runner.spec.plan_specs import shortfall
+
+    said = shortfall("checked ran within", 100 * 2**20, "b", "zero2", 100 * 2**20 + 2**19, "")
+    assert "needs 100.50 MB (512 KB more)" in said
+    assert "needs 130 MB (30 MB more)" in shortfall("fits", 100 * 2**20, "b", "x", 130 * 2**20, "")
+
+
 def test_a_size_that_is_not_one_is_refused_naming_the_key() -> None:
     with pytest.raises(SpecError) as err:
         resolve_spec(compose_config(["plan.memory_per_rank=300 megs", "device=cpu"]))

@@ -83,12 +83,15 @@ TIME_PARTS = (  # time/... key, as the final line names it
 def step_time_text(final: dict[str, Any]) -> str:
     """`step 4.51 ms: data 0.42, fwd+bwd 2.41, grad sync 0.07, optimizer 1.49, host 0.11`
     (the last record's time/... keys: where a step's time went)."""
-    parts = ", ".join(
-        f"{name} {1000 * final[f'time/{key}_s']:.3g}"
-        for key, name in TIME_PARTS
-        if f"time/{key}_s" in final
-    )
-    return f"step {1000 * final['time/step_s']:.3g} ms: {parts}"
+    times = [(name, final.get(f"time/{key}_s")) for key, name in TIME_PARTS]
+    parts = ", ".join(f"{name} {_ms(value)}" for name, value in times if value is not None)
+    return f"step {_ms(final['time/step_s'])} ms: {parts}"
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds to 3 significant digits, whole from 1000 on (`2,990`, not `2.99e+03`)."""
+    ms = 1000 * seconds
+    return f"{ms:,.0f}" if abs(ms) >= 999.5 else f"{ms:.3g}"
 
 
 def interrupted_line(summary: dict[str, Any], run_dir: RunDir) -> str:

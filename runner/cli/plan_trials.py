@@ -186,7 +186,7 @@ def check_pick(
         row["fits"] = False
         why = got.get("failed") or _over(plan, got)
         log.warning("runner: parallelism=auto: %s %s; trying the next", row["name"], why)
-    return _none_within(plan, tried, budget)
+    return _none_within(plan, tried, budget, beyond)
 
 
 def _no_room(plan: dict[str, Any], row: dict[str, Any]) -> bool:
@@ -196,12 +196,25 @@ def _no_room(plan: dict[str, Any], row: dict[str, Any]) -> bool:
     return needed(plan, row["predicted"]) > plan["budget_bytes"]
 
 
-def _none_within(plan: dict[str, Any], tried: list[dict[str, Any]], budget: int) -> dict:
+def _none_within(
+    plan: dict[str, Any], tried: list[dict[str, Any]], budget: int, beyond: float
+) -> dict:
+    """SpecError: no checked layout ran within the budget; the least one's need, and how many
+    were left unchecked that still fit, raised by `beyond`."""
     ran = [r for r in tried if "peak_bytes" in r["measured"]]
     if not ran:
         failed = f" ({tried[0]['name']}: {tried[0]['measured'].get('failed')})" if tried else ""
         raise SpecError([f"parallelism=auto: no layout checked ran{failed}"])
-    raise SpecError([_shortfall(plan, ran, "checked", MORE)])
+    unchecked = [
+        r for r in plan["candidates"] if r["valid"] and r["fits"] and "measured" not in r
+        and r["predicted"]["peak_bytes"] + beyond <= budget
+    ]  # fmt: skip
+    more = (
+        f"{MORE}; {len(unchecked)} more that may fit were not checked ({CHECKED} checks at most)"
+        if unchecked
+        else MORE
+    )
+    raise SpecError([_shortfall(plan, ran, "checked", more)])
 
 
 def _shortfall(plan: dict[str, Any], over: list[dict[str, Any]], how: str, more: str) -> str:

@@ -154,9 +154,12 @@ def _stand_in(
 def _untyped(
     config: dict[str, Any], fixed: dict[str, Any], conf_dir: Path, run_dir: Path | None
 ) -> list[str]:
-    """A fixed key whose value is not of its type (parallelism.expert=abc), in the words a run
-    given it by hand refuses it with; none: []."""
+    """A fixed key whose value is not of its type (parallelism.expert=abc) or a degree below
+    1, in the words a run given it by hand refuses it with; none: []."""
     wrong = {k: v for k, v in fixed.items() if k != "activation_checkpointing" and not _whole(v)}
+    wrong |= {
+        k: v for k, v in fixed.items() if k.startswith("parallelism.") and _whole(v) and int(v) < 1
+    }
     if not wrong:
         return []
     config = with_layout(config, Candidate("fsdp"), conf_dir)

@@ -61,9 +61,12 @@ MORE = "more ranks (nproc), or a smaller microbatch (global_batch_size)"
 def shortfall(what: str, budget: int, budget_from: str, least: str, need: int, more: str) -> str:
     """No layout within the budget: `what` (fits, trialled ran within, ...), the least one
     and how much it needs (`need`), and what would help (`more`)."""
+    needs = megabytes(need)
+    if needs == megabytes(budget):  # 100 MB against 100 MB: the digits that tell them apart
+        needs = f"{need / 2**20:,.2f} MB"
     return (
         f"parallelism=auto: no layout {what} {megabytes(budget)} per rank ({budget_from}); "
-        f"the least, {least}, needs {megabytes(need)} ({megabytes(need - budget)} more); give "
+        f"the least, {least}, needs {needs} ({megabytes(need - budget)} more); give "
         f"more memory (plan.memory_per_rank), {more}"
     )
 
