@@ -15,16 +15,10 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from runner.models.gpt_moe import GPTMoE
-from runner.models.moe import (
-    STAT_AUX,
-    STAT_DROPPED,
-    STAT_Z,
-    Experts,
-    MoE,
-    _expert_loop,
-    _grouped,
-    grouped_on_cpu,
-)
+from runner.models.grouped_experts import expert_loop as _expert_loop
+from runner.models.grouped_experts import grouped as _grouped
+from runner.models.grouped_experts import grouped_on_cpu
+from runner.models.moe import STAT_AUX, STAT_DROPPED, STAT_Z, Experts, MoE
 from runner.spec import RunSpec, resolve_spec
 from tests.helpers.cli import MATRIX, REPO, run_cli
 from tests.helpers.config import compose_config

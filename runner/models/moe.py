@@ -27,7 +27,8 @@ shared experts that every token goes through).
   parallelism splits runner's experts and a Hugging Face model's alike
   (runner.models.expert_dispatch). Their tokens are sorted by expert and run
   through torch's grouped matrix product where torch has one for the device (CUDA from
-  Hopper in bf16; the CPU in recent releases), else a loop over the experts. On a CPU the
+  Hopper in bf16; the CPU in recent releases), else a loop over the experts
+  (runner.models.grouped_experts). On a CPU the
   loop's per-expert pieces change size every step and fragment glibc's heap (gpt_moe_text's
   ranks held 666 MB above their base after 160 steps with it, 233 MB with the grouped
   product, whose outputs keep one size).
@@ -48,6 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runner.models.expert_dispatch import by_expert
+from runner.models.grouped_experts import expert_mlps, probe_grouped
 
 SCORES = ("softmax", "sigmoid")
 STAT_DROPPED, STAT_AUX, STAT_Z = 0, 1, 2  # after the n_experts counts in `stats`
@@ -120,9 +122,7 @@ class Experts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(n_experts, n_embd, hidden))
         self.w2 = nn.Parameter(torch.empty(n_experts, hidden, n_embd))
         self.reset_parameters()
-        if hasattr(torch, "_grouped_mm"):
-            for dtype in (torch.float32, torch.bfloat16, torch.float16):
-                grouped_on_cpu(dtype)
+        probe_grouped()  # before any trace: torch.compile reads a known answer
 
     def reset_parameters(self, out_std: float = 0.02) -> None:
         nn.init.normal_(self.w1, mean=0.0, std=0.02)
@@ -139,94 +139,12 @@ class Experts(nn.Module):
     def compute(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """`x`: tokens sorted by expert, `counts[e]` of them for expert e (under expert
         parallelism, this rank's experts: their weights' local parts)."""
-        w1, w2 = _local(self.w1), _local(self.w2)
-        if _grouped(x, w1):
-            offsets = counts.cumsum(0).to(torch.int32)
-            dtype = _compute_dtype(x)
-            hidden = torch._grouped_mm(x.to(dtype), w1.to(dtype), offs=offsets)
-            return torch._grouped_mm(F.gelu(hidden), w2.to(dtype), offs=offsets)
-        return _expert_loop(x, counts, w1, w2)
+        return expert_mlps(x, counts, _local(self.w1), _local(self.w2))
 
 
 def _local(weight: torch.Tensor) -> torch.Tensor:
     """This rank's part of a DTensor (its experts), or the tensor itself."""
     return weight.to_local() if hasattr(weight, "to_local") else weight
-
-
-@torch.compiler.disable
-def _expert_loop(
-    x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
-) -> torch.Tensor:
-    """Each expert on its tokens in turn. The split sizes are read on the host, and they
-    change every pass: left out of torch.compile's graphs, which would recompile for each."""
-    pieces = x.split(_sizes(counts, x.shape[0]))
-    outputs = [
-        F.gelu(piece @ a) @ b
-        for piece, a, b in zip(pieces, w1.unbind(0), w2.unbind(0), strict=True)
-    ]
-    return torch.cat(outputs) if outputs else x[:0]
-
-
-def _sizes(counts: torch.Tensor, total: int) -> list[int]:
-    """`counts` on the host; where it holds no values (a trace on fake or meta tensors, as
-    the layout planner runs one), an even split of the `total`."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if isinstance(counts, FakeTensor) or counts.device.type == "meta":
-        share, extra = divmod(total, counts.numel())
-        return [share + (i < extra) for i in range(counts.numel())]
-    return counts.tolist()
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype
-
-
-def _grouped(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether torch's grouped matrix product runs here: on a CPU where this torch has one
-    (forward and backward, in the compute dtype); on CUDA at compute capability 9 or more
-    (Hopper), in bf16, on a torch that has it."""
-    if not hasattr(torch, "_grouped_mm"):
-        return False
-    if x.device.type == "cpu":
-        dtype = _compute_dtype(x)
-        aligned = all(n * dtype.itemsize % 16 == 0 for n in weight.shape[1:])  # its strides
-        return aligned and grouped_on_cpu(dtype)
-    if x.device.type != "cuda":
-        return False
-    if _compute_dtype(x) != torch.bfloat16:
-        return False
-    return torch.cuda.get_device_capability(x.device)[0] >= 9
-
-
-_CPU_GROUPED: dict[torch.dtype, bool] = {}  # whether the CPU's grouped product works, per dtype
-
-
-def grouped_on_cpu(dtype: torch.dtype) -> bool:
-    """Whether this torch multiplies grouped matrices on the CPU in `dtype`, with their
-    gradients (rows whose strides are multiples of 16 bytes): tried once per dtype on a few
-    numbers, outside any trace or fake mode (Experts tries them as it is built, so
-    torch.compile reads a known answer); a torch without it raises."""
-    if dtype not in _CPU_GROUPED:
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        with _disable_current_modes():
-            _CPU_GROUPED[dtype] = _try_grouped_on_cpu(dtype)
-    return _CPU_GROUPED[dtype]
-
-
-def _try_grouped_on_cpu(dtype: torch.dtype) -> bool:
-    try:
-        x = torch.ones(3, 8, dtype=dtype, device="cpu", requires_grad=True)
-        weight = torch.ones(2, 8, 8, dtype=dtype, device="cpu", requires_grad=True)
-        offsets = torch.tensor([1, 3], dtype=torch.int32, device="cpu")
-        out = torch._grouped_mm(x, weight, offs=offsets)
-        out.backward(torch.ones_like(out))
-    except (RuntimeError, NotImplementedError, TypeError):
-        return False
-    return x.grad is not None and bool((x.grad == 8).all())
 
 
 class MoE(nn.Module):
