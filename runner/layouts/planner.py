@@ -156,10 +156,7 @@ def _untyped(
 ) -> list[str]:
     """A fixed key whose value is not of its type (parallelism.expert=abc) or a degree below
     1, in the words a run given it by hand refuses it with; none: []."""
-    wrong = {k: v for k, v in fixed.items() if k != "activation_checkpointing" and not _whole(v)}
-    wrong |= {
-        k: v for k, v in fixed.items() if k.startswith("parallelism.") and _whole(v) and int(v) < 1
-    }
+    wrong = {k: v for k, v in fixed.items() if k != "activation_checkpointing" and not _fits(k, v)}
     if not wrong:
         return []
     config = with_layout(config, Candidate("fsdp"), conf_dir)
@@ -173,11 +170,13 @@ def _untyped(
     return named or [f"{k}={v!r}: expected an integer" for k, v in wrong.items()]
 
 
-def _whole(value: Any) -> bool:
+def _fits(key: str, value: Any) -> bool:
+    """Whether `value` is a whole number, and a degree (parallelism.*) at least 1."""
     try:
-        return int(value) == value or str(int(value)) == str(value).strip()
+        whole = int(value) == value or str(int(value)) == str(value).strip()
     except (TypeError, ValueError):
         return False
+    return whole and (int(value) >= 1 or not key.startswith("parallelism."))
 
 
 def _by_hand(
@@ -187,13 +186,11 @@ def _by_hand(
     run_dir: Path | None,
     facts: dict[str, Any],
 ) -> str:
-    """Why fsdp with the `fixed` keys, given by hand, would be refused (`: ...`), or ""."""
-    try:
-        keys = {FIXABLE[key]: value for key, value in fixed.items()}
-        keys = {k: v if k == "checkpointing" else int(v) for k, v in keys.items()}
-        candidate = Candidate("fsdp", **keys)
-    except (TypeError, ValueError):
-        return ""
+    """Why fsdp with the `fixed` keys, given by hand, would be refused (`: ...`), or "" (their
+    types were checked: _untyped)."""
+    keys = {FIXABLE[key]: value for key, value in fixed.items()}
+    keys = {k: v if k == "checkpointing" else int(v) for k, v in keys.items()}
+    candidate = Candidate("fsdp", **keys)
     spec = _resolve(with_layout(config, candidate, conf_dir), run_dir)
     problems = spec if isinstance(spec, list) else _model_problems(spec, facts)
     return f" (given by hand: {problems[0]})" if problems else ""

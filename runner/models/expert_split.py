@@ -114,7 +114,7 @@ def expert_problems(
         found
         + [
             f"{key}: must divide {what} (each rank of a group holds as many experts); "
-            f"valid: {', '.join(str(d) for d in divisors(size) if not (shard or d) % d)}"
+            f"valid: {', '.join(str(d) for d in divisors(size) if shard is None or shard % d == 0)}"
             for what, size in sizes.items()
             if size % expert
         ][:1]
